@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs everything dloco needs to build, test and run on Debian 12 (idempotent; needs root or sudo).
+# Packages only from Debian's registry: LibTorch (CPU), OpenBLAS (pthread build, so matmul is not ~17x slow),
+# gRPC + protobuf, SentencePiece, CLI11, spdlog, toml++, nlohmann-json, GoogleTest, Google Benchmark,
+# the KJV corpus (bible-kjv) and gnuplot for plots.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  libtorch-dev libopenblas0-pthread libopenblas-pthread-dev
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
+  libsentencepiece-dev sentencepiece
+  libcli11-dev libspdlog-dev libfmt-dev libtomlplusplus-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  bible-kjv gnuplot-nox python3
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "[setup] installing: ${missing[*]}"
+  $SUDO apt-get update
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
+else
+  echo "[setup] all ${#packages[@]} packages present"
+fi
+
+# LibTorch links libblas.so.3 / liblapack.so.3 through Debian's alternatives: make sure OpenBLAS serves them.
+arch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)
+for lib in libblas.so.3 liblapack.so.3; do
+  alt="$lib-$arch"
+  target=$(update-alternatives --list "$alt" 2>/dev/null | grep openblas-pthread | head -n1 || true)
+  if [ -n "$target" ]; then
+    $SUDO update-alternatives --set "$alt" "$target" >/dev/null
+  fi
+done
+echo "[setup] BLAS: $(readlink -f /usr/lib/$arch/libblas.so.3)"

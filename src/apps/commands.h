@@ -1,0 +1,16 @@
+// The `dloco` command line: each group of subcommands registers itself on the CLI11 app.
+// Parsing flags -> config -> run happens here and nowhere else; library code never calls exit().
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace dloco::apps {
+
+/// `dloco data prepare`: text -> SentencePiece BPE tokenizer + token shards (src/data).
+void add_data_commands(CLI::App& app);
+/// `dloco train`, `dloco eval`, `dloco generate` (src/train).
+void add_train_commands(CLI::App& app);
+/// `dloco sim goodput|bandwidth|...` (src/sim).
+void add_sim_commands(CLI::App& app);
+
+}  // namespace dloco::apps

@@ -1,0 +1,30 @@
+// Learning-rate schedule of the inner optimizer: linear warmup, then cosine decay to a floor.
+// A pure function of the global step, so a learner that (re)joins at global step t adopts the same lr as
+// every other learner (spec decoupled-diloco.md §4, "A learner adopts t").
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+namespace dloco {
+
+/// Warmup + cosine schedule. Units: steps. lr(t) = peak·t/warmup for t < warmup, then cosine from peak down to
+/// peak·min_ratio at `total_steps`, flat afterwards.
+struct LrSchedule {
+  double peak_lr = 1e-3;      // peak learning rate of the inner AdamW
+  int64_t warmup_steps = 50;  // linear warmup length, steps
+  int64_t total_steps = 1000; // horizon of the cosine, steps (from the token budget)
+  double min_ratio = 0.1;     // floor as a fraction of peak_lr
+
+  /// Learning rate at step t (t ≥ 0).
+  double at(int64_t t) const {
+    if (warmup_steps > 0 && t < warmup_steps) return peak_lr * static_cast<double>(t + 1) / warmup_steps;
+    if (t >= total_steps) return peak_lr * min_ratio;
+    const double span = static_cast<double>(total_steps - warmup_steps);
+    const double progress = span > 0 ? static_cast<double>(t - warmup_steps) / span : 1.0;
+    const double cosine = 0.5 * (1.0 + std::cos(M_PI * progress));
+    return peak_lr * (min_ratio + (1.0 - min_ratio) * cosine);
+  }
+};
+
+}  // namespace dloco
