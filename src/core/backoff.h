@@ -1,0 +1,44 @@
+// The one jittered exponential backoff used for every retry (STYLE.md: "Retries go through one jittered backoff
+// helper"): reconnecting to the syncer, re-fetching a snapshot, re-sending a fragment.
+//
+// Delay k (k = 0, 1, ...) is base_k·(1 + u), base_k = min(max, initial·multiplier^k), u uniform in
+// [−jitter, +jitter], clamped to [0, max]. The random stream is a seeded std::mt19937_64, so a seed gives the same
+// delays on every platform (the uniform draw is built from raw bits, not std::uniform_real_distribution).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <random>
+
+namespace dloco {
+
+struct BackoffConfig {
+  std::chrono::microseconds initial{std::chrono::milliseconds(100)};  // first base delay, > 0
+  std::chrono::microseconds max{std::chrono::seconds(5)};             // cap of every delay, ≥ initial
+  double multiplier = 2.0;                                           // growth per attempt, ≥ 1
+  double jitter = 0.2;                                               // fraction, 0 ≤ jitter < 1
+  uint64_t seed = 0;                                                 // random stream seed
+};
+
+class Backoff {
+ public:
+  /// Throws InputError if the config breaks the bounds stated on its fields.
+  explicit Backoff(const BackoffConfig& config = {});
+
+  /// The delay to wait before the next attempt; advances the attempt counter. Within
+  /// [base_k·(1 − jitter), min(max, base_k·(1 + jitter))].
+  std::chrono::microseconds next_delay();
+
+  /// Back to the initial delay (after a success). The random stream is not rewound.
+  void reset() { attempt_ = 0; }
+
+  /// Delays handed out since construction or the last reset().
+  int attempts() const { return attempt_; }
+
+ private:
+  BackoffConfig config_;
+  std::mt19937_64 rng_;
+  int attempt_ = 0;
+};
+
+}  // namespace dloco
