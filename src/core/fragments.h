@@ -68,7 +68,10 @@ struct FragmentLayout {
 ///     n = min(rows, ceil(numel·P / total)) row blocks of near-equal rows (the first rows % n blocks get one more).
 ///  2. Sort all blocks by numel descending (ties: tensor name, then row_begin) and put each into the currently
 ///     lightest fragment (ties: lowest fragment index).
-/// Guarantee (LPT): the largest fragment ≤ 4/3 · max(largest block, total/P).
+/// Guarantee (Graham's LPT theorem): largest fragment ≤ (4/3 − 1/(3P))·OPT, OPT the best possible layout of the
+/// same blocks. Spec §8 states 4/3·max(largest block, total/P); that max is only a lower bound of OPT, so the
+/// stated form holds when every block is ≤ total/(3P) but can be unreachable otherwise (e.g. 4 equal unsplittable
+/// tensors in 3 fragments; see tests/core/fragments_test.cc).
 /// Throws InputError if P < 1, if P exceeds the number of blocks (the message names both numbers), or if a tensor
 /// has an empty shape, a negative dimension, an empty name or a duplicate name.
 FragmentLayout make_fragment_layout(std::vector<TensorSpec> tensors, int P, bool split_large_tensors = true);
