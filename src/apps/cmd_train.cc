@@ -1,0 +1,87 @@
+// `dloco train`, `dloco eval`, `dloco generate`: flags -> config -> run, then the report on the console.
+#include <cstdio>
+#include <filesystem>
+
+#include "apps/commands.h"
+#include "core/check.h"
+#include "train/run.h"
+
+namespace dloco::apps {
+
+namespace {
+
+void print_report(const nlohmann::json& r) {
+  std::printf("\n== report: %s (%s) ==\n", r["run"].get<std::string>().c_str(), r["status"].get<std::string>().c_str());
+  std::printf("final validation loss  %.4f nats/token (perplexity %.1f)\n", r["final_val_loss"].get<double>(),
+              r["final_val_perplexity"].get<double>());
+  std::printf("tokens trained         %lld in %lld steps (%lld skipped)\n", r["tokens_trained"].get<long long>(),
+              r["steps"].get<long long>(), r["steps_skipped"].get<long long>());
+  std::printf("wall time              %.1f s (%.0f tokens/s)\n", r["wall_seconds"].get<double>(),
+              r["tokens_per_second"].get<double>());
+  std::printf("checkpoint             %s\n", r["checkpoint"].get<std::string>().c_str());
+  std::printf("sample                 %s\n", r["sample"].get<std::string>().c_str());
+}
+
+}  // namespace
+
+void add_train_commands(CLI::App& app) {
+  auto* train = app.add_subcommand("train", "Run a training job from a TOML config to its report");
+  static std::string config_path;
+  static std::string resume_dir;
+  static std::vector<std::string> overrides;
+  train->add_option("--config", config_path, "TOML config (e.g. configs/demo.toml)");
+  train->add_option("--resume", resume_dir, "Continue a stopped run from its folder (uses its saved config.toml)");
+  train->add_option("--set", overrides, "Override a config field, e.g. --set train.lr=1e-3 (repeatable)");
+  train->callback([] {
+    if (config_path.empty() == resume_dir.empty()) throw InputError("give exactly one of --config FILE or --resume RUN_DIR");
+    RunOptions options;
+    Config config;
+    if (!resume_dir.empty()) {
+      config = load_config(std::filesystem::path(resume_dir) / "config.toml", overrides);
+      options.resume = true;
+    } else {
+      config = load_config(config_path, overrides);
+    }
+    if (config.diloco.mode != "local") {
+      throw InputError("diloco.mode = \"" + config.diloco.mode +
+                       "\" needs the syncer and learner processes, which are not built yet; use diloco.mode = "
+                       "\"local\" (e.g. --set diloco.mode=local)");
+    }
+    print_report(run_local(config, options));
+  });
+
+  auto* eval = app.add_subcommand("eval", "Validation loss and perplexity of a checkpoint");
+  static std::string eval_ckpt, eval_data;
+  static int64_t eval_tokens = 0;
+  static int eval_threads = 0;
+  eval->add_option("checkpoint", eval_ckpt, "Run folder or checkpoint folder")->required();
+  eval->add_option("--data", eval_data, "Prepared data folder (default: the checkpoint's data.dir)");
+  eval->add_option("--tokens", eval_tokens, "Validation tokens to use (0 = all)");
+  eval->add_option("--threads", eval_threads, "CPU threads (0 = all cores)");
+  eval->callback([] {
+    const auto r = evaluate_checkpoint(eval_ckpt, eval_data.empty() ? std::nullopt : std::optional(eval_data),
+                                       eval_tokens, eval_threads);
+    std::printf("%s\n", r.dump(2).c_str());
+  });
+
+  auto* gen = app.add_subcommand("generate", "Sample text from a checkpoint");
+  static std::string gen_ckpt, gen_prompt = "And God said";
+  static int64_t gen_tokens = 64, gen_top_k = 40;
+  static double gen_temperature = 0.8;
+  static uint64_t gen_seed = 1;
+  static int gen_threads = 0;
+  gen->add_option("checkpoint", gen_ckpt, "Run folder or checkpoint folder")->required();
+  gen->add_option("--prompt", gen_prompt, "Prompt text")->capture_default_str();
+  gen->add_option("--tokens", gen_tokens, "Tokens to generate")->capture_default_str();
+  gen->add_option("--temperature", gen_temperature, "Sampling temperature")->capture_default_str();
+  gen->add_option("--top-k", gen_top_k, "Sample among the k most likely tokens (0 = all)")->capture_default_str();
+  gen->add_option("--seed", gen_seed, "Sampling seed")->capture_default_str();
+  gen->add_option("--threads", gen_threads, "CPU threads (0 = all cores)");
+  gen->callback([] {
+    std::printf("%s\n", generate_from_checkpoint(gen_ckpt, gen_prompt, gen_tokens, gen_temperature, gen_top_k,
+                                                 gen_seed, gen_threads)
+                            .c_str());
+  });
+}
+
+}  // namespace dloco::apps

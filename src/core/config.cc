@@ -1,0 +1,328 @@
+// Config loading: one table of (section, key, field) drives parsing, JSON and TOML output, so a new field is
+// added in one place and can never be parsed but not saved (or the reverse).
+#include "core/config.h"
+
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <toml++/toml.h>
+
+#include "core/check.h"
+
+namespace dloco {
+
+namespace {
+
+// Calls f(section, key, field&) for every config field, in file order.
+template <class C, class F>
+void for_each_field(C& c, F&& f) {
+  f("model", "preset", c.model.preset);
+  f("model", "vocab_size", c.model.vocab_size);
+  f("model", "seq_len", c.model.seq_len);
+  f("model", "n_layer", c.model.n_layer);
+  f("model", "n_head", c.model.n_head);
+  f("model", "d_model", c.model.d_model);
+  f("model", "d_ff", c.model.d_ff);
+  f("model", "tie_embeddings", c.model.tie_embeddings);
+  f("model", "rope_theta", c.model.rope_theta);
+  f("model", "norm_eps", c.model.norm_eps);
+  f("model", "init_std", c.model.init_std);
+  f("data", "dir", c.data.dir);
+  f("data", "streams", c.data.streams);
+  f("train", "batch_size", c.train.batch_size);
+  f("train", "grad_accum", c.train.grad_accum);
+  f("train", "total_tokens", c.train.total_tokens);
+  f("train", "lr", c.train.lr);
+  f("train", "warmup_steps", c.train.warmup_steps);
+  f("train", "min_lr_ratio", c.train.min_lr_ratio);
+  f("train", "weight_decay", c.train.weight_decay);
+  f("train", "beta1", c.train.beta1);
+  f("train", "beta2", c.train.beta2);
+  f("train", "adam_eps", c.train.adam_eps);
+  f("train", "grad_clip", c.train.grad_clip);
+  f("train", "eval_interval", c.train.eval_interval);
+  f("train", "eval_tokens", c.train.eval_tokens);
+  f("train", "checkpoint_interval", c.train.checkpoint_interval);
+  f("train", "log_interval", c.train.log_interval);
+  f("diloco", "mode", c.diloco.mode);
+  f("diloco", "learners", c.diloco.learners);
+  f("diloco", "inner_steps", c.diloco.inner_steps);
+  f("diloco", "fragments", c.diloco.fragments);
+  f("diloco", "overlap", c.diloco.overlap);
+  f("diloco", "quorum", c.diloco.quorum);
+  f("diloco", "grace_window", c.diloco.grace_window);
+  f("diloco", "gamma", c.diloco.gamma);
+  f("diloco", "outer_lr", c.diloco.outer_lr);
+  f("diloco", "outer_momentum", c.diloco.outer_momentum);
+  f("diloco", "merge", c.diloco.merge);
+  f("diloco", "weights", c.diloco.weights);
+  f("diloco", "split_large_tensors", c.diloco.split_large_tensors);
+  f("diloco", "alpha", c.diloco.alpha);
+  f("diloco", "stale_policy", c.diloco.stale_policy);
+  f("diloco", "anchor_versions", c.diloco.anchor_versions);
+  f("diloco", "wire_dtype", c.diloco.wire_dtype);
+  f("run", "name", c.run.name);
+  f("run", "out_dir", c.run.out_dir);
+  f("run", "seed", c.run.seed);
+  f("run", "device", c.run.device);
+  f("run", "threads", c.run.threads);
+  f("run", "secret", c.run.secret);
+  f("run", "syncer_address", c.run.syncer_address);
+}
+
+std::string where(const std::string& source, const toml::node& node) {
+  const auto& src = node.source();
+  std::ostringstream os;
+  os << source;
+  if (src.begin.line > 0) os << ":" << src.begin.line;
+  return os.str();
+}
+
+// Assigns a TOML node to a field of the matching type, or throws InputError naming the key.
+void assign(const std::string& source, const std::string& key, const toml::node& node, std::string& out) {
+  if (auto v = node.value<std::string>()) { out = *v; return; }
+  throw InputError(where(source, node) + ": '" + key + "' must be a string");
+}
+void assign(const std::string& source, const std::string& key, const toml::node& node, bool& out) {
+  if (auto v = node.value_exact<bool>()) { out = *v; return; }
+  throw InputError(where(source, node) + ": '" + key + "' must be true or false");
+}
+void assign(const std::string& source, const std::string& key, const toml::node& node, int64_t& out) {
+  if (node.is_integer()) { out = *node.value<int64_t>(); return; }
+  if (node.is_floating_point()) {  // accept 2e6 for token budgets when it is a whole number
+    const double d = *node.value<double>();
+    if (d == static_cast<double>(static_cast<int64_t>(d))) { out = static_cast<int64_t>(d); return; }
+  }
+  throw InputError(where(source, node) + ": '" + key + "' must be an integer");
+}
+void assign(const std::string& source, const std::string& key, const toml::node& node, uint64_t& out) {
+  int64_t v = 0;
+  assign(source, key, node, v);
+  if (v < 0) throw InputError(where(source, node) + ": '" + key + "' must be ≥ 0");
+  out = static_cast<uint64_t>(v);
+}
+void assign(const std::string& source, const std::string& key, const toml::node& node, double& out) {
+  if (auto v = node.value<double>()) { out = *v; return; }
+  throw InputError(where(source, node) + ": '" + key + "' must be a number");
+}
+
+std::set<std::string> known_sections() {
+  std::set<std::string> s;
+  Config c;
+  for_each_field(c, [&](const char* section, const char*, auto&) { s.insert(section); });
+  return s;
+}
+
+// Applies one parsed TOML table to c: [model] preset first, then every other key; unknown keys throw.
+void apply_table(Config& c, const toml::table& root, const std::string& source) {
+  const auto sections = known_sections();
+  for (const auto& [name, node] : root) {
+    const std::string section(name.str());
+    if (!sections.count(section)) {
+      throw InputError(where(source, node) + ": unknown section [" + section +
+                       "] (known: model, data, train, diloco, run)");
+    }
+    if (!node.is_table()) throw InputError(where(source, node) + ": '" + section + "' must be a table");
+  }
+  if (auto preset = root["model"]["preset"].value<std::string>()) c.model = model_preset(*preset);
+  for (const auto& [sec_name, sec_node] : root) {
+    const std::string section(sec_name.str());
+    for (const auto& [key_name, node] : *sec_node.as_table()) {
+      const std::string key(key_name.str());
+      bool found = false;
+      for_each_field(c, [&](const char* s, const char* k, auto& field) {
+        if (section == s && key == k) {
+          assign(source, section + "." + key, node, field);
+          found = true;
+        }
+      });
+      if (!found) {
+        std::string known;
+        for_each_field(c, [&](const char* s, const char* k, auto&) {
+          if (section == s) known += (known.empty() ? "" : ", ") + std::string(k);
+        });
+        throw InputError(where(source, node) + ": unknown key '" + key + "' in [" + section +
+                         "] (known keys: " + known + ")");
+      }
+    }
+  }
+}
+
+void require(bool ok, const std::string& key, const std::string& what) {
+  if (!ok) throw InputError("config: " + key + " " + what);
+}
+
+template <class T>
+std::string toml_value(const T& v) {
+  if constexpr (std::is_same_v<T, std::string>) {
+    std::ostringstream os;
+    os << toml::value<std::string>(v);
+    return os.str();
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return v ? "true" : "false";
+  } else if constexpr (std::is_same_v<T, double>) {
+    std::ostringstream os;
+    os.precision(17);
+    os << v;
+    std::string s = os.str();
+    if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+    return s;
+  } else {
+    return std::to_string(v);
+  }
+}
+
+}  // namespace
+
+int64_t ModelConfig::ff_dim() const {
+  if (d_ff > 0) return d_ff;
+  const int64_t raw = (8 * d_model + 2) / 3;
+  return (raw + 63) / 64 * 64;
+}
+
+ModelConfig model_preset(const std::string& name) {
+  ModelConfig m;
+  m.preset = name;
+  if (name == "tiny") {  // unit and integration tests: a few thousand parameters, milliseconds per step
+    m.vocab_size = 512; m.seq_len = 32; m.n_layer = 2; m.n_head = 2; m.d_model = 32;
+  } else if (name == "small") {  // the demo: ~1.3M parameters with a 4096 vocabulary
+    m.vocab_size = 4096; m.seq_len = 128; m.n_layer = 4; m.n_head = 4; m.d_model = 128;
+  } else if (name == "base-124m") {  // GPT-2-small class for real hardware (~124M with a 16k vocabulary)
+    m.vocab_size = 16384; m.seq_len = 1024; m.n_layer = 12; m.n_head = 12; m.d_model = 768; m.d_ff = 3072;
+  } else {
+    throw InputError("unknown model preset '" + name + "' (known: tiny, small, base-124m)");
+  }
+  return m;
+}
+
+int64_t gpt_parameter_count(const ModelConfig& m) {
+  const int64_t V = m.vocab_size, C = m.d_model, L = m.n_layer, F = m.ff_dim();
+  return V * C * (m.tie_embeddings ? 1 : 2) + L * (4 * C * C + 3 * C * F + 2 * C) + C;
+}
+
+double gpt_flops_per_token(const ModelConfig& m) {
+  const double V = m.vocab_size, C = m.d_model, L = m.n_layer, F = m.ff_dim(), T = m.seq_len;
+  const double matmul_params = L * (4 * C * C + 3 * C * F) + V * C;  // blocks + output head
+  return 6.0 * matmul_params + 12.0 * L * T * C;
+}
+
+void validate_model(const ModelConfig& m) {
+  require(m.vocab_size >= 2, "model.vocab_size", "must be ≥ 2");
+  require(m.seq_len >= 2, "model.seq_len", "must be ≥ 2");
+  require(m.n_layer >= 1, "model.n_layer", "must be ≥ 1");
+  require(m.n_head >= 1 && m.d_model % m.n_head == 0, "model.n_head",
+          "must be ≥ 1 and divide model.d_model (" + std::to_string(m.d_model) + ")");
+  require((m.d_model / m.n_head) % 2 == 0, "model.d_model / model.n_head",
+          "(the head size) must be even for rotary positions");
+  require(m.d_ff >= 0, "model.d_ff", "must be ≥ 0 (0 = automatic)");
+  require(m.norm_eps > 0 && m.init_std > 0 && m.rope_theta > 0, "model.norm_eps/init_std/rope_theta",
+          "must be > 0");
+}
+
+void Config::validate() const {
+  const auto& m = model;
+  validate_model(m);
+  const auto& t = train;
+  require(t.batch_size >= 1, "train.batch_size", "must be ≥ 1");
+  require(t.grad_accum >= 1, "train.grad_accum", "must be ≥ 1");
+  require(t.total_tokens >= t.tokens_per_step(m), "train.total_tokens",
+          "must cover at least one step (" + std::to_string(t.tokens_per_step(m)) + " tokens)");
+  require(t.lr > 0, "train.lr", "must be > 0");
+  require(t.warmup_steps >= 0, "train.warmup_steps", "must be ≥ 0");
+  require(t.min_lr_ratio >= 0 && t.min_lr_ratio <= 1, "train.min_lr_ratio", "must be in [0, 1]");
+  require(t.weight_decay >= 0, "train.weight_decay", "must be ≥ 0");
+  require(t.beta1 >= 0 && t.beta1 < 1 && t.beta2 >= 0 && t.beta2 < 1, "train.beta1/beta2", "must be in [0, 1)");
+  require(t.grad_clip >= 0, "train.grad_clip", "must be ≥ 0 (0 disables)");
+  require(t.eval_interval >= 0 && t.eval_tokens >= 0 && t.checkpoint_interval >= 0 && t.log_interval >= 1,
+          "train.eval_interval/eval_tokens/checkpoint_interval/log_interval", "must be ≥ 0 (log_interval ≥ 1)");
+  const auto& d = diloco;
+  require(d.mode == "local" || d.mode == "decoupled", "diloco.mode",
+          "must be \"local\" or \"decoupled\" (got \"" + d.mode + "\")");
+  require(d.learners >= 1, "diloco.learners", "(M) must be ≥ 1");
+  require(d.inner_steps >= 1 && d.fragments >= 1 && d.inner_steps % d.fragments == 0, "diloco.inner_steps",
+          "(H = " + std::to_string(d.inner_steps) + ") must be a positive multiple of diloco.fragments (P = " +
+              std::to_string(d.fragments) + ")");
+  require(d.overlap >= 0, "diloco.overlap", "(τ) must be ≥ 0");
+  require(d.quorum >= 1 && d.quorum <= d.learners, "diloco.quorum",
+          "(K) must be in [1, M = " + std::to_string(d.learners) + "]");
+  require(d.gamma > 0 && d.gamma < 1, "diloco.gamma", "(γ) must be in (0, 1)");
+  require(d.outer_lr > 0, "diloco.outer_lr", "(η) must be > 0");
+  require(d.outer_momentum >= 0 && d.outer_momentum < 1, "diloco.outer_momentum", "(μ) must be in [0, 1)");
+  require(d.merge == "rda" || d.merge == "mean", "diloco.merge", "must be \"rda\" or \"mean\"");
+  require(d.weights == "tokens" || d.weights == "uniform", "diloco.weights", "must be \"tokens\" or \"uniform\"");
+  require(d.alpha >= 0 && d.alpha < 1, "diloco.alpha", "must be in [0, 1)");
+  require(d.stale_policy == "reanchor" || d.stale_policy == "skip", "diloco.stale_policy",
+          "must be \"reanchor\" or \"skip\"");
+  require(d.anchor_versions >= 1, "diloco.anchor_versions", "must be ≥ 1");
+  require(d.wire_dtype == "fp32" || d.wire_dtype == "bf16", "diloco.wire_dtype", "must be \"fp32\" or \"bf16\"");
+  require(data.streams >= 0, "data.streams", "must be ≥ 0 (0 = one per learner)");
+  require(data.streams == 0 || data.streams >= d.learners, "data.streams", "(S) must be ≥ diloco.learners (M)");
+  require(!run.name.empty() && run.name.find('/') == std::string::npos, "run.name",
+          "must be a non-empty folder name without '/'");
+  require(run.threads >= 0, "run.threads", "must be ≥ 0 (0 = all cores)");
+}
+
+Config parse_config(const std::string& toml_text, const std::vector<std::string>& overrides,
+                    const std::string& source_name) {
+  Config c;
+  try {
+    apply_table(c, toml::parse(toml_text, source_name), source_name);
+    for (const auto& ov : overrides) {
+      const auto eq = ov.find('=');
+      const auto dot = ov.find('.');
+      if (eq == std::string::npos || dot == std::string::npos || dot > eq) {
+        throw InputError("override '" + ov + "' must look like section.key=value (e.g. train.lr=1e-3)");
+      }
+      const std::string section = ov.substr(0, dot), key = ov.substr(dot + 1, eq - dot - 1);
+      std::string value = ov.substr(eq + 1);
+      // A bare word that is not valid TOML (run.name=demo) is taken as a string.
+      std::string text = "[" + section + "]\n" + key + " = " + value;
+      try {
+        (void)toml::parse("v = " + value);
+      } catch (const toml::parse_error&) {
+        text = "[" + section + "]\n" + key + " = " + toml_value(value);
+      }
+      apply_table(c, toml::parse(text, "override '" + ov + "'"), "override '" + ov + "'");
+    }
+  } catch (const toml::parse_error& e) {
+    const auto& src = e.source();
+    throw InputError((src.path ? *src.path : source_name) + ":" + std::to_string(src.begin.line) +
+                     ": TOML syntax error: " + std::string(e.description()));
+  }
+  c.validate();
+  return c;
+}
+
+Config load_config(const std::filesystem::path& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) {
+    throw InputError("cannot read config file '" + path.string() +
+                     "' (does it exist? configs/demo.toml is the default training job)");
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_config(ss.str(), overrides, path.string());
+}
+
+nlohmann::json to_json(const Config& c) {
+  nlohmann::json j = nlohmann::json::object();
+  for_each_field(c, [&](const char* s, const char* k, const auto& field) { j[s][k] = field; });
+  return j;
+}
+
+std::string to_toml(const Config& c) {
+  std::ostringstream os;
+  std::string current;
+  for_each_field(c, [&](const char* s, const char* k, const auto& field) {
+    if (current != s) {
+      os << (current.empty() ? "" : "\n") << "[" << s << "]\n";
+      current = s;
+    }
+    os << k << " = " << toml_value(field) << "\n";
+  });
+  return os.str();
+}
+
+}  // namespace dloco

@@ -1,0 +1,138 @@
+// The one configuration of a dloco run: model, data, inner training, Decoupled DiLoCo (outer) and run
+// settings, each field with its default and unit. Loaded from TOML; unknown keys and out-of-range values
+// are errors (InputError naming the key); the resolved config is printed and saved with every checkpoint.
+// Symbols follow spec decoupled-diloco.md §2 (M, H, P, τ, K, γ, η, μ).
+// Deliberately not here: flags of single commands (those live in src/apps).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace dloco {
+
+/// Decoder-only transformer shape (RMSNorm, rotary positions, SwiGLU). Named presets: "tiny" (tests),
+/// "small" (the demo), "base-124m" (real hardware). Parameter count: see gpt_parameter_count().
+struct ModelConfig {
+  std::string preset = "small";  // preset the fields below started from
+  int64_t vocab_size = 4096;     // V: tokenizer vocabulary, tokens
+  int64_t seq_len = 128;         // T: context length, tokens
+  int64_t n_layer = 4;           // L: transformer blocks
+  int64_t n_head = 4;            // NH: attention heads (d_model must be a multiple)
+  int64_t d_model = 128;         // C: residual width
+  int64_t d_ff = 0;              // F: SwiGLU hidden width; 0 = round_up(8/3·C, 64)
+  bool tie_embeddings = true;    // output head shares the token embedding (V×C)
+  double rope_theta = 10000.0;   // rotary base
+  double norm_eps = 1e-5;        // RMSNorm epsilon
+  double init_std = 0.02;        // normal init std; output projections scaled by 1/sqrt(2L)
+
+  /// The SwiGLU width actually used (resolves d_ff = 0).
+  int64_t ff_dim() const;
+};
+
+/// Checks a model shape; throws InputError naming the offending model.* key.
+void validate_model(const ModelConfig& m);
+
+/// Returns the named preset ("tiny", "small", "base-124m"); throws InputError for an unknown name.
+ModelConfig model_preset(const std::string& name);
+
+/// Closed-form parameter count of the model (no biases anywhere):
+/// V·C·(tied ? 1 : 2) + L·(4C² + 3·C·F + 2C) + C.
+int64_t gpt_parameter_count(const ModelConfig& m);
+
+/// Training FLOPs per token (forward + backward): 6·N_matmul + 12·L·T·C for attention scores and values
+/// (the PaLM/llm.c convention), where N_matmul excludes the embedding lookup but includes the output head.
+double gpt_flops_per_token(const ModelConfig& m);
+
+/// Where the tokenized corpus lives (written by `dloco data prepare`).
+struct DataConfig {
+  std::string dir = "data/kjv";  // folder with tokenizer.model, train_*.bin, val_*.bin, meta.json
+  int64_t streams = 0;           // S data streams the train split is cut into; 0 = one per learner (S = M)
+};
+
+/// The inner optimisation a learner runs (AdamW, warmup + cosine), spec §2 "inner".
+struct TrainConfig {
+  int64_t batch_size = 16;       // B: sequences per micro-batch
+  int64_t grad_accum = 1;        // micro-batches per optimizer step
+  int64_t total_tokens = 2000000;// token budget of the whole run (all learners), tokens
+  double lr = 2e-3;              // peak inner learning rate
+  int64_t warmup_steps = 50;     // steps
+  double min_lr_ratio = 0.1;     // cosine floor as a fraction of lr
+  double weight_decay = 0.1;     // AdamW decoupled weight decay
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double adam_eps = 1e-8;
+  double grad_clip = 1.0;        // global-norm clip; 0 disables
+  int64_t eval_interval = 100;   // global steps between evaluations of the global model; 0 = only at the end
+  int64_t eval_tokens = 0;       // validation tokens per evaluation; 0 = the whole validation split
+  int64_t checkpoint_interval = 200;  // steps between checkpoints; 0 = only at the end
+  int64_t log_interval = 10;     // steps between console rows
+
+  /// Tokens in one optimizer step of one learner: B·T·grad_accum.
+  int64_t tokens_per_step(const ModelConfig& m) const { return batch_size * m.seq_len * grad_accum; }
+};
+
+/// Decoupled DiLoCo's outer loop, spec §2–§8.
+struct DilocoConfig {
+  std::string mode = "decoupled";  // "local" (one process, no syncer) | "decoupled"
+  int64_t learners = 4;            // M
+  int64_t inner_steps = 24;        // H: steps between two syncs of the same fragment
+  int64_t fragments = 24;          // P: parameter fragments (H must be a multiple of P)
+  int64_t overlap = 2;             // τ: steps between a pull and the apply of its merge
+  int64_t quorum = 1;              // K: minimum learners reporting before a merge
+  bool grace_window = true;        // adaptive grace window on/off (§5)
+  double gamma = 0.5;              // γ: grace-window safety margin, 0 < γ < 1
+  double outer_lr = 0.7;           // η
+  double outer_momentum = 0.9;     // μ (Nesterov)
+  std::string merge = "rda";       // "rda" | "mean" (§6)
+  std::string weights = "tokens";  // "tokens" (tokens²/steps) | "uniform"
+  bool split_large_tensors = true; // row-block split of tensors larger than total/P (§8)
+  double alpha = 0.0;              // mixing on receive: θ ← α·θ + (1−α)·Θ
+  std::string stale_policy = "reanchor";  // "reanchor" | "skip"
+  int64_t anchor_versions = 2;     // versions of each fragment the syncer keeps for re-anchoring
+  std::string wire_dtype = "fp32"; // outer gradients on the wire: "fp32" | "bf16"
+};
+
+/// Process and run settings.
+struct RunSettings {
+  std::string name = "run";        // run id; also the run folder name under out_dir
+  std::string out_dir = "runs";    // parent folder of run folders
+  uint64_t seed = 1234;            // model init and data order
+  std::string device = "cpu";      // torch device string ("cpu", "cuda", "cuda:1")
+  int64_t threads = 0;             // CPU threads for the whole run on this machine; 0 = all cores
+  std::string secret = "";         // shared secret of the handshake; env DLOCO_SECRET overrides when set
+  std::string syncer_address = "127.0.0.1:0";  // syncer listen address; port 0 = pick a free one
+};
+
+/// A whole run's configuration.
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  DilocoConfig diloco;
+  RunSettings run;
+
+  /// Checks ranges and cross-field rules; throws InputError naming the offending key.
+  void validate() const;
+  /// The run folder: out_dir/name.
+  std::filesystem::path run_dir() const { return std::filesystem::path(run.out_dir) / run.name; }
+};
+
+/// Parses TOML text into a Config. Each `key=value` in `overrides` (e.g. "train.lr=1e-3") is applied after
+/// the file. A `[model] preset = NAME` first loads the preset, then the other [model] keys override it.
+/// Throws InputError on a TOML syntax error (with line), an unknown section or key, or a wrong value type.
+Config parse_config(const std::string& toml_text, const std::vector<std::string>& overrides = {},
+                    const std::string& source_name = "config");
+
+/// Reads and parses a TOML file; throws InputError if it cannot be read.
+Config load_config(const std::filesystem::path& path, const std::vector<std::string>& overrides = {});
+
+/// The resolved config as JSON (every field, defaults included), for manifests and reports.
+nlohmann::json to_json(const Config& c);
+/// The resolved config as TOML text that parse_config() reads back to the same Config.
+std::string to_toml(const Config& c);
+
+}  // namespace dloco

@@ -1,0 +1,20 @@
+// FNV-1a 64-bit hashing for layout, config and tokenizer fingerprints exchanged in handshakes.
+// Not cryptographic: it detects mismatches between honest peers, the shared secret guards the rest.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+namespace dloco {
+
+/// FNV-1a 64 of `bytes`, continuing from `seed` (the FNV offset basis by default).
+inline uint64_t fnv1a64(std::string_view bytes, uint64_t seed = 14695981039346656037ull) {
+  uint64_t h = seed;
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace dloco

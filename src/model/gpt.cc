@@ -1,0 +1,146 @@
+// GPT implementation; see gpt.h. Dimension letters: B, T, C, NH, hs, F, V, L.
+#include "model/gpt.h"
+
+#include <cmath>
+
+#include "core/check.h"
+
+namespace dloco {
+
+namespace F = torch::nn::functional;
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
+  weight_ = register_parameter("weight", torch::ones({dim}));
+}
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  auto rms = torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps_);  // (..., 1)
+  return x * rms * weight_;
+}
+
+namespace {
+// Rotates pairs (x1, x2) = (first half, second half) of the head dimension by the position's angle.
+// x: (B, NH, T, hs); cos, sin: (T, hs/2).
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  auto x1 = x.narrow(-1, 0, half);
+  auto x2 = x.narrow(-1, half, half);
+  return torch::cat({x1 * cos - x2 * sin, x1 * sin + x2 * cos}, -1);
+}
+}  // namespace
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelConfig& cfg) : n_head_(cfg.n_head) {
+  const int64_t C = cfg.d_model;
+  qkv = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(C, 3 * C).bias(false)));
+  proj = register_module("proj", torch::nn::Linear(torch::nn::LinearOptions(C, C).bias(false)));
+}
+
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
+                                               const torch::Tensor& sin, const torch::Tensor& causal) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), NH = n_head_, hs = C / NH;
+  auto qkv_out = qkv(x).view({B, T, 3, NH, hs}).permute({2, 0, 3, 1, 4});  // (3, B, NH, T, hs)
+  auto q = apply_rope(qkv_out[0], cos, sin);                                // (B, NH, T, hs)
+  auto k = apply_rope(qkv_out[1], cos, sin);
+  auto v = qkv_out[2];
+  auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hs)));  // (B,NH,T,T)
+  att = att.masked_fill(causal, -std::numeric_limits<float>::infinity());
+  att = torch::softmax(att, -1);
+  auto y = torch::matmul(att, v);                          // (B, NH, T, hs)
+  y = y.transpose(1, 2).contiguous().view({B, T, C});      // (B, T, C)
+  return proj(y);
+}
+
+MLPImpl::MLPImpl(const ModelConfig& cfg) {
+  const int64_t C = cfg.d_model, Fw = cfg.ff_dim();
+  gate = register_module("gate", torch::nn::Linear(torch::nn::LinearOptions(C, Fw).bias(false)));
+  up = register_module("up", torch::nn::Linear(torch::nn::LinearOptions(C, Fw).bias(false)));
+  down = register_module("down", torch::nn::Linear(torch::nn::LinearOptions(Fw, C).bias(false)));
+}
+
+torch::Tensor MLPImpl::forward(const torch::Tensor& x) { return down(F::silu(gate(x)) * up(x)); }
+
+BlockImpl::BlockImpl(const ModelConfig& cfg) {
+  ln_1 = register_module("ln_1", RMSNorm(cfg.d_model, cfg.norm_eps));
+  attn = register_module("attn", CausalSelfAttention(cfg));
+  ln_2 = register_module("ln_2", RMSNorm(cfg.d_model, cfg.norm_eps));
+  mlp = register_module("mlp", MLP(cfg));
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                                 const torch::Tensor& causal) {
+  auto y = x + attn(ln_1(x), cos, sin, causal);
+  return y + mlp(ln_2(y));
+}
+
+GPTImpl::GPTImpl(const ModelConfig& cfg) : cfg_(cfg) {
+  validate_model(cfg);  // throws InputError on an inconsistent model shape
+  const int64_t V = cfg.vocab_size, C = cfg.d_model, L = cfg.n_layer, T = cfg.seq_len;
+  const int64_t hs = C / cfg.n_head;
+  wte = register_module("wte", torch::nn::Embedding(V, C));
+  h = register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < L; ++i) h->push_back(Block(cfg));
+  ln_f = register_module("ln_f", RMSNorm(C, cfg.norm_eps));
+  if (!cfg.tie_embeddings) {
+    lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(C, V).bias(false)));
+  }
+
+  // Rotary tables: angle(t, i) = t · theta^(−2i/hs), i < hs/2.
+  auto inv_freq = torch::pow(cfg.rope_theta, -torch::arange(0, hs, 2, torch::kDouble) / hs);  // (hs/2)
+  auto angles = torch::outer(torch::arange(T, torch::kDouble), inv_freq).to(torch::kFloat);   // (T, hs/2)
+  rope_cos_ = register_buffer("rope_cos", angles.cos());
+  rope_sin_ = register_buffer("rope_sin", angles.sin());
+  causal_ = register_buffer("causal", torch::ones({T, T}, torch::kBool).triu(1));
+
+  // Initialisation (GPT-2): normal(0, std); residual projections scaled by 1/sqrt(2L).
+  torch::NoGradGuard no_grad;
+  const double residual_std = cfg.init_std / std::sqrt(2.0 * L);
+  for (auto& p : named_parameters()) {
+    const auto& name = p.key();
+    if (p.value().dim() < 2) continue;  // norm gains stay 1
+    const bool residual = name.find("attn.proj") != std::string::npos || name.find("mlp.down") != std::string::npos;
+    p.value().normal_(0.0, residual ? residual_std : cfg.init_std);
+  }
+}
+
+torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
+  const int64_t T = idx.size(1);
+  DLOCO_CHECK_LE(T, cfg_.seq_len);
+  auto cos = rope_cos_.narrow(0, 0, T), sin = rope_sin_.narrow(0, 0, T);
+  auto causal = causal_.narrow(0, 0, T).narrow(1, 0, T);
+  auto x = wte(idx);  // (B, T, C)
+  for (auto& block : *h) x = block->as<Block>()->forward(x, cos, sin, causal);
+  x = ln_f(x);
+  return cfg_.tie_embeddings ? torch::matmul(x, wte->weight.t()) : lm_head(x);  // (B, T, V)
+}
+
+torch::Tensor GPTImpl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
+  auto logits = forward(idx);  // (B, T, V)
+  return F::cross_entropy(logits.view({-1, cfg_.vocab_size}), targets.reshape({-1}));
+}
+
+torch::Tensor GPTImpl::generate(torch::Tensor prompt, int64_t max_new_tokens, double temperature, int64_t top_k,
+                                torch::Generator* generator) {
+  torch::NoGradGuard no_grad;
+  auto idx = prompt;  // (1, T0)
+  for (int64_t i = 0; i < max_new_tokens; ++i) {
+    auto context = idx.size(1) > cfg_.seq_len ? idx.narrow(1, idx.size(1) - cfg_.seq_len, cfg_.seq_len) : idx;
+    auto logits = forward(context).select(1, context.size(1) - 1);  // (1, V)
+    logits = logits / std::max(temperature, 1e-6);
+    if (top_k > 0 && top_k < cfg_.vocab_size) {
+      auto kth = std::get<0>(logits.topk(top_k, -1)).select(1, top_k - 1).unsqueeze(1);  // (1, 1)
+      logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
+    }
+    auto probs = torch::softmax(logits, -1);
+    auto next = generator ? torch::multinomial(probs, 1, false, *generator) : torch::multinomial(probs, 1);
+    idx = torch::cat({idx, next}, 1);
+  }
+  return idx;
+}
+
+int64_t count_parameters(torch::nn::Module& module) {
+  int64_t n = 0;
+  for (const auto& p : module.parameters()) n += p.numel();
+  return n;
+}
+
+}  // namespace dloco

@@ -1,0 +1,175 @@
+// Checkpoint writing and loading; see checkpoint.h.
+#include "train/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "core/atomic_file.h"
+#include "core/check.h"
+#include "core/hash.h"
+#include "core/safetensors.h"
+
+namespace dloco {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path step_dir(const fs::path& run_dir, int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(step));
+  return run_dir / "checkpoints" / name;
+}
+
+void fsync_path(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+std::string read_all(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A checkpoint folder is valid if its manifest parses and the model file matches the recorded size and hash.
+std::optional<CheckpointInfo> inspect(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_regular_file(dir / "manifest.json", ec)) return std::nullopt;
+  try {
+    auto manifest = nlohmann::json::parse(read_all(dir / "manifest.json"));
+    if (manifest.value("format", "") != "dloco-checkpoint") return std::nullopt;
+    const std::string model = read_all(dir / manifest.at("model_file").get<std::string>());
+    if (static_cast<int64_t>(model.size()) != manifest.at("model_bytes").get<int64_t>()) return std::nullopt;
+    if (fnv1a64(model) != manifest.at("model_hash").get<uint64_t>()) return std::nullopt;
+    return CheckpointInfo{dir, manifest.at("step").get<int64_t>(), manifest};
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+fs::path save_checkpoint(const fs::path& run_dir, int64_t step, GPT& model, torch::optim::Optimizer* optimizer,
+                         nlohmann::json manifest, int keep) {
+  const fs::path final_dir = step_dir(run_dir, step);
+  fs::path tmp_dir = final_dir;
+  tmp_dir += ".tmp";
+  std::error_code ec;
+  fs::remove_all(tmp_dir, ec);
+  fs::create_directories(tmp_dir, ec);
+  if (ec) throw InputError("cannot create checkpoint folder '" + tmp_dir.string() + "': " + ec.message());
+
+  // 1) model.safetensors: every parameter as F32, names as in GPT's named_parameters().
+  std::vector<torch::Tensor> keep_alive;
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& p : model->named_parameters()) {
+    auto t = p.value().detach().to(torch::kCPU, torch::kFloat).contiguous();
+    keep_alive.push_back(t);
+    entries.push_back(f32_entry(p.key(), t.sizes().vec(),
+                                std::span<const float>(t.data_ptr<float>(), static_cast<size_t>(t.numel()))));
+  }
+  const auto image = encode_safetensors(entries, {{"format", "pt"}, {"producer", "dloco"}});
+  write_file_atomically(tmp_dir / "model.safetensors", image);
+
+  // 2) optimizer state (LibTorch archive), fsynced.
+  if (optimizer != nullptr) {
+    torch::save(*optimizer, (tmp_dir / "optimizer.pt").string());
+    fsync_path(tmp_dir / "optimizer.pt");
+    manifest["optimizer_file"] = "optimizer.pt";
+  }
+
+  // 3) manifest last, then the folder rename makes the checkpoint visible at once.
+  manifest["format"] = "dloco-checkpoint";
+  manifest["version"] = kCheckpointVersion;
+  manifest["step"] = step;
+  manifest["model_file"] = "model.safetensors";
+  manifest["model_bytes"] = image.size();
+  manifest["model_hash"] = fnv1a64(std::string_view(reinterpret_cast<const char*>(image.data()), image.size()));
+  write_file_atomically(tmp_dir / "manifest.json", manifest.dump(2) + "\n");
+  fs::remove_all(final_dir, ec);
+  fs::rename(tmp_dir, final_dir, ec);
+  if (ec) throw InputError("cannot move checkpoint into '" + final_dir.string() + "': " + ec.message());
+  fsync_path(final_dir.parent_path());
+
+  // 4) prune: keep the newest `keep` valid checkpoints.
+  std::vector<fs::path> dirs;
+  for (const auto& e : fs::directory_iterator(final_dir.parent_path())) {
+    const auto name = e.path().filename().string();
+    if (e.is_directory() && name.rfind("step_", 0) == 0 && e.path().extension() != ".tmp") dirs.push_back(e.path());
+  }
+  std::sort(dirs.begin(), dirs.end());
+  for (size_t i = 0; i + static_cast<size_t>(std::max(keep, 1)) < dirs.size(); ++i) fs::remove_all(dirs[i], ec);
+  return final_dir;
+}
+
+std::optional<CheckpointInfo> latest_checkpoint(const fs::path& run_dir) {
+  const fs::path root = run_dir / "checkpoints";
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return std::nullopt;
+  std::vector<fs::path> dirs;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    if (e.is_directory() && e.path().extension() != ".tmp") dirs.push_back(e.path());
+  }
+  std::sort(dirs.rbegin(), dirs.rend());
+  for (const auto& d : dirs) {
+    if (auto info = inspect(d)) return info;
+  }
+  return std::nullopt;
+}
+
+CheckpointInfo resolve_checkpoint(const fs::path& path) {
+  if (auto direct = inspect(path)) return *direct;
+  if (auto latest = latest_checkpoint(path)) return *latest;
+  throw InputError("no valid checkpoint at '" + path.string() +
+                   "' (give a run folder such as runs/demo, or one of its checkpoints/step_* folders)");
+}
+
+Config checkpoint_config(const CheckpointInfo& checkpoint) {
+  if (!checkpoint.manifest.contains("config")) {
+    throw InputError("checkpoint '" + checkpoint.dir.string() + "' has no config in its manifest");
+  }
+  // JSON scalars are valid TOML values, so the saved config goes through the same parser and validation.
+  std::string text;
+  for (const auto& [section, fields] : checkpoint.manifest["config"].items()) {
+    text += "[" + section + "]\n";
+    for (const auto& [key, value] : fields.items()) text += key + " = " + value.dump() + "\n";
+  }
+  return parse_config(text, {}, (checkpoint.dir / "manifest.json").string());
+}
+
+void load_model_weights(const CheckpointInfo& checkpoint, GPT& model) {
+  const auto file = read_safetensors(checkpoint.dir / checkpoint.manifest.at("model_file").get<std::string>());
+  torch::NoGradGuard no_grad;
+  for (auto& p : model->named_parameters()) {
+    const auto* t = file.find(p.key());
+    if (t == nullptr) {
+      throw InputError("checkpoint '" + checkpoint.dir.string() + "' has no tensor '" + p.key() +
+                       "': it was written for another model shape");
+    }
+    if (t->shape != p.value().sizes().vec()) {
+      throw InputError("checkpoint tensor '" + p.key() + "' has another shape than the model's: the checkpoint was "
+                       "written for another model config");
+    }
+    auto values = t->to_floats();
+    auto src = torch::from_blob(values.data(), {static_cast<int64_t>(values.size())}, torch::kFloat);
+    p.value().view({-1}).copy_(src);  // in place: optimizer state stays attached
+  }
+}
+
+bool load_optimizer_state(const CheckpointInfo& checkpoint, torch::optim::Optimizer& optimizer) {
+  if (!checkpoint.manifest.contains("optimizer_file")) return false;
+  torch::load(optimizer, (checkpoint.dir / checkpoint.manifest["optimizer_file"].get<std::string>()).string());
+  return true;
+}
+
+}  // namespace dloco

@@ -1,0 +1,53 @@
+// Checkpoints: Θ as safetensors (loadable by Python's safetensors/PyTorch) plus a JSON manifest (resolved
+// config, global step, fragment versions, tokenizer, data cursors), and optionally the inner optimizer.
+// Layout: <run>/checkpoints/step_<08d>/{model.safetensors, optimizer.pt, manifest.json}. A checkpoint is written
+// into step_<08d>.tmp and renamed into place when complete (each file fsynced, then the folder), so a crash
+// mid-write leaves either the previous checkpoint or the new one, never a torn one; loaders skip a folder
+// without a valid manifest or whose model file does not match the manifest's size and hash.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <optional>
+
+#include <nlohmann/json.hpp>
+
+#include "model/gpt.h"
+
+namespace dloco {
+
+inline constexpr int kCheckpointVersion = 1;
+
+struct CheckpointInfo {
+  std::filesystem::path dir;  // .../checkpoints/step_00000500
+  int64_t step = 0;
+  nlohmann::json manifest;
+};
+
+/// Writes a checkpoint of `model` (and `optimizer` when not null) at `step` under run_dir/checkpoints, with
+/// `manifest` extended by format, version, step and the model file's size and hash. Keeps the newest `keep`
+/// checkpoints and deletes older ones. Throws InputError if the folder cannot be written (nothing older is
+/// deleted then). Returns the checkpoint folder.
+std::filesystem::path save_checkpoint(const std::filesystem::path& run_dir, int64_t step, GPT& model,
+                                      torch::optim::Optimizer* optimizer, nlohmann::json manifest, int keep = 2);
+
+/// The newest valid checkpoint of a run, or nullopt if none. Invalid or partial folders are skipped.
+std::optional<CheckpointInfo> latest_checkpoint(const std::filesystem::path& run_dir);
+
+/// Accepts a run folder (newest checkpoint) or a checkpoint folder. Throws InputError naming the path if
+/// there is no valid checkpoint there.
+CheckpointInfo resolve_checkpoint(const std::filesystem::path& path);
+
+/// The resolved config saved in the checkpoint's manifest, validated again. Throws InputError if it is missing or
+/// no longer valid.
+Config checkpoint_config(const CheckpointInfo& checkpoint);
+
+/// Copies the checkpoint's tensors into `model`'s parameters in place. Throws InputError naming the tensor if
+/// a parameter is missing or has another shape.
+void load_model_weights(const CheckpointInfo& checkpoint, GPT& model);
+
+/// Restores the optimizer state saved with the checkpoint; returns false if there is none.
+bool load_optimizer_state(const CheckpointInfo& checkpoint, torch::optim::Optimizer& optimizer);
+
+}  // namespace dloco

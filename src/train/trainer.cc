@@ -1,0 +1,97 @@
+// Inner steps and evaluation; see trainer.h. Dimension letters: B batch, T sequence length.
+#include "train/trainer.h"
+
+#include <cmath>
+
+#include "core/check.h"
+
+namespace dloco {
+
+InnerTrainer::InnerTrainer(GPT model, const TrainConfig& train, LrSchedule schedule, torch::Device device)
+    : model_(std::move(model)), train_(train), schedule_(schedule), device_(device) {
+  // Weight decay on matrices only (embedding included), never on norm gains: the usual GPT recipe.
+  std::vector<torch::Tensor> decay, no_decay;
+  for (auto& p : model_->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  auto options = torch::optim::AdamWOptions(train.lr)
+                     .betas({train.beta1, train.beta2})
+                     .eps(train.adam_eps)
+                     .weight_decay(train.weight_decay);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(options));
+  auto no_decay_options = options;
+  no_decay_options.weight_decay(0.0);
+  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(no_decay_options));
+  optimizer_ = std::make_unique<torch::optim::AdamW>(std::move(groups), options);
+  const int64_t T = model_->config().seq_len;
+  window_ = torch::empty({train.batch_size * T + 1}, torch::kLong);
+}
+
+StepResult InnerTrainer::step(DataStream& stream, int64_t step) {
+  const int64_t B = train_.batch_size, T = model_->config().seq_len;
+  StepResult r;
+  r.lr = schedule_.at(step);
+  for (auto& group : optimizer_->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(r.lr);
+
+  model_->train();
+  optimizer_->zero_grad();
+  double loss_sum = 0;
+  for (int64_t micro = 0; micro < train_.grad_accum; ++micro) {
+    stream.next(std::span<int64_t>(window_.data_ptr<int64_t>(), static_cast<size_t>(window_.numel())));
+    auto on_device = window_.to(device_);
+    auto x = on_device.narrow(0, 0, B * T).view({B, T});  // (B, T) inputs
+    auto y = on_device.narrow(0, 1, B * T).view({B, T});  // (B, T) targets
+    auto loss = model_->loss(x, y);
+    (loss / static_cast<double>(train_.grad_accum)).backward();
+    loss_sum += loss.item<double>();
+    r.tokens += B * T;
+  }
+  r.loss = loss_sum / static_cast<double>(train_.grad_accum);
+
+  const double max_norm = train_.grad_clip > 0 ? train_.grad_clip : std::numeric_limits<double>::infinity();
+  r.grad_norm = torch::nn::utils::clip_grad_norm_(model_->parameters(), max_norm);
+  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
+    r.skipped = true;  // the guard: no update, moments untouched
+    optimizer_->zero_grad();
+    return r;
+  }
+  optimizer_->step();
+  return r;
+}
+
+double evaluate_loss(GPT& model, const TokenSplit& split, int64_t max_tokens, int64_t batch_size,
+                     torch::Device device) {
+  torch::NoGradGuard no_grad;
+  const bool was_training = model->is_training();
+  model->eval();
+  const int64_t T = model->config().seq_len;
+  int64_t usable = split.size() - 1;
+  if (max_tokens > 0) usable = std::min(usable, max_tokens);
+  const int64_t sequences = usable / T;
+  DLOCO_CHECK_GT(sequences, 0);
+  double loss_sum = 0;
+  int64_t counted = 0;
+  for (int64_t first = 0; first < sequences; first += batch_size) {
+    const int64_t B = std::min(batch_size, sequences - first);
+    auto window = torch::empty({B * T + 1}, torch::kLong);
+    split.copy(first * T, std::span<int64_t>(window.data_ptr<int64_t>(), static_cast<size_t>(window.numel())));
+    window = window.to(device);
+    auto x = window.narrow(0, 0, B * T).view({B, T});
+    auto y = window.narrow(0, 1, B * T).view({B, T});
+    loss_sum += model->loss(x, y).item<double>() * static_cast<double>(B * T);
+    counted += B * T;
+  }
+  if (was_training) model->train();
+  return loss_sum / static_cast<double>(counted);
+}
+
+LrSchedule make_schedule(const Config& c) {
+  LrSchedule s;
+  s.peak_lr = c.train.lr;
+  s.warmup_steps = c.train.warmup_steps;
+  s.min_ratio = c.train.min_lr_ratio;
+  const int64_t per_step = c.train.tokens_per_step(c.model) * std::max<int64_t>(1, c.diloco.learners);
+  s.total_steps = std::max<int64_t>(1, c.train.total_tokens / per_step);
+  return s;
+}
+
+}  // namespace dloco

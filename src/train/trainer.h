@@ -1,0 +1,59 @@
+// The inner optimisation of one learner (spec decoupled-diloco.md §3 steps 1–3): micro-batches with gradient
+// accumulation, global-norm clipping, AdamW with warmup + cosine, and a guard that skips a step whose loss or
+// gradients are not finite. Also the evaluation of a model on the validation split.
+// Deliberately not here: anything about the syncer or the network; this is the hot path and adds nothing to a
+// bare LibTorch loop but the cursor bookkeeping.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+
+#include "core/config.h"
+#include "core/schedule.h"
+#include "data/stream.h"
+#include "model/gpt.h"
+
+namespace dloco {
+
+/// Outcome of one optimizer step.
+struct StepResult {
+  double loss = 0;        // mean training loss over the micro-batches, nats/token
+  double grad_norm = 0;   // global gradient norm before clipping
+  double lr = 0;          // learning rate used
+  int64_t tokens = 0;     // tokens consumed (B·T·grad_accum), also when skipped
+  bool skipped = false;   // non-finite loss or gradient: parameters and moments untouched
+};
+
+/// AdamW on one GPT replica. Parameters are only ever changed in place (the optimizer's state is keyed by the
+/// parameter tensors themselves, NOTES.md), so fragments can be overwritten by merges without losing moments.
+class InnerTrainer {
+ public:
+  /// `schedule` gives the lr per global step. The model must already live on `device`.
+  InnerTrainer(GPT model, const TrainConfig& train, LrSchedule schedule, torch::Device device);
+
+  /// One optimizer step at global step `step` on grad_accum windows from `stream`.
+  StepResult step(DataStream& stream, int64_t step);
+
+  GPT& model() { return model_; }
+  torch::optim::AdamW& optimizer() { return *optimizer_; }
+  const LrSchedule& schedule() const { return schedule_; }
+
+ private:
+  GPT model_;
+  TrainConfig train_;
+  LrSchedule schedule_;
+  torch::Device device_;
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  torch::Tensor window_;  // (B·T + 1) int64, reused every micro-batch
+};
+
+/// Mean next-token loss (nats/token) of `model` on the split's first `max_tokens` tokens (0 = all) in
+/// non-overlapping windows of B sequences × T tokens; a partial last batch is evaluated too. Runs without
+/// gradients and restores the model's training mode.
+double evaluate_loss(GPT& model, const TokenSplit& split, int64_t max_tokens, int64_t batch_size, torch::Device device);
+
+/// Builds the LR schedule of a run: the horizon is the token budget divided among M learners, in steps.
+LrSchedule make_schedule(const Config& config);
+
+}  // namespace dloco
