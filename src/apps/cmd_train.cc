@@ -29,12 +29,16 @@ void add_train_commands(CLI::App& app) {
   static std::string config_path;
   static std::string resume_dir;
   static std::vector<std::string> overrides;
+  static int64_t stop_after_steps = 0;
   train->add_option("--config", config_path, "TOML config (e.g. configs/demo.toml)");
   train->add_option("--resume", resume_dir, "Continue a stopped run from its folder (uses its saved config.toml)");
   train->add_option("--set", overrides, "Override a config field, e.g. --set train.lr=1e-3 (repeatable)");
+  train->add_option("--stop-after-steps", stop_after_steps,
+                    "Stop after so many steps with a checkpoint (resume later with --resume)");
   train->callback([] {
     if (config_path.empty() == resume_dir.empty()) throw InputError("give exactly one of --config FILE or --resume RUN_DIR");
     RunOptions options;
+    options.stop_after_steps = stop_after_steps;
     Config config;
     if (!resume_dir.empty()) {
       config = load_config(std::filesystem::path(resume_dir) / "config.toml", overrides);

@@ -93,6 +93,28 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   return ids;
 }
 
+namespace {
+// Replaces every byte that does not start or continue a valid UTF-8 sequence with U+FFFD, so samples from an
+// untrained model (which may emit half a multi-byte character) stay printable and JSON-safe.
+std::string valid_utf8(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool ok = len > 0 && i + len <= s.size() && !(len == 2 && c < 0xC2);
+    for (size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(s[i + k]) >> 6) == 0x2;
+    if (ok) {
+      out.append(s, i, len);
+      i += len;
+    } else {
+      out += "\xef\xbf\xbd";
+      ++i;
+    }
+  }
+  return out;
+}
+}  // namespace
+
 std::string Tokenizer::decode(std::span<const int64_t> ids) const {
   static const std::string kSpace = "\xe2\x96\x81";  // U+2581 "▁", SentencePiece's word boundary
   std::string out;
@@ -124,7 +146,7 @@ std::string Tokenizer::decode(std::span<const int64_t> ids) const {
     if (!text.empty()) line_start = false;
     out += text;
   }
-  return out;
+  return valid_utf8(out);
 }
 
 }  // namespace dloco

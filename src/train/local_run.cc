@@ -145,7 +145,12 @@ nlohmann::json run_local(const Config& config, const RunOptions& options) {
   double last_val = NAN, loss_ema = NAN;
   auto window_start = std::chrono::steady_clock::now();
   int64_t window_tokens = 0;
-  while (tokens + config.train.tokens_per_step(config.model) <= budget_tokens && g_stop_signal.load() == 0) {
+  const int64_t first_step = step;
+  auto stop_requested = [&] {
+    return g_stop_signal.load() != 0 ||
+           (options.stop_after_steps > 0 && step - first_step >= options.stop_after_steps);
+  };
+  while (tokens + config.train.tokens_per_step(config.model) <= budget_tokens && !stop_requested()) {
     const StepResult r = trainer.step(stream, step);
     ++step;
     tokens += r.tokens;
@@ -179,7 +184,7 @@ nlohmann::json run_local(const Config& config, const RunOptions& options) {
       save_checkpoint(run_dir, step, model, &trainer.optimizer(), manifest(last_val));
     }
   }
-  const bool interrupted = g_stop_signal.load() != 0;
+  const bool interrupted = tokens + config.train.tokens_per_step(config.model) <= budget_tokens;
   std::signal(SIGINT, old_int);
   std::signal(SIGTERM, old_term);
 
@@ -191,7 +196,7 @@ nlohmann::json run_local(const Config& config, const RunOptions& options) {
   nlohmann::json report = {
       {"run", config.run.name},
       {"mode", "local"},
-      {"status", interrupted ? "interrupted" : "finished"},
+      {"status", interrupted ? "stopped" : "finished"},
       {"final_val_loss", final_val},
       {"final_val_perplexity", std::exp(final_val)},
       {"steps", step},

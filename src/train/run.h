@@ -13,7 +13,9 @@
 namespace dloco {
 
 struct RunOptions {
-  bool resume = false;  // continue the run folder's newest checkpoint instead of starting fresh
+  bool resume = false;            // continue the run folder's newest checkpoint instead of starting fresh
+  int64_t stop_after_steps = 0;   // stop this invocation after so many steps (0 = run to the token budget);
+                                  // it ends like an interrupt: final checkpoint, report, resumable
 };
 
 /// Trains one model in this process (diloco.mode = "local": the inner loop alone, no syncer) with periodic

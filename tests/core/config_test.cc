@@ -1,0 +1,79 @@
+// Config: unknown keys and bad values are refused with the key named; overrides apply; TOML output round-trips;
+// the parameter-count formula agrees with hand arithmetic.
+#include "core/config.h"
+
+#include <gtest/gtest.h>
+
+#include "core/check.h"
+
+namespace dloco {
+namespace {
+
+std::string error_of(const std::string& toml, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_config(toml, overrides, "test.toml");
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Config, DefaultsAreValid) {
+  const Config c = parse_config("");
+  EXPECT_EQ(c.diloco.learners, 4);
+  EXPECT_EQ(c.diloco.inner_steps % c.diloco.fragments, 0);
+}
+
+TEST(Config, UnknownKeyIsNamedWithItsSection) {
+  const auto msg = error_of("[train]\nlearning_rate = 1e-3\n");
+  EXPECT_NE(msg.find("unknown key 'learning_rate' in [train]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("test.toml:2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("lr"), std::string::npos) << "lists the known keys: " << msg;
+}
+
+TEST(Config, UnknownSectionAndWrongTypeAndSyntax) {
+  EXPECT_NE(error_of("[trian]\nlr = 1\n").find("unknown section [trian]"), std::string::npos);
+  EXPECT_NE(error_of("[train]\nlr = \"fast\"\n").find("'train.lr' must be a number"), std::string::npos);
+  EXPECT_NE(error_of("[train\nlr = 1\n").find("TOML syntax error"), std::string::npos);
+}
+
+TEST(Config, RangeChecksNameTheKey) {
+  EXPECT_NE(error_of("[diloco]\ninner_steps = 10\nfragments = 4\n").find("diloco.inner_steps"), std::string::npos);
+  EXPECT_NE(error_of("[diloco]\nquorum = 5\n").find("diloco.quorum"), std::string::npos);
+  EXPECT_NE(error_of("[model]\nd_model = 100\nn_head = 3\n").find("model.n_head"), std::string::npos);
+  EXPECT_NE(error_of("[model]\npreset = \"huge\"\n").find("unknown model preset 'huge'"), std::string::npos);
+  EXPECT_NE(error_of("[diloco]\nmerge = \"median\"\n").find("diloco.merge"), std::string::npos);
+}
+
+TEST(Config, PresetThenKeysThenOverrides) {
+  const Config c = parse_config("[model]\npreset = \"tiny\"\nn_layer = 3\n[run]\nname = \"a\"\n",
+                                {"model.d_model=64", "run.name=bare_word", "train.total_tokens=2e6"});
+  EXPECT_EQ(c.model.preset, "tiny");
+  EXPECT_EQ(c.model.n_layer, 3);   // file key over preset
+  EXPECT_EQ(c.model.d_model, 64);  // override over file
+  EXPECT_EQ(c.model.seq_len, 32);  // from the preset
+  EXPECT_EQ(c.run.name, "bare_word");
+  EXPECT_EQ(c.train.total_tokens, 2000000);
+  EXPECT_NE(error_of("", {"lr=1"}).find("section.key=value"), std::string::npos);
+}
+
+TEST(Config, TomlRoundTrip) {
+  const Config a = parse_config("[model]\npreset = \"tiny\"\n[train]\nlr = 3.5e-4\n[run]\nname = \"x y\"\n");
+  const Config b = parse_config(to_toml(a));
+  EXPECT_EQ(to_json(a), to_json(b));
+}
+
+TEST(Config, ParameterCountFormulaByHand) {
+  ModelConfig m = model_preset("small");  // V=4096, C=128, L=4, F=round_up(341.3, 64)=384, tied
+  EXPECT_EQ(m.ff_dim(), 384);
+  const int64_t per_layer = 4 * 128 * 128 + 3 * 128 * 384 + 2 * 128;  // 65536 + 147456 + 256
+  EXPECT_EQ(gpt_parameter_count(m), 4096 * 128 + 4 * per_layer + 128);
+  m.tie_embeddings = false;
+  EXPECT_EQ(gpt_parameter_count(m), 2 * 4096 * 128 + 4 * per_layer + 128);
+  const ModelConfig big = model_preset("base-124m");
+  EXPECT_GT(gpt_parameter_count(big), 110'000'000);
+  EXPECT_LT(gpt_parameter_count(big), 135'000'000);
+}
+
+}  // namespace
+}  // namespace dloco

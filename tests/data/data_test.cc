@@ -1,0 +1,202 @@
+// Token shards (format, validation), data streams (disjoint, exact resume, wrap), KJV reference stripping and
+// the whole `dloco-data prepare` tool on a small corpus, with the tokenizer client decoding its output.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+#include "data/prepare.h"
+#include "data/shards.h"
+#include "data/stream.h"
+#include "data/tokenizer.h"
+
+namespace dloco {
+namespace {
+
+namespace fs = std::filesystem;
+
+class DataTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("dloco_data_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
+            std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A split of `n` tokens 0, 1, 2, … (mod vocab) in shards of `per_shard` tokens.
+  std::shared_ptr<TokenSplit> counting_split(int64_t n, int64_t per_shard, uint32_t vocab = 70000) {
+    std::vector<fs::path> paths;
+    for (int64_t at = 0, k = 0; at < n; at += per_shard, ++k) {
+      std::vector<int32_t> tokens;
+      for (int64_t i = at; i < std::min(n, at + per_shard); ++i) tokens.push_back(static_cast<int32_t>(i % vocab));
+      paths.push_back(dir_ / ("train_" + std::to_string(k) + ".bin"));
+      write_shard(paths.back(), tokens, vocab);
+    }
+    return std::make_shared<TokenSplit>(paths);
+  }
+
+  std::string error_reading(const fs::path& p) {
+    try {
+      read_shard_header(p);
+    } catch (const InputError& e) {
+      return e.what();
+    }
+    return "";
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(DataTest, ShardRoundTripAcrossShardsAndTokenSizes) {
+  for (uint32_t vocab : {300u, 70000u}) {  // uint16 and uint32 storage
+    auto split = counting_split(1000, 333, vocab);
+    EXPECT_EQ(split->size(), 1000);
+    EXPECT_EQ(split->vocab_size(), vocab);
+    std::vector<int64_t> out(400);
+    split->copy(300, out);  // crosses shard boundaries at 333 and 666
+    for (int64_t i = 0; i < 400; ++i) ASSERT_EQ(out[i], (300 + i) % vocab);
+  }
+}
+
+TEST_F(DataTest, ShardValidationNamesTheProblem) {
+  const auto path = dir_ / "a.bin";
+  write_shard(path, std::vector<int32_t>{1, 2, 3}, 10);
+  EXPECT_EQ(read_shard_header(path).token_count, 3u);
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  auto write = [&](const std::string& b) { std::ofstream(path, std::ios::binary | std::ios::trunc) << b; };
+  write(bytes.substr(0, bytes.size() - 1));
+  EXPECT_NE(error_reading(path).find("truncated or corrupt"), std::string::npos);
+  std::string wrong_magic = bytes;
+  wrong_magic[0] = 'X';
+  write(wrong_magic);
+  EXPECT_NE(error_reading(path).find("wrong magic"), std::string::npos);
+  std::string wrong_version = bytes;
+  wrong_version[8] = 9;
+  write(wrong_version);
+  EXPECT_NE(error_reading(path).find("format version 9"), std::string::npos);
+  write("short");
+  EXPECT_NE(error_reading(path).find("shorter than its 64-byte header"), std::string::npos);
+  EXPECT_THROW(write_shard(dir_ / "b.bin", std::vector<int32_t>{10}, 10), InputError);  // id out of vocabulary
+  EXPECT_THROW(split_shards(dir_ / "nowhere", "train"), InputError);
+}
+
+TEST_F(DataTest, StreamsAreDisjointAndAdvanceByBT) {
+  auto split = counting_split(10000, 4000);
+  const int64_t B = 2, T = 8, S = 4;
+  for (int64_t s = 0; s < S; ++s) {
+    DataStream stream(split, s, S, B, T, StreamCursor{s, 0, 0, 0});
+    std::vector<int64_t> window(B * T + 1);
+    stream.next(window);
+    EXPECT_EQ(window.front(), s * 2500);
+    EXPECT_EQ(window.back(), s * 2500 + B * T);  // B·T + 1 consecutive tokens
+    stream.next(window);
+    EXPECT_EQ(window.front(), s * 2500 + B * T);
+    EXPECT_EQ(stream.cursor().tokens_served, 2 * B * T);
+  }
+}
+
+TEST_F(DataTest, StreamResumesExactlyFromItsCursor) {
+  auto split = counting_split(5000, 1500);
+  const int64_t B = 3, T = 7;
+  DataStream a(split, 1, 2, B, T, StreamCursor{1, 0, 0, 0});
+  std::vector<int64_t> w(B * T + 1), v(B * T + 1);
+  for (int i = 0; i < 37; ++i) a.next(w);  // crosses a wrap: stream length 2500, 21 tokens per batch
+  const nlohmann::json saved = a.cursor().to_json();
+  DataStream b(split, 1, 2, B, T, StreamCursor::from_json(saved));
+  for (int i = 0; i < 200; ++i) {
+    a.next(w);
+    b.next(v);
+    ASSERT_EQ(w, v) << "batch " << i << " after resume";
+  }
+  EXPECT_EQ(a.cursor(), b.cursor());
+  EXPECT_GT(a.cursor().epoch, 0);
+}
+
+TEST_F(DataTest, StreamWrapsAndCountsEveryTokenOncePerEpoch) {
+  auto split = counting_split(100, 100);
+  DataStream s(split, 0, 1, 1, 10, StreamCursor{});
+  std::vector<int64_t> w(11);
+  std::vector<int> seen(100, 0);
+  while (s.cursor().epoch == 0) {
+    s.next(w);
+    for (int i = 0; i < 10; ++i) seen[w[i]]++;
+  }
+  // 9 windows of 10 fit (the 10th would need token 100): tokens 0..89 once, none twice.
+  for (int i = 0; i < 90; ++i) EXPECT_EQ(seen[i], 1) << i;
+  EXPECT_EQ(s.cursor().position, 0);
+}
+
+TEST_F(DataTest, StreamRefusesBadSetups) {
+  auto split = counting_split(100, 100);
+  EXPECT_THROW(DataStream(split, 0, 10, 2, 8, StreamCursor{}), InputError);         // stream shorter than a window
+  EXPECT_THROW(DataStream(split, 0, 1, 1, 8, StreamCursor{1, 0, 0, 0}), InputError);  // another stream's cursor
+  EXPECT_THROW(StreamCursor::from_json({{"stream", 0}}), InputError);
+}
+
+TEST(Prepare, StripsKjvVerseReferences) {
+  EXPECT_EQ(strip_verse_reference("Ge1:1 In the beginning"), "In the beginning");
+  EXPECT_EQ(strip_verse_reference("1Sam3:4 That the LORD called"), "That the LORD called");
+  EXPECT_EQ(strip_verse_reference("Rev22:21 The grace"), "The grace");
+  EXPECT_EQ(strip_verse_reference("No reference 1:2 here"), "No reference 1:2 here");
+}
+
+// Runs a command line; returns its exit status.
+int run(const std::string& command) { return WEXITSTATUS(std::system((command + " >/dev/null 2>&1").c_str())); }
+
+TEST_F(DataTest, PrepareToolBuildsTokenizerAndShardsFromTextAndJsonl) {
+  {
+    std::ofstream txt(dir_ / "a.txt");
+    for (int i = 0; i < 400; ++i) txt << "In the beginning was the word number " << i << ", and the word was good.\n";
+    std::ofstream jsonl(dir_ / "b.jsonl");
+    for (int i = 0; i < 100; ++i) jsonl << nlohmann::json{{"text", "Second source line " + std::to_string(i)}} << "\n";
+  }
+  const std::string tool = std::string(DLOCO_BINARY_DIR) + "/bin/dloco-data";
+  const fs::path out = dir_ / "prepared";
+  ASSERT_EQ(run(tool + " prepare " + (dir_ / "a.txt").string() + " " + (dir_ / "b.jsonl").string() + " --out " +
+                out.string() + " --vocab-size 400 --threads 1"),
+            0);
+  const auto meta = nlohmann::json::parse(std::ifstream(out / "meta.json"));
+  EXPECT_EQ(meta["vocab_size"], 400);
+  EXPECT_EQ(meta["lines"], 500);
+  EXPECT_GT(meta["val_tokens"].get<int64_t>(), 0);
+  TokenSplit train(split_shards(out, "train")), val(split_shards(out, "val"));
+  EXPECT_EQ(train.size(), meta["train_tokens"].get<int64_t>());
+  EXPECT_EQ(val.size(), meta["val_tokens"].get<int64_t>());
+
+  // The tokenizer client decodes what the tool encoded, newlines at end-of-sentence ids.
+  setenv("DLOCO_DATA_BIN", tool.c_str(), 1);
+  Tokenizer tok(out / "tokenizer.model");
+  EXPECT_EQ(tok.vocab_size(), 400);
+  const auto ids = tok.encode("the word was good");
+  ASSERT_FALSE(ids.empty());
+  std::vector<int64_t> with_eos(ids.begin(), ids.end());
+  with_eos.push_back(tok.eos_id());
+  EXPECT_EQ(tok.decode(with_eos), "the word was good\n");
+  const std::vector<int64_t> half_character = {3 + 0xC3};  // byte piece <0xC3> without its continuation byte
+  EXPECT_EQ(tok.decode(half_character), "\xef\xbf\xbd");    // U+FFFD, never invalid UTF-8
+  std::vector<int64_t> first(64);
+  train.copy(0, first);
+  EXPECT_EQ(tok.decode(first).rfind("In the beginning was the word number 0, and the word was good.\n", 0), 0u);
+
+  // Existing output is kept unless --force; bad JSONL is named with its line.
+  EXPECT_EQ(run(tool + " prepare " + (dir_ / "a.txt").string() + " --out " + out.string() + " --vocab-size 400"), 2);
+  EXPECT_TRUE(fs::exists(out / "train_000.bin"));
+  std::ofstream(dir_ / "bad.jsonl") << "{\"text\": \"ok\"}\n{\"body\": 1}\n";
+  EXPECT_EQ(run(tool + " prepare " + (dir_ / "bad.jsonl").string() + " --out " + (dir_ / "o2").string()), 2);
+  EXPECT_EQ(run(tool + " prepare " + (dir_ / "missing.txt").string() + " --out " + (dir_ / "o3").string()), 2);
+}
+
+}  // namespace
+}  // namespace dloco
