@@ -4,6 +4,7 @@
 
 #include "apps/commands.h"
 #include "core/check.h"
+#include "launcher/roles.h"
 #include "train/run.h"
 
 namespace dloco::apps {
@@ -14,12 +15,20 @@ void print_report(const nlohmann::json& r) {
   std::printf("\n== report: %s (%s) ==\n", r["run"].get<std::string>().c_str(), r["status"].get<std::string>().c_str());
   std::printf("final validation loss  %.4f nats/token (perplexity %.1f)\n", r["final_val_loss"].get<double>(),
               r["final_val_perplexity"].get<double>());
-  std::printf("tokens trained         %lld in %lld steps (%lld skipped)\n", r["tokens_trained"].get<long long>(),
-              r["steps"].get<long long>(), r["steps_skipped"].get<long long>());
+  std::printf("tokens trained         %lld in %lld steps\n", r["tokens_trained"].get<long long>(),
+              r["steps"].get<long long>());
+  if (r.contains("merges")) {
+    std::printf("merges                 %lld (learner restarts %lld)\n", r["merges"].get<long long>(),
+                r["learner_restarts"].get<long long>());
+  }
   std::printf("wall time              %.1f s (%.0f tokens/s)\n", r["wall_seconds"].get<double>(),
               r["tokens_per_second"].get<double>());
   std::printf("checkpoint             %s\n", r["checkpoint"].get<std::string>().c_str());
   std::printf("sample                 %s\n", r["sample"].get<std::string>().c_str());
+  for (const auto& [role, b] : r["bytes"].items()) {
+    std::printf("bytes %-16s sent %lld, received %lld\n", role.c_str(), b["sent"].get<long long>(),
+                b["received"].get<long long>());
+  }
 }
 
 }  // namespace
@@ -46,13 +55,47 @@ void add_train_commands(CLI::App& app) {
     } else {
       config = load_config(config_path, overrides);
     }
-    if (config.diloco.mode != "local") {
-      throw InputError("diloco.mode = \"" + config.diloco.mode +
-                       "\" needs the syncer and learner processes, which are not built yet; use diloco.mode = "
-                       "\"local\" (e.g. --set diloco.mode=local)");
+    if (config.diloco.mode == "decoupled") {
+      if (stop_after_steps > 0) throw InputError("--stop-after-steps applies to diloco.mode = \"local\" only");
+      print_report(run_launcher(config, options.resume));
+    } else {
+      print_report(run_local(config, options));
     }
-    print_report(run_local(config, options));
   });
+
+  // The roles, each its own process: `dloco syncer` and `dloco learner` also run on separate machines.
+  auto* syncer = app.add_subcommand("syncer", "Run the syncer of a decoupled run");
+  static std::string role_config, role_run_dir, role_listen = "0.0.0.0:7070", role_address_file, role_syncer;
+  static int role_id = 0;
+  static std::vector<std::string> role_overrides;
+  syncer->add_option("--config", role_config, "TOML config")->required();
+  syncer->add_option("--run-dir", role_run_dir, "Run folder (default: run.out_dir/run.name)");
+  syncer->add_option("--listen", role_listen, "Listen address host:port (port 0 = any free port)")->capture_default_str();
+  syncer->add_option("--address-file", role_address_file, "Write the bound host:port here");
+  syncer->add_option("--set", role_overrides, "Override a config field (repeatable)");
+  syncer->callback([] {
+    const Config c = load_config(role_config, role_overrides);
+    SyncerOptions o{role_run_dir.empty() ? c.run_dir() : std::filesystem::path(role_run_dir), role_listen,
+                    role_address_file};
+    if (int rc = run_syncer(c, o); rc != 0) throw InputError("syncer exited with " + std::to_string(rc));
+  });
+  for (const char* name : {"learner", "evaluator"}) {
+    const bool is_learner = std::string(name) == "learner";
+    auto* cmd = app.add_subcommand(name, is_learner ? "Run one learner of a decoupled run"
+                                                    : "Run the evaluator of a decoupled run");
+    cmd->add_option("--config", role_config, "TOML config (the same as the syncer's)")->required();
+    cmd->add_option("--syncer", role_syncer, "Syncer address host:port")->required();
+    if (is_learner) cmd->add_option("--id", role_id, "Learner slot id, 0 ≤ id < M")->required();
+    cmd->add_option("--run-dir", role_run_dir, "Folder for this role's events (default: run.out_dir/run.name)");
+    cmd->add_option("--set", role_overrides, "Override a config field (repeatable)");
+    cmd->callback([is_learner] {
+      const Config c = load_config(role_config, role_overrides);
+      LearnerOptions o{role_syncer, role_id, role_run_dir.empty() ? c.run_dir() : std::filesystem::path(role_run_dir)};
+      const int rc = is_learner ? run_learner(c, o) : run_evaluator(c, o);
+      if (rc != 0) throw InputError(std::string(is_learner ? "learner" : "evaluator") + " exited with " +
+                                    std::to_string(rc));
+    });
+  }
 
   auto* eval = app.add_subcommand("eval", "Validation loss and perplexity of a checkpoint");
   static std::string eval_ckpt, eval_data;

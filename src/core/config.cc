@@ -70,6 +70,8 @@ void for_each_field(C& c, F&& f) {
   f("run", "threads", c.run.threads);
   f("run", "secret", c.run.secret);
   f("run", "syncer_address", c.run.syncer_address);
+  f("run", "restart_delay_s", c.run.restart_delay_s);
+  f("run", "report_interval_s", c.run.report_interval_s);
 }
 
 std::string where(const std::string& source, const toml::node& node) {
@@ -262,6 +264,7 @@ void Config::validate() const {
   require(!run.name.empty() && run.name.find('/') == std::string::npos, "run.name",
           "must be a non-empty folder name without '/'");
   require(run.threads >= 0, "run.threads", "must be ≥ 0 (0 = all cores)");
+  require(run.report_interval_s > 0, "run.report_interval_s", "must be > 0");
 }
 
 Config parse_config(const std::string& toml_text, const std::vector<std::string>& overrides,

@@ -105,6 +105,8 @@ struct RunSettings {
   int64_t threads = 0;             // CPU threads for the whole run on this machine; 0 = all cores
   std::string secret = "";         // shared secret of the handshake; env DLOCO_SECRET overrides when set
   std::string syncer_address = "127.0.0.1:0";  // syncer listen address; port 0 = pick a free one
+  double restart_delay_s = 2.0;    // the launcher restarts a learner that died after this delay; < 0 = never
+  double report_interval_s = 5.0;  // seconds between the launcher's console rows
 };
 
 /// A whole run's configuration.

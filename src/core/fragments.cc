@@ -49,7 +49,7 @@ std::string canonical_text(const FragmentLayout& layout) {
   for (const TensorSpec& t : layout.tensors) os << "tensor " << t.name << " " << shape_text(t.shape) << "\n";
   for (size_t p = 0; p < layout.fragments.size(); ++p) {
     os << "fragment " << p;
-    for (const Block& b : layout.fragments[p].blocks) os << " " << b.tensor_index << ":" << b.row_begin << "-" << b.row_end;
+    for (const FragmentBlock& b : layout.fragments[p].blocks) os << " " << b.tensor_index << ":" << b.row_begin << "-" << b.row_end;
     os << "\n";
   }
   return os.str();
@@ -64,9 +64,9 @@ uint64_t fnv1a64(const std::string& text) {
   return h;
 }
 
-Block make_block(const std::vector<TensorSpec>& tensors, int index, int64_t row_begin, int64_t row_end) {
+FragmentBlock make_block(const std::vector<TensorSpec>& tensors, int index, int64_t row_begin, int64_t row_end) {
   const int64_t row_numel = tensors[index].row_numel();
-  return Block{index, row_begin, row_end, row_begin * row_numel, (row_end - row_begin) * row_numel};
+  return FragmentBlock{index, row_begin, row_end, row_begin * row_numel, (row_end - row_begin) * row_numel};
 }
 
 void check_fragment_index(const FragmentLayout& layout, int p) {
@@ -121,7 +121,7 @@ FragmentLayout make_fragment_layout(std::vector<TensorSpec> tensors, int P, bool
   const std::vector<TensorSpec>& ts = layout.tensors;
 
   // 2. Blocks: a tensor of >= 2 rows larger than total/P is cut into n = ceil(numel·P/total) near-equal row ranges.
-  std::vector<Block> blocks;
+  std::vector<FragmentBlock> blocks;
   for (int i = 0; i < static_cast<int>(ts.size()); ++i) {
     const int64_t numel = ts[i].numel(), rows = ts[i].rows();
     const bool large = numel * static_cast<int64_t>(P) > layout.total_numel;  // numel > total/P, exactly
@@ -144,13 +144,13 @@ FragmentLayout make_fragment_layout(std::vector<TensorSpec> tensors, int P, bool
   }
 
   // 3. LPT: largest block first (ties: name, then row_begin) into the lightest fragment (ties: lowest index).
-  std::stable_sort(blocks.begin(), blocks.end(), [&](const Block& a, const Block& b) {
+  std::stable_sort(blocks.begin(), blocks.end(), [&](const FragmentBlock& a, const FragmentBlock& b) {
     if (a.numel != b.numel) return a.numel > b.numel;
     if (a.tensor_index != b.tensor_index) return a.tensor_index < b.tensor_index;  // index order == name order
     return a.row_begin < b.row_begin;
   });
   layout.fragments.resize(P);
-  for (const Block& b : blocks) {
+  for (const FragmentBlock& b : blocks) {
     auto lightest = std::min_element(layout.fragments.begin(), layout.fragments.end(),
                                      [](const Fragment& x, const Fragment& y) { return x.numel < y.numel; });
     lightest->blocks.push_back(b);
@@ -158,7 +158,7 @@ FragmentLayout make_fragment_layout(std::vector<TensorSpec> tensors, int P, bool
   }
   // 4. Canonical order inside a fragment: by tensor, then rows (the gather/scatter order).
   for (Fragment& f : layout.fragments) {
-    std::sort(f.blocks.begin(), f.blocks.end(), [](const Block& a, const Block& b) {
+    std::sort(f.blocks.begin(), f.blocks.end(), [](const FragmentBlock& a, const FragmentBlock& b) {
       return a.tensor_index != b.tensor_index ? a.tensor_index < b.tensor_index : a.row_begin < b.row_begin;
     });
   }
@@ -179,7 +179,7 @@ std::string FragmentLayout::summary() const {
      << " elements; fragment sizes " << smallest << ".." << largest << "; hash " << hash_text << "\n";
   for (size_t p = 0; p < fragments.size(); ++p) {
     os << "  fragment " << p << ": " << fragments[p].numel << " elements:";
-    for (const Block& b : fragments[p].blocks) {
+    for (const FragmentBlock& b : fragments[p].blocks) {
       const TensorSpec& t = tensors[b.tensor_index];
       os << " " << t.name;
       if (b.row_begin != 0 || b.row_end != t.rows()) os << "[" << b.row_begin << ":" << b.row_end << "]";
@@ -217,7 +217,7 @@ void gather_fragment(const FragmentLayout& layout, int p, const std::vector<std:
   check_tensor_spans(layout, tensors, "gather_fragment");
   check_fragment_buffer(layout, p, out.size(), "gather_fragment");
   int64_t pos = 0;
-  for (const Block& b : layout.fragments[p].blocks) {
+  for (const FragmentBlock& b : layout.fragments[p].blocks) {
     if (b.numel > 0) std::memcpy(out.data() + pos, tensors[b.tensor_index].data() + b.offset, b.numel * sizeof(float));
     pos += b.numel;
   }
@@ -229,7 +229,7 @@ void scatter_fragment(const FragmentLayout& layout, int p, std::span<const float
   check_tensor_spans(layout, tensors, "scatter_fragment");
   check_fragment_buffer(layout, p, in.size(), "scatter_fragment");
   int64_t pos = 0;
-  for (const Block& b : layout.fragments[p].blocks) {
+  for (const FragmentBlock& b : layout.fragments[p].blocks) {
     if (b.numel > 0) std::memcpy(tensors[b.tensor_index].data() + b.offset, in.data() + pos, b.numel * sizeof(float));
     pos += b.numel;
   }

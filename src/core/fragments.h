@@ -33,7 +33,7 @@ struct TensorSpec {
 /// A contiguous range of rows [row_begin, row_end) along dim 0 of one tensor. offset and numel are in elements of
 /// that tensor's flattened row-major data: offset = row_begin·row_numel, numel = (row_end − row_begin)·row_numel.
 /// A tensor that is not split is one block covering all its rows.
-struct Block {
+struct FragmentBlock {
   int tensor_index = 0;  // index into FragmentLayout::tensors
   int64_t row_begin = 0;
   int64_t row_end = 0;
@@ -44,12 +44,12 @@ struct Block {
 /// One fragment: its blocks in canonical order (tensor_index, then row_begin). Its flat buffer is the blocks'
 /// data concatenated in that order; numel is the sum of the blocks' numel (elements).
 struct Fragment {
-  std::vector<Block> blocks;
+  std::vector<FragmentBlock> blocks;
   int64_t numel = 0;
 };
 
 /// The full layout. tensors are sorted by name (the canonical order, so the order of the caller's list does not
-/// matter); Block::tensor_index and the span vectors passed to gather/scatter follow that order.
+/// matter); FragmentBlock::tensor_index and the span vectors passed to gather/scatter follow that order.
 struct FragmentLayout {
   std::vector<TensorSpec> tensors;   // sorted by name
   std::vector<Fragment> fragments;   // P fragments

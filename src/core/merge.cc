@@ -159,7 +159,7 @@ void merge_fragment(const FragmentLayout& layout, int p, const std::vector<std::
   // One block at a time: RDA norms are per block (spec §6, §8), the embedding takes the plain mean.
   std::vector<std::span<const float>> block_inputs(outer_grads.size());
   int64_t pos = 0;
-  for (const Block& b : fragment.blocks) {
+  for (const FragmentBlock& b : fragment.blocks) {
     for (size_t m = 0; m < outer_grads.size(); ++m) block_inputs[m] = outer_grads[m].subspan(pos, b.numel);
     std::span<float> block_out = out.subspan(pos, b.numel);
     const bool embedding = is_embedding && is_embedding(layout.tensors[b.tensor_index].name);

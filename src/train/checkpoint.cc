@@ -61,15 +61,7 @@ std::optional<CheckpointInfo> inspect(const fs::path& dir) {
 
 fs::path save_checkpoint(const fs::path& run_dir, int64_t step, GPT& model, torch::optim::Optimizer* optimizer,
                          nlohmann::json manifest, int keep) {
-  const fs::path final_dir = step_dir(run_dir, step);
-  fs::path tmp_dir = final_dir;
-  tmp_dir += ".tmp";
-  std::error_code ec;
-  fs::remove_all(tmp_dir, ec);
-  fs::create_directories(tmp_dir, ec);
-  if (ec) throw InputError("cannot create checkpoint folder '" + tmp_dir.string() + "': " + ec.message());
-
-  // 1) model.safetensors: every parameter as F32, names as in GPT's named_parameters().
+  // Every parameter as F32, names as in GPT's named_parameters().
   std::vector<torch::Tensor> keep_alive;
   std::vector<SafetensorsEntry> entries;
   for (const auto& p : model->named_parameters()) {
@@ -78,15 +70,30 @@ fs::path save_checkpoint(const fs::path& run_dir, int64_t step, GPT& model, torc
     entries.push_back(f32_entry(p.key(), t.sizes().vec(),
                                 std::span<const float>(t.data_ptr<float>(), static_cast<size_t>(t.numel()))));
   }
-  const auto image = encode_safetensors(entries, {{"format", "pt"}, {"producer", "dloco"}});
-  write_file_atomically(tmp_dir / "model.safetensors", image);
+  auto write_optimizer = [optimizer](const fs::path& dir, nlohmann::json& m) {
+    if (optimizer == nullptr) return;
+    torch::save(*optimizer, (dir / "optimizer.pt").string());
+    fsync_path(dir / "optimizer.pt");
+    m["optimizer_file"] = "optimizer.pt";
+  };
+  return save_checkpoint_files(run_dir, step, entries, std::move(manifest), write_optimizer, keep);
+}
 
-  // 2) optimizer state (LibTorch archive), fsynced.
-  if (optimizer != nullptr) {
-    torch::save(*optimizer, (tmp_dir / "optimizer.pt").string());
-    fsync_path(tmp_dir / "optimizer.pt");
-    manifest["optimizer_file"] = "optimizer.pt";
-  }
+fs::path save_checkpoint_files(const fs::path& run_dir, int64_t step, std::span<const SafetensorsEntry> tensors,
+                               nlohmann::json manifest,
+                               const std::function<void(const fs::path&, nlohmann::json&)>& extra, int keep) {
+  const fs::path final_dir = step_dir(run_dir, step);
+  fs::path tmp_dir = final_dir;
+  tmp_dir += ".tmp";
+  std::error_code ec;
+  fs::remove_all(tmp_dir, ec);
+  fs::create_directories(tmp_dir, ec);
+  if (ec) throw InputError("cannot create checkpoint folder '" + tmp_dir.string() + "': " + ec.message());
+
+  // 1) model.safetensors, 2) extra files (optimizer state), each fsynced.
+  const auto image = encode_safetensors(tensors, {{"format", "pt"}, {"producer", "dloco"}});
+  write_file_atomically(tmp_dir / "model.safetensors", image);
+  if (extra) extra(tmp_dir, manifest);
 
   // 3) manifest last, then the folder rename makes the checkpoint visible at once.
   manifest["format"] = "dloco-checkpoint";
@@ -101,7 +108,7 @@ fs::path save_checkpoint(const fs::path& run_dir, int64_t step, GPT& model, torc
   if (ec) throw InputError("cannot move checkpoint into '" + final_dir.string() + "': " + ec.message());
   fsync_path(final_dir.parent_path());
 
-  // 4) prune: keep the newest `keep` valid checkpoints.
+  // 4) prune: keep the newest `keep` checkpoints.
   std::vector<fs::path> dirs;
   for (const auto& e : fs::directory_iterator(final_dir.parent_path())) {
     const auto name = e.path().filename().string();

@@ -9,10 +9,13 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <functional>
 #include <optional>
+#include <span>
 
 #include <nlohmann/json.hpp>
 
+#include "core/safetensors.h"
 #include "model/gpt.h"
 
 namespace dloco {
@@ -31,6 +34,14 @@ struct CheckpointInfo {
 /// deleted then). Returns the checkpoint folder.
 std::filesystem::path save_checkpoint(const std::filesystem::path& run_dir, int64_t step, GPT& model,
                                       torch::optim::Optimizer* optimizer, nlohmann::json manifest, int keep = 2);
+
+/// The same without a model object (the syncer holds Θ as flat fragments): writes `tensors` as
+/// model.safetensors; `extra(tmp_dir, manifest)`, when set, may add files to the folder and fields to the
+/// manifest before it is written. Same guarantees and errors as save_checkpoint.
+std::filesystem::path save_checkpoint_files(
+    const std::filesystem::path& run_dir, int64_t step, std::span<const SafetensorsEntry> tensors,
+    nlohmann::json manifest, const std::function<void(const std::filesystem::path&, nlohmann::json&)>& extra = {},
+    int keep = 2);
 
 /// The newest valid checkpoint of a run, or nullopt if none. Invalid or partial folders are skipped.
 std::optional<CheckpointInfo> latest_checkpoint(const std::filesystem::path& run_dir);

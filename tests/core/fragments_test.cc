@@ -43,7 +43,7 @@ void expect_exact_cover(const FragmentLayout& layout) {
   int64_t total = 0;
   for (const Fragment& f : layout.fragments) {
     int64_t sum = 0;
-    for (const Block& b : f.blocks) {
+    for (const FragmentBlock& b : f.blocks) {
       const TensorSpec& t = layout.tensors[b.tensor_index];
       EXPECT_EQ(b.offset, b.row_begin * t.row_numel());
       EXPECT_EQ(b.numel, (b.row_end - b.row_begin) * t.row_numel());
@@ -93,7 +93,7 @@ TEST(Fragments, LargeEmbeddingIsSplitIntoRowBlocks) {
   const int e = layout.find_tensor("tok_emb.weight");
   int embedding_blocks = 0;
   for (const Fragment& f : layout.fragments) {
-    for (const Block& b : f.blocks) embedding_blocks += b.tensor_index == e;
+    for (const FragmentBlock& b : f.blocks) embedding_blocks += b.tensor_index == e;
   }
   // total ≈ 297k, total/4 ≈ 74k, embedding 262144 → ceil(262144·4/total) = 4 blocks.
   EXPECT_EQ(embedding_blocks, 4);
@@ -111,7 +111,7 @@ TEST(Fragments, SplitRowsAreNearEqual) {
   const FragmentLayout layout = make_fragment_layout({{"a", {10}}, {"b", {1}}, {"c", {1}}}, 3);
   std::vector<int64_t> rows;
   for (const Fragment& f : layout.fragments) {
-    for (const Block& b : f.blocks) {
+    for (const FragmentBlock& b : f.blocks) {
       if (layout.tensors[b.tensor_index].name == "a") rows.push_back(b.row_end - b.row_begin);
     }
   }
@@ -150,7 +150,7 @@ Stats stats_of(const FragmentLayout& layout) {
   Stats s;
   for (const Fragment& f : layout.fragments) {
     s.largest_fragment = std::max(s.largest_fragment, f.numel);
-    for (const Block& b : f.blocks) {
+    for (const FragmentBlock& b : f.blocks) {
       s.largest_block = std::max(s.largest_block, b.numel);
       s.block_sizes.push_back(b.numel);
     }
@@ -370,7 +370,7 @@ TEST(Fragments, GatherScatterRoundTrip) {
       std::vector<float> fragment(layout.fragments[p].numel);
       gather_fragment(layout, p, in, fragment);
       // The first block's data comes first in the flat buffer.
-      const Block& b0 = layout.fragments[p].blocks[0];
+      const FragmentBlock& b0 = layout.fragments[p].blocks[0];
       EXPECT_EQ(fragment[0], model[b0.tensor_index][b0.offset]);
       scatter_fragment(layout, p, fragment, out);
     }

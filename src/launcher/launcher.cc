@@ -1,0 +1,302 @@
+// The launcher: `dloco train` with diloco.mode = "decoupled". Starts the syncer, the evaluator and M learners
+// as child processes of this binary (posix_spawn: no fork handlers run, so it is safe with gRPC objects in the
+// process), gives each its share of the cores through its environment before exec, shows progress from the
+// syncer's Status, restarts learners that die, and ends with the report.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include "core/atomic_file.h"
+#include "core/events.h"
+#include "data/shards.h"
+#include "launcher/roles.h"
+#include "learner/link.h"
+#include "syncer/handshake.h"
+#include "train/checkpoint.h"
+#include "train/fragment_io.h"
+#include "train/run.h"
+#include "train/threads.h"
+
+extern char** environ;
+
+namespace dloco {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::atomic<int> g_launcher_signal{0};
+extern "C" void on_launcher_signal(int sig) { g_launcher_signal.store(sig); }
+
+struct Child {
+  std::string role;  // "syncer", "evaluator", "learner 2"
+  int learner = -1;
+  pid_t pid = -1;
+  bool exited = false;
+  int status = 0;
+  Clock::time_point died_at{};
+  int restarts = 0;
+};
+
+fs::path self_exe() { return fs::read_symlink("/proc/self/exe"); }
+
+// Spawns `dloco ARGS...` with stdout/stderr appended to `log` and the thread environment set before exec.
+pid_t spawn(const std::vector<std::string>& args, const fs::path& log, int threads) {
+  std::vector<std::string> env_store;
+  for (char** e = environ; *e; ++e) {
+    const std::string kv(*e);
+    if (kv.rfind("OMP_NUM_THREADS=", 0) == 0 || kv.rfind("OPENBLAS_NUM_THREADS=", 0) == 0 ||
+        kv.rfind("OMP_WAIT_POLICY=", 0) == 0 || kv.rfind("MKL_NUM_THREADS=", 0) == 0) {
+      continue;
+    }
+    env_store.push_back(kv);
+  }
+  env_store.push_back("OMP_NUM_THREADS=1");
+  env_store.push_back("OPENBLAS_NUM_THREADS=" + std::to_string(threads));
+  env_store.push_back("MKL_NUM_THREADS=" + std::to_string(threads));
+  env_store.push_back("OMP_WAIT_POLICY=PASSIVE");
+  std::vector<char*> envp;
+  for (auto& kv : env_store) envp.push_back(kv.data());
+  envp.push_back(nullptr);
+  const std::string exe = self_exe().string();
+  std::vector<std::string> argv_store = {exe};
+  argv_store.insert(argv_store.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_store) argv.push_back(a.data());
+  argv.push_back(nullptr);
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);  // Ctrl-C reaches the launcher, which stops children
+  posix_spawnattr_setpgroup(&attr, 0);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, exe.c_str(), &actions, &attr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) throw InputError("cannot start '" + exe + "': " + std::strerror(rc));
+  return pid;
+}
+
+std::string progress_bar(double fraction, int width = 24) {
+  fraction = std::clamp(fraction, 0.0, 1.0);
+  const int filled = static_cast<int>(fraction * width);
+  return "[" + std::string(filled, '#') + std::string(width - filled, '.') + "]";
+}
+
+void reap(std::vector<Child>& children) {
+  for (auto& c : children) {
+    if (c.exited || c.pid <= 0) continue;
+    int status = 0;
+    if (::waitpid(c.pid, &status, WNOHANG) == c.pid) {
+      c.exited = true;
+      c.status = status;
+      c.died_at = Clock::now();
+    }
+  }
+}
+
+// Sends SIGTERM, waits up to `grace`, then SIGKILL.
+void stop_children(std::vector<Child>& children, std::chrono::seconds grace) {
+  for (auto& c : children) {
+    if (!c.exited && c.pid > 0) ::kill(c.pid, SIGTERM);
+  }
+  const auto deadline = Clock::now() + grace;
+  while (Clock::now() < deadline) {
+    reap(children);
+    if (std::all_of(children.begin(), children.end(), [](const Child& c) { return c.exited; })) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  for (auto& c : children) {
+    if (!c.exited && c.pid > 0) ::kill(c.pid, SIGKILL);
+  }
+  for (auto& c : children) {
+    if (!c.exited && c.pid > 0) ::waitpid(c.pid, &c.status, 0);
+    c.exited = true;
+  }
+}
+
+std::string read_address(const fs::path& file, Child& syncer, std::vector<Child>& children) {
+  const auto deadline = Clock::now() + std::chrono::seconds(120);
+  while (Clock::now() < deadline) {
+    std::ifstream in(file);
+    std::string address;
+    if (in >> address && !address.empty()) return address;
+    reap(children);
+    if (syncer.exited) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  throw InputError("the syncer did not start (see " + (file.parent_path() / "logs" / "syncer.log").string() + ")");
+}
+
+}  // namespace
+
+nlohmann::json run_launcher(const Config& config, bool resume) {
+  const auto started = Clock::now();
+  const fs::path run_dir = config.run_dir();
+  if (!resume && fs::exists(run_dir / "config.toml")) {
+    throw InputError("run folder '" + run_dir.string() + "' already exists: continue it with --resume " +
+                     run_dir.string() + ", or pick another run.name");
+  }
+  if (resume && !fs::exists(run_dir / "syncer")) {
+    throw InputError("cannot resume: '" + run_dir.string() + "' has no syncer state");
+  }
+  // Fail fast on a missing corpus, here rather than in M children.
+  split_shards(fs::path(config.data.dir), "train");
+  const int M = static_cast<int>(config.diloco.learners);
+  const int cores = config.run.threads > 0 ? static_cast<int>(config.run.threads) : machine_cores();
+  const int learner_threads = std::max(1, cores / M);
+  fs::create_directories(run_dir / "logs");
+  fs::create_directories(run_dir / "events");
+  write_file_atomically(run_dir / "config.toml", to_toml(config));
+  EventLog events(run_dir / "events" / "launcher.jsonl", Role::kLauncher, 0);
+  const fs::path address_file = run_dir / "syncer.addr";
+  std::error_code ec;
+  fs::remove(address_file, ec);
+
+  const std::string cfg = (run_dir / "config.toml").string();
+  std::vector<Child> children;
+  children.push_back({"syncer", -1, spawn({"syncer", "--config", cfg, "--run-dir", run_dir.string(), "--listen",
+                                           config.run.syncer_address, "--address-file", address_file.string()},
+                                          run_dir / "logs" / "syncer.log", 1)});
+  const std::string address = read_address(address_file, children[0], children);
+  auto learner_args = [&](int id) {
+    return std::vector<std::string>{"learner", "--config", cfg, "--syncer", address, "--id", std::to_string(id),
+                                    "--run-dir", run_dir.string(), "--set",
+                                    "run.threads=" + std::to_string(learner_threads)};
+  };
+  for (int id = 0; id < M; ++id) {
+    children.push_back({"learner " + std::to_string(id), id,
+                        spawn(learner_args(id), run_dir / "logs" / ("learner_" + std::to_string(id) + ".log"),
+                              learner_threads)});
+  }
+  children.push_back({"evaluator", -1, spawn({"evaluator", "--config", cfg, "--syncer", address, "--run-dir",
+                                              run_dir.string()},
+                                             run_dir / "logs" / "evaluator.log", 1)});
+  events.emit("started", {{"syncer", address}, {"learners", M}, {"learner_threads", learner_threads}});
+  std::printf("[launcher] run %s: syncer %s, %d learners × %d BLAS threads, evaluator; logs in %s\n",
+              config.run.name.c_str(), address.c_str(), M, learner_threads, (run_dir / "logs").c_str());
+  std::fflush(stdout);
+
+  // Status comes from the syncer; a channel created after the children exist.
+  torch::manual_seed(config.run.seed);
+  GPT probe(config.model);
+  LearnerLink link(address, make_handshake(config, model_layout(probe, config.diloco)), -1, "launcher");
+  std::signal(SIGINT, on_launcher_signal);
+  std::signal(SIGTERM, on_launcher_signal);
+  v1::StatusReply last;
+  auto last_row = Clock::now() - std::chrono::hours(1);
+  int64_t last_eval_printed = -1;
+  bool finished = false;
+  while (g_launcher_signal.load() == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    reap(children);
+    if (children[0].exited) break;  // the syncer is gone (finished or failed)
+    for (auto& c : children) {      // a learner that died is restarted: it rejoins from the syncer's Θ
+      if (c.learner < 0 || !c.exited || finished || config.run.restart_delay_s < 0) continue;
+      if (Clock::now() - c.died_at < std::chrono::duration<double>(config.run.restart_delay_s)) continue;
+      events.emit("learner_restarted", {{"learner", c.learner}, {"exit_status", c.status}, {"restarts", c.restarts + 1}});
+      std::printf("[launcher] learner %d exited (status %d): restarting it\n", c.learner, c.status);
+      c.pid = spawn(learner_args(c.learner), run_dir / "logs" / ("learner_" + std::to_string(c.learner) + ".log"),
+                    learner_threads);
+      c.exited = false;
+      ++c.restarts;
+    }
+    auto status = link.status();
+    if (!status) continue;
+    last = *status;
+    finished = last.finished();
+    const bool new_eval = last.last_eval_step() > last_eval_printed;
+    if (Clock::now() - last_row > std::chrono::duration<double>(config.run.report_interval_s) || new_eval) {
+      last_row = Clock::now();
+      last_eval_printed = last.last_eval_step();
+      const double frac = static_cast<double>(last.tokens_trained()) / std::max<int64_t>(1, last.tokens_budget());
+      std::string tps;
+      int live = 0;
+      for (const auto& l : last.learners()) {
+        char buf[32];
+        std::snprintf(buf, sizeof(buf), "%s%.0f", tps.empty() ? "" : " ", l.live() ? l.tokens_per_s() : 0.0);
+        tps += buf;
+        live += l.live() ? 1 : 0;
+      }
+      const double elapsed = std::chrono::duration<double>(Clock::now() - started).count();
+      char val[32] = "  -  ";
+      if (last.last_eval_step() >= 0) std::snprintf(val, sizeof(val), "%.3f", last.last_val_loss());
+      std::printf("%s %3.0f%% t %5lld | val %s | merges %5lld | quorum %lld | live %d/%d | tok/s %s | %4.0fs\n",
+                  progress_bar(frac).c_str(), 100 * frac, static_cast<long long>(last.global_step()), val,
+                  static_cast<long long>(last.merges()), static_cast<long long>(last.last_quorum()), live, M,
+                  tps.c_str(), elapsed);
+      std::fflush(stdout);
+      events.emit("progress", {{"global_step", last.global_step()}, {"tokens", last.tokens_trained()},
+                               {"merges", last.merges()}, {"val_loss", last.last_val_loss()}, {"live", live}});
+    }
+  }
+  const bool interrupted = g_launcher_signal.load() != 0 || !finished;
+  link.stop();
+  // Children: learners and the evaluator exit on the syncer's stop; anything left gets SIGTERM, then SIGKILL.
+  const auto wait_until = Clock::now() + std::chrono::seconds(interrupted ? 1 : 20);
+  while (Clock::now() < wait_until) {
+    reap(children);
+    if (std::all_of(children.begin(), children.end(), [](const Child& c) { return c.exited; })) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  stop_children(children, std::chrono::seconds(30));
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+
+  // The report: the global model's final checkpoint, evaluated on the whole validation split.
+  apply_thread_budget(thread_budget(cores));
+  const auto ckpt = resolve_checkpoint(run_dir);
+  const auto eval = evaluate_checkpoint(ckpt.dir, std::nullopt, 0, cores);
+  const std::string sample = generate_from_checkpoint(ckpt.dir, "And God said", 48, 0.8, 40, config.run.seed, cores);
+  const double wall = std::chrono::duration<double>(Clock::now() - started).count();
+  nlohmann::json bytes = {{"syncer", {{"sent", last.bytes_sent()}, {"received", last.bytes_received()}}}};
+  nlohmann::json learners = nlohmann::json::array();
+  for (const auto& l : last.learners()) {
+    bytes["learner_" + std::to_string(l.id())] = {{"sent", l.bytes_sent()}, {"received", l.bytes_received()}};
+    learners.push_back({{"id", l.id()}, {"tokens_trained", l.tokens_trained()}, {"steps", l.step()}});
+  }
+  int restarts = 0;
+  for (const auto& c : children) restarts += c.restarts;
+  nlohmann::json report = {
+      {"run", config.run.name},
+      {"mode", "decoupled"},
+      {"status", interrupted ? "stopped" : "finished"},
+      {"final_val_loss", eval["val_loss"]},
+      {"final_val_perplexity", eval["val_perplexity"]},
+      {"global_step", last.global_step()},
+      {"steps", last.global_step()},
+      {"steps_skipped", 0},
+      {"merges", last.merges()},
+      {"tokens_trained", last.tokens_trained()},
+      {"wall_seconds", wall},
+      {"tokens_per_second", last.tokens_trained() / std::max(wall, 1e-9)},
+      {"learners", learners},
+      {"learner_restarts", restarts},
+      {"answers_dropped", last.answers_dropped()},
+      {"answers_refused", last.answers_refused()},
+      {"checkpoint", ckpt.dir.string()},
+      {"sample", sample},
+      {"bytes", bytes},
+  };
+  write_file_atomically(run_dir / "report.json", report.dump(2) + "\n");
+  events.emit("finished", {{"status", report["status"]}, {"val_loss", report["final_val_loss"]}});
+  return report;
+}
+
+}  // namespace dloco

@@ -1,0 +1,47 @@
+// Entry points of the distributed roles, each run as its own process (torch-free header for src/apps):
+// the syncer, a learner, the evaluator, and the launcher that starts them all on one machine.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+#include "core/config.h"
+
+namespace dloco {
+
+struct SyncerOptions {
+  std::filesystem::path run_dir;       // run folder: events, syncer/ persistence, checkpoints
+  std::string address;                 // listen address, e.g. "0.0.0.0:7070"; port 0 picks a free port
+  std::filesystem::path address_file;  // if set, the bound "host:port" is written here (atomically)
+};
+
+/// Runs the syncer until the run is finished (then writes the final checkpoint) or SIGTERM/SIGINT (then
+/// persists and checkpoints). Returns the process exit code. Throws InputError on bad set-up (cannot listen,
+/// missing tokenizer).
+int run_syncer(const Config& config, const SyncerOptions& options);
+
+struct LearnerOptions {
+  std::string syncer;                  // "host:port"
+  int id = 0;                          // learner slot, 0 ≤ id < M
+  std::filesystem::path run_dir;       // where its events go (run_dir/events/learner_<id>.jsonl)
+  double bootstrap_timeout_s = 120;    // how long to try to reach the syncer before giving up
+};
+
+/// Runs one learner: bootstrap from the syncer (blocking, with a deadline), then train without ever waiting on
+/// the network until the syncer says stop. Returns the exit code; a refused handshake throws InputError with
+/// the syncer's reason.
+int run_learner(const Config& config, const LearnerOptions& options);
+
+/// Runs the evaluator: evaluates consistent snapshots of the global model every train.eval_interval global
+/// steps at low priority and reports them to the syncer, until the run is finished.
+int run_evaluator(const Config& config, const LearnerOptions& options);
+
+/// `dloco train` for diloco.mode = "decoupled": starts the syncer, the evaluator and M learners as child
+/// processes on this machine, shows progress, restarts learners that die (after run.restart_delay_s), and ends
+/// with the report (console and run_dir/report.json). SIGTERM/SIGINT stop every child cleanly.
+nlohmann::json run_launcher(const Config& config, bool resume);
+
+}  // namespace dloco

@@ -1,0 +1,75 @@
+// The learner's link to the syncer: all networking on background threads (spec decoupled-diloco.md §3).
+// The training thread only calls post() and poll(), which take a mutex for a queue push/pop and never wait
+// on the network. The link joins (handshake), keeps one Session stream open, and when the stream breaks it
+// re-joins with jittered backoff while training goes on.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "core/backoff.h"
+#include "proto/dloco.grpc.pb.h"
+
+namespace dloco {
+
+class LearnerLink {
+ public:
+  /// `learner_id` -1 is the evaluator (no session stream).
+  LearnerLink(std::string syncer_address, v1::Handshake handshake, int learner_id, std::string host);
+  ~LearnerLink();
+
+  /// Blocking bootstrap: joins (retrying unreachable syncers with backoff until `timeout_s`) and fetches
+  /// every fragment. Throws InputError if the syncer refuses the handshake (with its reason) or cannot be
+  /// reached in time.
+  v1::JoinReply join(double timeout_s);
+  /// Fragment p as the syncer holds it now (deadline 30 s); throws InputError on failure.
+  v1::Fragment fetch_fragment(int p);
+  /// A consistent snapshot of every fragment (deadline 60 s); nullopt on failure.
+  std::optional<v1::Snapshot> snapshot();
+  /// Status of the run (deadline 5 s); nullopt if the syncer is unreachable.
+  std::optional<v1::StatusReply> status();
+  /// Reports an evaluation (deadline 5 s); false on failure.
+  bool report_eval(const v1::EvalReport& report);
+
+  /// Starts the background session (after join()).
+  void start();
+  /// Queues a message for the syncer (non-blocking). Metadata may be coalesced: only the newest is kept.
+  void post(v1::LearnerMessage msg);
+  /// Pops one message from the syncer, if any (non-blocking).
+  bool poll(v1::SyncerMessage* msg);
+  /// Number of times the session had to be re-established.
+  int reconnects() const { return reconnects_.load(); }
+  /// A fatal refusal seen by the background thread (e.g. the syncer restarted with another layout), or "".
+  std::string fatal_error() const;
+  void stop();
+
+ private:
+  void session_loop();
+  bool rejoin();
+
+  std::string address_;
+  v1::Handshake handshake_;
+  int learner_id_;
+  std::string host_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Syncer::Stub> stub_;
+  std::atomic<uint64_t> session_id_{0};
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<v1::LearnerMessage> outbox_;
+  std::deque<v1::SyncerMessage> inbox_;
+  std::string fatal_;
+  std::atomic<bool> running_{false};
+  std::atomic<int> reconnects_{0};
+  std::thread thread_;
+  std::shared_ptr<grpc::ClientContext> context_;  // of the current session, to cancel it on stop
+};
+
+}  // namespace dloco

@@ -1,0 +1,67 @@
+// The evaluator process (issue: "one thread, low priority"): evaluates consistent snapshots of the global
+// model Θ (taken under the syncer's lock, with their version vector) every train.eval_interval global steps
+// and reports the validation loss to the syncer.
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "core/events.h"
+#include "launcher/roles.h"
+#include "learner/link.h"
+#include "syncer/handshake.h"
+#include "train/fragment_io.h"
+#include "train/threads.h"
+#include "train/trainer.h"
+
+namespace dloco {
+
+namespace fs = std::filesystem;
+
+int run_evaluator(const Config& config, const LearnerOptions& options) {
+  ::setpriority(PRIO_PROCESS, 0, 10);  // low priority: learners first
+  apply_thread_budget(ThreadBudget{1, 1});
+  fs::create_directories(options.run_dir / "events");
+  EventLog events(options.run_dir / "events" / "evaluator.jsonl", Role::kEvaluator, 0);
+  TokenSplit val(split_shards(fs::path(config.data.dir), "val"));
+  torch::manual_seed(config.run.seed);
+  GPT model(config.model);
+  const FragmentLayout layout = model_layout(model, config.diloco);
+  const auto params = layout_parameters(model, layout);
+  LearnerLink link(options.syncer, make_handshake(config, layout), -1, "evaluator");
+  link.join(options.bootstrap_timeout_s);
+
+  int64_t next_eval = config.train.eval_interval;
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    const auto status = link.status();
+    if (!status) continue;  // the syncer is away: try again
+    if (status->finished()) break;
+    if (config.train.eval_interval <= 0 || status->global_step() < next_eval) continue;
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto snap = link.snapshot();
+    if (!snap) continue;
+    std::vector<int64_t> versions;
+    for (const auto& f : snap->fragments()) {
+      std::vector<float> theta(f.data().size() / 4);
+      std::memcpy(theta.data(), f.data().data(), f.data().size());
+      scatter_parameters(params, layout, f.fragment(), theta);
+      versions.push_back(f.version());
+    }
+    const double loss = evaluate_loss(model, val, config.train.eval_tokens, config.train.batch_size, torch::kCPU);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    v1::EvalReport report;
+    report.set_global_step(snap->global_step());
+    report.set_val_loss(loss);
+    for (int64_t v : versions) report.add_fragment_versions(v);
+    report.set_seconds(secs);
+    link.report_eval(report);
+    events.emit("eval", {{"global_step", snap->global_step()}, {"val_loss", loss}, {"versions", versions},
+                         {"seconds", secs}});
+    while (next_eval <= snap->global_step()) next_eval += config.train.eval_interval;
+  }
+  return 0;
+}
+
+}  // namespace dloco

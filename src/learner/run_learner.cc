@@ -1,0 +1,255 @@
+// The learner process (spec decoupled-diloco.md §3): bootstrap from the syncer, then the loop
+//   1) batch  2) inner step  3) counters  4) metadata  5) answer pulls at the step boundary  6) apply merges
+// The loop never waits on the network: the link's queues are polled, never awaited.
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "core/bf16.h"
+#include "core/decisions.h"
+#include "core/events.h"
+#include "data/stream.h"
+#include "launcher/roles.h"
+#include "learner/link.h"
+#include "syncer/handshake.h"
+#include "train/fragment_io.h"
+#include "train/threads.h"
+#include "train/trainer.h"
+
+namespace dloco {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::atomic<int> g_learner_signal{0};
+extern "C" void on_learner_signal(int sig) { g_learner_signal.store(sig); }
+
+std::vector<float> decode_fp32(const v1::Fragment& f) {
+  DLOCO_CHECK(f.dtype() == "fp32" && f.data().size() % 4 == 0);
+  std::vector<float> out(f.data().size() / 4);
+  std::memcpy(out.data(), f.data().data(), f.data().size());
+  return out;
+}
+
+std::string hostname() {
+  char buf[256] = {};
+  ::gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+// A merged fragment waiting for its apply step (spec §3 step 6).
+struct PendingMerge {
+  int fragment = 0;
+  int64_t version = 0;
+  int64_t apply_at = 0;  // first step boundary at which it may be applied
+  bool participated = false;
+  std::vector<float> theta;
+};
+
+}  // namespace
+
+int run_learner(const Config& config, const LearnerOptions& options) {
+  const int id = options.id;
+  if (id < 0 || id >= config.diloco.learners) {
+    throw InputError("learner id " + std::to_string(id) + " is outside [0, M = " +
+                     std::to_string(config.diloco.learners) + ")");
+  }
+  apply_thread_budget(thread_budget(static_cast<int>(config.run.threads)));
+  fs::create_directories(options.run_dir / "events");
+  EventLog events(options.run_dir / "events" / ("learner_" + std::to_string(id) + ".jsonl"), Role::kLearner, id);
+  const torch::Device device(config.run.device);
+  const fs::path data_dir(config.data.dir);
+  auto train_split = std::make_shared<TokenSplit>(split_shards(data_dir, "train"));
+
+  // Bootstrap: the same init as the syncer (so the layout hash matches), then Θ from the syncer.
+  torch::manual_seed(config.run.seed + 1 + static_cast<uint64_t>(id));
+  GPT model(config.model);
+  model->to(device);
+  const FragmentLayout layout = model_layout(model, config.diloco);
+  const auto params = layout_parameters(model, layout);
+  const int P = static_cast<int>(layout.fragments.size());
+  LearnerLink link(options.syncer, make_handshake(config, layout), id, hostname());
+  const v1::JoinReply joined = link.join(options.bootstrap_timeout_s);
+  std::vector<std::vector<float>> base(P);  // Θ_p at the version last applied: deltas are taken against it
+  std::vector<int64_t> version(P, 0);
+  for (int p = 0; p < P; ++p) {
+    const v1::Fragment f = link.fetch_fragment(p);
+    base[p] = decode_fp32(f);
+    version[p] = f.version();
+    scatter_parameters(params, layout, p, base[p]);
+  }
+  int64_t step = joined.global_step();  // adopt the global step: the lr schedule is global
+  StreamCursor cursor{joined.stream_index(), 0, 0, 0};
+  if (!joined.stream_cursor_json().empty()) {
+    cursor = StreamCursor::from_json(nlohmann::json::parse(joined.stream_cursor_json()));
+  }
+  const int64_t budget = joined.tokens_budget();
+  DataStream stream(train_split, joined.stream_index(), config.data.streams > 0 ? config.data.streams : config.diloco.learners,
+                    config.train.batch_size, config.model.seq_len, cursor);
+  InnerTrainer trainer(model, config.train, make_schedule(config), device);
+  events.emit("bootstrapped", {{"global_step", step}, {"versions", version}, {"cursor", cursor.to_json()},
+                               {"syncer_generation", joined.syncer_generation()}});
+  std::printf("[learner %d step %lld] joined %s: stream %lld, %lld/%lld tokens done\n", id,
+              static_cast<long long>(step), options.syncer.c_str(), static_cast<long long>(joined.stream_index()),
+              static_cast<long long>(cursor.tokens_served), static_cast<long long>(budget));
+  std::fflush(stdout);
+  link.start();
+
+  std::signal(SIGTERM, on_learner_signal);
+  std::signal(SIGINT, on_learner_signal);
+  std::vector<int64_t> steps_since(P, 0), tokens_since(P, 0);
+  std::map<int, std::pair<int64_t, int64_t>> answered;  // fragment -> (round, captured step)
+  std::vector<PendingMerge> pending;
+  const int64_t tokens_per_step = config.train.tokens_per_step(config.model);
+  const bool bf16_wire = config.diloco.wire_dtype == "bf16";
+  Ema step_time(0.9), loss_ema(0.9);
+  double boundary_s_max = 0;
+  int64_t lost_steps = 0;
+  bool stop = false, finished = false;
+  auto last_meta = std::chrono::steady_clock::now();
+
+  auto send_metadata = [&] {
+    v1::LearnerMessage msg;
+    auto* m = msg.mutable_metadata();
+    m->set_step(step);
+    for (int p = 0; p < P; ++p) {
+      m->add_steps(steps_since[p]);
+      m->add_tokens(tokens_since[p]);
+    }
+    m->set_step_time_s(step_time.value());
+    m->set_tokens_trained(stream.cursor().tokens_served);
+    m->set_cursor_json(stream.cursor().to_json().dump());
+    m->set_tokens_per_s(step_time.value() > 0 ? tokens_per_step / step_time.value() : 0);
+    m->set_loss(loss_ema.value());
+    m->set_finished(finished);
+    link.post(std::move(msg));
+    last_meta = std::chrono::steady_clock::now();
+  };
+
+  // Step boundary: 5) answer pulls, 6) apply merges. Only copies; never waits.
+  auto step_boundary = [&] {
+    v1::SyncerMessage in;
+    while (link.poll(&in)) {
+      if (in.has_stop()) {
+        stop = true;
+      } else if (in.has_pull()) {
+        const int p = in.pull().fragment();
+        if (p < 0 || p >= P) continue;
+        v1::LearnerMessage msg;
+        auto* a = msg.mutable_answer();
+        a->set_fragment(p);
+        a->set_round_step(in.pull().round_step());
+        a->set_captured_step(step);
+        a->set_steps(steps_since[p]);
+        a->set_tokens(tokens_since[p]);
+        std::vector<float> theta(static_cast<size_t>(layout.fragments[p].numel));
+        gather_parameters(params, layout, p, theta);
+        const bool reanchor = version[p] < in.pull().oldest_anchor();
+        if (reanchor && config.diloco.stale_policy == "reanchor") {
+          a->set_base_version(-1);  // raw θ in fp32: the syncer no longer holds our base (§4 stale anchors)
+          a->set_dtype("fp32");
+          a->set_delta(std::string(reinterpret_cast<const char*>(theta.data()), theta.size() * 4));
+        } else {
+          for (size_t i = 0; i < theta.size(); ++i) theta[i] = base[p][i] - theta[i];  // Δ = Θ^base − θ
+          a->set_base_version(version[p]);
+          if (bf16_wire) {
+            std::vector<uint16_t> packed(theta.size());
+            float_to_bf16(theta, packed);
+            a->set_dtype("bf16");
+            a->set_delta(std::string(reinterpret_cast<const char*>(packed.data()), packed.size() * 2));
+          } else {
+            a->set_dtype("fp32");
+            a->set_delta(std::string(reinterpret_cast<const char*>(theta.data()), theta.size() * 4));
+          }
+        }
+        answered[p] = {in.pull().round_step(), step};
+        link.post(std::move(msg));
+      } else if (in.has_merged()) {
+        const auto& f = in.merged().fragment();
+        const int p = f.fragment();
+        if (p < 0 || p >= P || f.version() <= version[p]) continue;  // stale or duplicate
+        PendingMerge m{p, f.version(), step, false, decode_fp32(f)};
+        auto it = answered.find(p);
+        if (it != answered.end() && it->second.first == in.merged().round_step()) {
+          for (int who : in.merged().participants()) m.participated |= (who == id);
+          if (m.participated) m.apply_at = it->second.second + config.diloco.overlap;  // s + τ
+        }
+        pending.push_back(std::move(m));
+      }
+    }
+    for (auto it = pending.begin(); it != pending.end();) {
+      if (it->apply_at > step) {
+        ++it;
+        continue;
+      }
+      const int p = it->fragment;
+      if (it->version > version[p]) {
+        if (!it->participated && steps_since[p] > 0) {
+          lost_steps += steps_since[p];
+          events.emit("work_lost", {{"fragment", p}, {"steps", steps_since[p]}, {"version", it->version},
+                                    {"reason", "merged without this learner's answer"}});
+        }
+        if (config.diloco.alpha > 0) {  // θ ← α·θ + (1 − α)·Θ
+          std::vector<float> local(it->theta.size());
+          gather_parameters(params, layout, p, local);
+          for (size_t i = 0; i < local.size(); ++i) {
+            local[i] = static_cast<float>(config.diloco.alpha * local[i] + (1 - config.diloco.alpha) * it->theta[i]);
+          }
+          scatter_parameters(params, layout, p, local);
+        } else {
+          scatter_parameters(params, layout, p, it->theta);
+        }
+        base[p] = std::move(it->theta);
+        version[p] = it->version;
+        steps_since[p] = tokens_since[p] = 0;
+        events.emit("applied", {{"step", step}, {"fragment", p}, {"version", version[p]}});
+      }
+      it = pending.erase(it);
+    }
+  };
+
+  // The loop: train until this slot's budget is spent, then keep answering the final flush until stopped.
+  while (!stop && g_learner_signal.load() == 0) {
+    if (const std::string fatal = link.fatal_error(); !fatal.empty()) throw InputError(fatal);
+    if (!finished && stream.cursor().tokens_served + tokens_per_step > budget) {
+      finished = true;
+      events.emit("budget_spent", {{"step", step}, {"tokens", stream.cursor().tokens_served}});
+    }
+    if (finished) {
+      step_boundary();
+      if (std::chrono::steady_clock::now() - last_meta > std::chrono::milliseconds(200)) send_metadata();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      continue;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    const StepResult r = trainer.step(stream, step);  // 1) batch, 2) inner step
+    const auto t1 = std::chrono::steady_clock::now();
+    ++step;
+    for (int p = 0; p < P; ++p) {  // 3) counters
+      steps_since[p] += 1;
+      tokens_since[p] += r.tokens;
+    }
+    step_time.update(std::chrono::duration<double>(t1 - t0).count());
+    if (std::isfinite(r.loss)) loss_ema.update(r.loss);
+    send_metadata();  // 4)
+    step_boundary();  // 5), 6)
+    const double boundary_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+    boundary_s_max = std::max(boundary_s_max, boundary_s);
+    events.emit("step", {{"step", step}, {"loss", r.loss}, {"step_s", std::chrono::duration<double>(t1 - t0).count()},
+                         {"boundary_s", boundary_s}, {"skipped", r.skipped}, {"tokens", stream.cursor().tokens_served}});
+  }
+  send_metadata();
+  events.emit("stopped", {{"step", step}, {"signal", g_learner_signal.load()}, {"lost_steps", lost_steps},
+                          {"reconnects", link.reconnects()}, {"max_boundary_s", boundary_s_max},
+                          {"versions", version}});
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let the last metadata leave
+  link.stop();
+  return 0;
+}
+
+}  // namespace dloco

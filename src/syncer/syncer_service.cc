@@ -1,0 +1,467 @@
+// Syncer service; see syncer_service.h.
+#include "syncer/syncer_service.h"
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include "core/atomic_file.h"
+#include "core/bf16.h"
+#include "core/check.h"
+#include "core/safetensors.h"
+#include "train/checkpoint.h"
+#include "transport/grpc_options.h"
+
+namespace dloco {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string fp32_bytes(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+// Decodes a tensor payload ("fp32" or "bf16") into fp32; returns false on a size that is not a whole number
+// of values or an unknown dtype.
+bool decode_values(const std::string& dtype, const std::string& bytes, std::vector<float>& out) {
+  if (dtype == "fp32") {
+    if (bytes.size() % 4) return false;
+    out.resize(bytes.size() / 4);
+    std::memcpy(out.data(), bytes.data(), bytes.size());
+    return true;
+  }
+  if (dtype == "bf16") {
+    if (bytes.size() % 2) return false;
+    std::vector<uint16_t> raw(bytes.size() / 2);
+    std::memcpy(raw.data(), bytes.data(), bytes.size());
+    out.resize(raw.size());
+    bf16_to_float(raw, out);
+    return true;
+  }
+  return false;
+}
+
+fs::path fragment_file(const fs::path& run_dir, int p) {
+  char name[48];
+  std::snprintf(name, sizeof(name), "fragment_%04d.safetensors", p);
+  return run_dir / "syncer" / name;
+}
+
+}  // namespace
+
+std::string check_handshake(const v1::Handshake& got, const HandshakeExpectation& want) {
+  if (got.protocol_version() != kProtocolVersion) {
+    return "protocol version " + std::to_string(got.protocol_version()) + " does not match the syncer's " +
+           std::to_string(kProtocolVersion);
+  }
+  if (got.secret() != want.secret) return "wrong shared secret (set run.secret or DLOCO_SECRET to the syncer's)";
+  if (got.run_id() != want.run_id) {
+    return "run id '" + got.run_id() + "' does not match the syncer's run '" + want.run_id + "'";
+  }
+  if (got.layout_hash() != want.layout_hash) {
+    return "fragment layout hash differs (different model shape, diloco.fragments or split_large_tensors)";
+  }
+  if (got.model_hash() != want.model_hash) return "model config hash differs (a [model] field differs)";
+  if (got.tokenizer_hash() != want.tokenizer_hash) return "tokenizer hash differs (another tokenizer.model)";
+  return "";
+}
+
+SyncerService::SyncerService(const Config& config, std::unique_ptr<SyncerState> state, HandshakeExpectation expect,
+                             fs::path run_dir, EventLog* events)
+    : config_(config),
+      expect_(std::move(expect)),
+      run_dir_(std::move(run_dir)),
+      events_(events),
+      generation_(std::random_device{}() * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(::time(nullptr))),
+      t0_(std::chrono::steady_clock::now()),
+      state_(std::move(state)) {
+  fs::create_directories(run_dir_ / "syncer");
+  restore();
+}
+
+SyncerService::~SyncerService() { stop(); }
+
+double SyncerService::now_s() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+}
+
+void SyncerService::restore() {
+  // Θ_p, v_p and versions of every fragment persisted before (a restarted syncer never hands out a version
+  // lower than one a learner holds); a file cut off mid-write is refused by the reader and skipped.
+  int restored = 0;
+  for (int p = 0; p < static_cast<int>(state_->layout().fragments.size()); ++p) {
+    const fs::path path = fragment_file(run_dir_, p);
+    if (!fs::exists(path)) continue;
+    try {
+      const auto file = read_safetensors(path);
+      if (file.metadata.at("layout_hash") != std::to_string(expect_.layout_hash)) continue;
+      state_->restore_fragment(p, file.at("theta").to_floats(), file.at("momentum").to_floats(),
+                               std::stoll(file.metadata.at("version")));
+      ++restored;
+    } catch (const std::exception& e) {
+      if (events_) events_->emit("persisted_fragment_skipped", {{"fragment", p}, {"reason", e.what()}});
+    }
+  }
+  std::ifstream in(run_dir_ / "syncer" / "state.json");
+  if (in) {
+    try {
+      const auto j = nlohmann::json::parse(in);
+      state_->restore_clock(j.at("global_step").get<int64_t>());
+      for (const auto& [slot, cursor] : j.at("cursors").items()) cursors_[std::stoi(slot)] = cursor.get<std::string>();
+    } catch (const std::exception& e) {
+      if (events_) events_->emit("persisted_state_skipped", {{"reason", e.what()}});
+    }
+  }
+  if (restored > 0 && events_) {
+    events_->emit("restored", {{"fragments", restored}, {"global_step", state_->global_step()},
+                               {"versions", state_->versions()}});
+  }
+}
+
+bool SyncerService::session_valid(uint64_t session_id, int* learner) {
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return false;
+  if (learner) *learner = it->second;
+  return true;
+}
+
+grpc::Status SyncerService::Join(grpc::ServerContext*, const v1::JoinRequest* req, v1::JoinReply* reply) {
+  const std::string mismatch = check_handshake(req->handshake(), expect_);
+  const int id = req->learner_id();
+  if (!mismatch.empty()) {
+    if (events_) events_->emit("join_refused", {{"learner", id}, {"host", req->host()}, {"reason", mismatch}});
+    const bool secret = mismatch.find("secret") != std::string::npos;
+    return {secret ? grpc::StatusCode::UNAUTHENTICATED : grpc::StatusCode::FAILED_PRECONDITION,
+            "refused by the syncer: " + mismatch};
+  }
+  if (id < -1 || id >= config_.diloco.learners) {
+    return {grpc::StatusCode::INVALID_ARGUMENT, "learner id " + std::to_string(id) + " is outside [0, M = " +
+                                                    std::to_string(config_.diloco.learners) + ")"};
+  }
+  std::lock_guard lock(mu_);
+  uint64_t session = std::random_device{}();
+  session = (session << 32) ^ std::random_device{}() ^ static_cast<uint64_t>(id + 2);
+  sessions_[session] = id;
+  reply->set_session_id(session);
+  reply->set_syncer_generation(generation_);
+  reply->set_global_step(state_->global_step());
+  for (int64_t v : state_->versions()) reply->add_fragment_versions(v);
+  if (id >= 0) {
+    const bool replacing = outboxes_.count(id) > 0;
+    state_->on_join(id, now_s());
+    reply->set_stream_index(id);
+    reply->set_stream_cursor_json(cursors_.count(id) ? cursors_[id] : "");
+    reply->set_tokens_budget(config_.train.total_tokens / config_.diloco.learners);
+    if (events_) {
+      events_->emit("learner_joined", {{"learner", id}, {"host", req->host()}, {"global_step", state_->global_step()},
+                                       {"replacing_session", replacing}});
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status SyncerService::GetFragment(grpc::ServerContext*, const v1::FragmentRequest* req, v1::Fragment* out) {
+  std::lock_guard lock(mu_);
+  if (!session_valid(req->session_id(), nullptr)) return {grpc::StatusCode::UNAUTHENTICATED, "unknown session: Join first"};
+  const int p = req->fragment();
+  if (p < 0 || p >= static_cast<int>(state_->layout().fragments.size())) {
+    return {grpc::StatusCode::INVALID_ARGUMENT, "fragment " + std::to_string(p) + " does not exist"};
+  }
+  out->set_fragment(p);
+  out->set_version(state_->version(p));
+  out->set_dtype("fp32");
+  out->set_data(fp32_bytes(state_->theta(p)));
+  bytes_sent_ += static_cast<int64_t>(out->ByteSizeLong());
+  return grpc::Status::OK;
+}
+
+grpc::Status SyncerService::GetSnapshot(grpc::ServerContext*, const v1::SnapshotRequest* req, v1::Snapshot* out) {
+  std::lock_guard lock(mu_);
+  if (!session_valid(req->session_id(), nullptr)) return {grpc::StatusCode::UNAUTHENTICATED, "unknown session: Join first"};
+  out->set_global_step(state_->global_step());
+  out->set_tokens_merged(state_->tokens_trained());
+  for (int p = 0; p < static_cast<int>(state_->layout().fragments.size()); ++p) {
+    auto* f = out->add_fragments();
+    f->set_fragment(p);
+    f->set_version(state_->version(p));
+    f->set_dtype("fp32");
+    f->set_data(fp32_bytes(state_->theta(p)));
+  }
+  bytes_sent_ += static_cast<int64_t>(out->ByteSizeLong());
+  return grpc::Status::OK;
+}
+
+grpc::Status SyncerService::Session(grpc::ServerContext* ctx,
+                                    grpc::ServerReaderWriter<v1::SyncerMessage, v1::LearnerMessage>* stream) {
+  v1::LearnerMessage msg;
+  if (!stream->Read(&msg)) return grpc::Status::OK;
+  int learner = -1;
+  auto outbox = std::make_shared<Outbox>();
+  {
+    std::lock_guard lock(mu_);
+    if (!session_valid(msg.session_id(), &learner) || learner < 0) {
+      return {grpc::StatusCode::UNAUTHENTICATED, "unknown session: Join first"};
+    }
+    outbox->session_id = msg.session_id();
+    if (auto old = outboxes_.find(learner); old != outboxes_.end()) {  // a restarted learner replaces its slot
+      std::lock_guard olock(old->second->mu);
+      old->second->closed = true;
+      old->second->cv.notify_all();
+    }
+    outboxes_[learner] = outbox;
+  }
+  // The writer: drains this session's outbox onto the stream.
+  std::thread writer([this, stream, outbox, learner] {
+    for (;;) {
+      v1::SyncerMessage out;
+      {
+        std::unique_lock lock(outbox->mu);
+        outbox->cv.wait(lock, [&] { return outbox->closed || !outbox->queue.empty(); });
+        if (outbox->queue.empty()) return;
+        out = std::move(outbox->queue.front());
+        outbox->queue.pop_front();
+      }
+      const auto size = static_cast<int64_t>(out.ByteSizeLong());
+      if (!stream->Write(out)) return;
+      std::lock_guard lock(mu_);
+      bytes_sent_ += size;
+      if (auto it = state_->learners().find(learner); it != state_->learners().end()) it->second.bytes_sent += size;
+    }
+  });
+  // The reader: metadata and answers, in this handler thread.
+  do {
+    const auto size = static_cast<int64_t>(msg.ByteSizeLong());
+    std::lock_guard lock(mu_);
+    if (outbox->closed || msg.session_id() != outbox->session_id) break;
+    bytes_received_ += size;
+    if (auto it = state_->learners().find(learner); it != state_->learners().end()) it->second.bytes_received += size;
+    if (msg.has_metadata()) {
+      const auto& m = msg.metadata();
+      LearnerReport r;
+      r.step = m.step();
+      r.steps.assign(m.steps().begin(), m.steps().end());
+      r.tokens.assign(m.tokens().begin(), m.tokens().end());
+      r.step_time_s = m.step_time_s();
+      r.tokens_trained = m.tokens_trained();
+      r.cursor_json = m.cursor_json();
+      r.tokens_per_s = m.tokens_per_s();
+      r.loss = m.loss();
+      r.finished = m.finished();
+      if (!r.cursor_json.empty()) cursors_[learner] = r.cursor_json;
+      state_->on_report(learner, r, now_s());
+    } else if (msg.has_answer()) {
+      const auto& a = msg.answer();
+      PullAnswerData data{a.fragment(), a.round_step(), a.captured_step(), a.base_version(), a.steps(), a.tokens(), {}};
+      std::string reason;
+      AnswerOutcome outcome = AnswerOutcome::kRefused;
+      if (!decode_values(a.dtype(), a.delta(), data.delta)) {
+        reason = "undecodable payload (dtype '" + a.dtype() + "', " + std::to_string(a.delta().size()) + " bytes)";
+      } else {
+        outcome = state_->on_answer(learner, std::move(data), now_s(), &reason);
+      }
+      if (outcome != AnswerOutcome::kAccepted && events_) {
+        events_->emit(outcome == AnswerOutcome::kDroppedLate ? "answer_dropped" : "answer_refused",
+                      {{"learner", learner}, {"fragment", a.fragment()}, {"round", a.round_step()}, {"reason", reason}});
+      }
+    }
+  } while (!ctx->IsCancelled() && stream->Read(&msg));
+  {
+    std::lock_guard lock(outbox->mu);
+    outbox->closed = true;
+    outbox->cv.notify_all();
+  }
+  writer.join();
+  std::lock_guard lock(mu_);
+  if (auto it = outboxes_.find(learner); it != outboxes_.end() && it->second == outbox) outboxes_.erase(it);
+  return grpc::Status::OK;
+}
+
+void SyncerService::fill_status(v1::StatusReply* reply) {
+  const double now = now_s();
+  reply->set_global_step(state_->global_step());
+  reply->set_merges(state_->merges());
+  reply->set_last_quorum(state_->last_quorum());
+  for (const auto& [id, rec] : state_->learners()) {
+    auto* l = reply->add_learners();
+    l->set_id(id);
+    l->set_live(state_->is_live(id, now));
+    l->set_step(rec.state.step);
+    l->set_tokens_trained(rec.last.tokens_trained);
+    l->set_tokens_per_s(rec.last.tokens_per_s);
+    l->set_loss(rec.last.loss);
+    l->set_bytes_sent(rec.bytes_received);
+    l->set_bytes_received(rec.bytes_sent);
+  }
+  reply->set_last_val_loss(last_val_loss_);
+  reply->set_last_eval_step(last_eval_step_);
+  reply->set_tokens_trained(state_->tokens_trained());
+  reply->set_tokens_budget(config_.train.total_tokens);
+  reply->set_finished(state_->finished());
+  reply->set_bytes_sent(bytes_sent_);
+  reply->set_bytes_received(bytes_received_);
+  reply->set_answers_dropped(state_->answers_dropped());
+  reply->set_answers_refused(state_->answers_refused());
+}
+
+grpc::Status SyncerService::Status(grpc::ServerContext*, const v1::StatusRequest*, v1::StatusReply* reply) {
+  std::lock_guard lock(mu_);
+  fill_status(reply);
+  return grpc::Status::OK;
+}
+
+grpc::Status SyncerService::ReportEval(grpc::ServerContext*, const v1::EvalReport* req, v1::StatusReply* reply) {
+  std::lock_guard lock(mu_);
+  if (!session_valid(req->session_id(), nullptr)) return {grpc::StatusCode::UNAUTHENTICATED, "unknown session: Join first"};
+  if (req->global_step() >= last_eval_step_) {
+    last_val_loss_ = req->val_loss();
+    last_eval_step_ = req->global_step();
+  }
+  if (events_) {
+    events_->emit("eval", {{"global_step", req->global_step()}, {"val_loss", req->val_loss()},
+                           {"versions", std::vector<int64_t>(req->fragment_versions().begin(), req->fragment_versions().end())},
+                           {"seconds", req->seconds()}});
+  }
+  fill_status(reply);
+  return grpc::Status::OK;
+}
+
+void SyncerService::send(int learner, v1::SyncerMessage msg) {
+  auto it = outboxes_.find(learner);
+  if (it == outboxes_.end()) return;  // not connected: it fetches the current Θ when it (re)joins
+  std::lock_guard lock(it->second->mu);
+  it->second->queue.push_back(std::move(msg));
+  it->second->cv.notify_one();
+}
+
+void SyncerService::persist_fragment(const MergedFragmentData& merged, const std::vector<float>& momentum) {
+  const auto& spec = state_->layout().fragments[merged.fragment];
+  const int64_t n = spec.numel;
+  std::vector<SafetensorsEntry> entries = {f32_entry("theta", {n}, merged.theta), f32_entry("momentum", {n}, momentum)};
+  write_safetensors(fragment_file(run_dir_, merged.fragment), entries,
+                    {{"version", std::to_string(merged.version)},
+                     {"fragment", std::to_string(merged.fragment)},
+                     {"layout_hash", std::to_string(expect_.layout_hash)}});
+}
+
+void SyncerService::persist_state() {
+  nlohmann::json j;
+  j["global_step"] = state_->global_step();
+  j["versions"] = state_->versions();
+  j["cursors"] = nlohmann::json::object();
+  for (const auto& [slot, cursor] : cursors_) j["cursors"][std::to_string(slot)] = cursor;
+  j["tokens_trained"] = state_->tokens_trained();
+  write_file_atomically(run_dir_ / "syncer" / "state.json", j.dump(2) + "\n");
+}
+
+fs::path SyncerService::write_checkpoint() {
+  std::unique_lock lock(mu_);
+  const auto& layout = state_->layout();
+  std::vector<std::vector<float>> tensors;
+  for (const auto& t : layout.tensors) tensors.emplace_back(static_cast<size_t>(t.numel()));
+  std::vector<std::span<float>> views(tensors.begin(), tensors.end());
+  for (int p = 0; p < static_cast<int>(layout.fragments.size()); ++p) scatter_fragment(layout, p, state_->theta(p), views);
+  nlohmann::json manifest;
+  manifest["config"] = to_json(config_);
+  manifest["global_step"] = state_->global_step();
+  manifest["fragment_versions"] = state_->versions();
+  manifest["tokens_trained"] = state_->tokens_trained();
+  manifest["tokenizer"] = {{"path", (fs::path(config_.data.dir) / "tokenizer.model").string()},
+                           {"hash", expect_.tokenizer_hash}};
+  manifest["layout_hash"] = expect_.layout_hash;
+  nlohmann::json cursors = nlohmann::json::array();
+  for (const auto& [slot, c] : cursors_) cursors.push_back({{"slot", slot}, {"cursor", c}});
+  manifest["cursors"] = cursors;
+  const int64_t step = state_->global_step();
+  lock.unlock();
+  std::vector<SafetensorsEntry> entries;
+  for (size_t i = 0; i < layout.tensors.size(); ++i) {
+    entries.push_back(f32_entry(layout.tensors[i].name, layout.tensors[i].shape, tensors[i]));
+  }
+  return save_checkpoint_files(run_dir_, step, entries, manifest);
+}
+
+void SyncerService::start() {
+  running_ = true;
+  merger_ = std::thread([this] { merger_loop(); });
+}
+
+void SyncerService::stop() {
+  running_ = false;
+  if (merger_.joinable()) merger_.join();
+  std::lock_guard lock(mu_);
+  for (auto& [id, box] : outboxes_) {
+    std::lock_guard blk(box->mu);
+    box->closed = true;
+    box->cv.notify_all();
+  }
+}
+
+void SyncerService::merger_loop() {
+  double last_persist = 0;
+  while (running_) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    SyncerActions actions;
+    std::vector<std::vector<float>> momenta;
+    bool checkpoint_due = false;
+    {
+      std::lock_guard lock(mu_);
+      actions = state_->tick(now_s());
+      for (const auto& m : actions.merged) momenta.push_back(state_->momentum(m.fragment));
+      // pulls go out at once (spec §4 step 3)
+      for (const auto& pull : actions.pulls) {
+        v1::SyncerMessage msg;
+        msg.mutable_pull()->set_fragment(pull.fragment);
+        msg.mutable_pull()->set_round_step(pull.round_step);
+        msg.mutable_pull()->set_oldest_anchor(std::max<int64_t>(0, state_->version(pull.fragment) -
+                                                                       (config_.diloco.anchor_versions - 1)));
+        for (int id : pull.learners) send(id, msg);
+      }
+      if (config_.train.checkpoint_interval > 0 &&
+          state_->global_step() >= last_checkpoint_step_ + config_.train.checkpoint_interval) {
+        last_checkpoint_step_ = state_->global_step();
+        checkpoint_due = true;
+      }
+    }
+    if (events_) {
+      for (const auto& e : actions.events) {
+        nlohmann::json fields = e;
+        const std::string name = fields["event"];
+        fields.erase("event");
+        events_->emit(name, fields);
+      }
+    }
+    // step 8: persist (Θ_p, v_p, version_p) durably, then broadcast Θ_p to every live learner.
+    for (size_t i = 0; i < actions.merged.size(); ++i) {
+      const auto& m = actions.merged[i];
+      persist_fragment(m, momenta[i]);
+      v1::SyncerMessage msg;
+      auto* merged = msg.mutable_merged();
+      merged->mutable_fragment()->set_fragment(m.fragment);
+      merged->mutable_fragment()->set_version(m.version);
+      merged->mutable_fragment()->set_dtype("fp32");
+      merged->mutable_fragment()->set_data(fp32_bytes(m.theta));
+      merged->set_round_step(m.round_step);
+      for (int id : m.participants) merged->add_participants(id);
+      std::lock_guard lock(mu_);
+      for (const auto& [id, box] : outboxes_) send(id, msg);
+    }
+    if (checkpoint_due) write_checkpoint();
+    const double now = now_s();
+    if (now - last_persist > 1.0 || actions.finished_now) {
+      std::lock_guard lock(mu_);
+      persist_state();
+      last_persist = now;
+    }
+    if (actions.finished_now) {  // run_syncer writes the final checkpoint after the merger stops
+      std::lock_guard lock(mu_);
+      v1::SyncerMessage stop_msg;
+      stop_msg.set_stop(true);
+      for (const auto& [id, box] : outboxes_) send(id, stop_msg);
+      finished_ = true;
+    }
+  }
+}
+
+}  // namespace dloco

@@ -1,0 +1,161 @@
+// The syncer's state and its transitions (spec decoupled-diloco.md §4–§8), with no network and no clocks:
+// the service (syncer_service.cc) feeds it metadata and pull answers with the current time, calls tick(), and
+// carries out the actions it returns (send pull requests, persist then broadcast merged fragments).
+// Everything here is deterministic for a given sequence of calls, so it is tested by driving it by hand.
+//
+// Round life cycle, per fragment p (one open round per fragment at a time, rounds of p in due-step order):
+//   due (clock crossed u) --quorum + grace--> pulling (PullRequest sent to the participants)
+//   pulling --all answers in, or the answer window closed--> merged (version_p + 1) or skipped (no answer)
+// Deliberately not here: threads (the service holds one mutex around every call), I/O, tensors.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/config.h"
+#include "core/decisions.h"
+#include "core/fragments.h"
+#include "core/merge.h"
+
+namespace dloco {
+
+/// What a learner reports after each step (spec §3 step 4).
+struct LearnerReport {
+  int64_t step = 0;                 // t_m
+  std::vector<int64_t> steps;       // steps[m][p], P entries
+  std::vector<int64_t> tokens;      // tokens[m][p], P entries
+  double step_time_s = 0;           // EMA of its step time
+  int64_t tokens_trained = 0;       // tokens its slot has trained in total
+  std::string cursor_json;          // its data stream cursor
+  double tokens_per_s = 0;
+  double loss = 0;
+  bool finished = false;            // spent its slot's token budget
+};
+
+/// A learner's answer to PullRequest(p, u), already decoded to fp32.
+struct PullAnswerData {
+  int fragment = 0;
+  int64_t round_step = 0;
+  int64_t captured_step = 0;
+  int64_t base_version = 0;
+  int64_t steps = 0;
+  int64_t tokens = 0;
+  std::vector<float> delta;  // Θ_p^base − θ_{m,p}, fragment-sized
+};
+
+/// A merged fragment to persist and then broadcast.
+struct MergedFragmentData {
+  int fragment = 0;
+  int64_t version = 0;
+  int64_t round_step = 0;
+  std::vector<int> participants;
+  std::vector<float> theta;  // Θ_p after the outer step
+};
+
+/// What the service must do after a call, in order: send pulls; persist each merged fragment, then broadcast it.
+struct SyncerActions {
+  struct Pull {
+    int fragment = 0;
+    int64_t round_step = 0;
+    std::vector<int> learners;
+  };
+  std::vector<Pull> pulls;
+  std::vector<MergedFragmentData> merged;
+  std::vector<nlohmann::json> events;  // structured decision events (quorum, grace, drop, absent …) with reasons
+  bool clock_moved = false;
+  bool finished_now = false;           // the final flush just completed: the run is over
+};
+
+/// Outcome of an incoming answer.
+enum class AnswerOutcome { kAccepted, kDroppedLate, kRefused };
+
+/// Per-learner bookkeeping the syncer keeps.
+struct LearnerRecord {
+  LearnerState state;
+  LearnerReport last;
+  bool was_live = false;
+  int64_t bytes_sent = 0;      // syncer -> learner
+  int64_t bytes_received = 0;  // learner -> syncer
+};
+
+class SyncerState {
+ public:
+  /// `theta` holds Θ fragment by fragment (P buffers of the layout's fragment sizes). Throws InputError if the
+  /// sizes do not match the layout or the config is invalid.
+  SyncerState(const Config& config, FragmentLayout layout, std::vector<std::vector<float>> theta,
+              std::function<bool(const std::string&)> is_embedding);
+
+  /// A learner (re)joined: it is live from now on with step = the global step it adopts.
+  void on_join(int learner, double now_s);
+  /// Metadata from a learner (spec §3 step 4). Unknown learners are ignored.
+  void on_report(int learner, const LearnerReport& report, double now_s);
+  /// An answer to a pull. Late answers (round already merged, or never asked) are dropped; malformed ones
+  /// (wrong size, non-finite, unknown base version under stale_policy "skip") are refused. `reason` says why.
+  AnswerOutcome on_answer(int learner, PullAnswerData answer, double now_s, std::string* reason);
+  /// Advances the clock, opens due rounds, decides quorum/grace, closes answer windows and merges.
+  SyncerActions tick(double now_s);
+
+  // Read access for the service, status and persistence.
+  const FragmentLayout& layout() const { return layout_; }
+  int64_t global_step() const { return global_step_; }
+  int64_t version(int p) const { return fragments_[p].version; }
+  std::vector<int64_t> versions() const;
+  const std::vector<float>& theta(int p) const { return fragments_[p].theta; }
+  const std::vector<float>& momentum(int p) const { return fragments_[p].momentum; }
+  const std::map<int, LearnerRecord>& learners() const { return learners_; }
+  std::map<int, LearnerRecord>& learners() { return learners_; }
+  int64_t merges() const { return merges_; }
+  int64_t last_quorum() const { return last_quorum_; }
+  int64_t answers_dropped() const { return answers_dropped_; }
+  int64_t answers_refused() const { return answers_refused_; }
+  int64_t tokens_trained() const;
+  bool finished() const { return finished_; }
+  bool is_live(int learner, double now_s) const;
+
+  /// Restores persisted state (after a syncer restart): fragment p's Θ, momentum and version.
+  void restore_fragment(int p, std::vector<float> theta, std::vector<float> momentum, int64_t version);
+  void restore_clock(int64_t global_step);
+
+ private:
+  struct FragmentState {
+    std::vector<float> theta;      // Θ_p
+    std::vector<float> momentum;   // v_p
+    int64_t version = 0;
+    std::deque<std::pair<int64_t, std::vector<float>>> anchors;  // recent (version, Θ_p) for re-anchoring
+  };
+  struct Round {
+    int64_t step = 0;  // u; -1 for the final flush
+    RoundState decision_state;
+    bool pulling = false;
+    double pull_sent_s = 0;
+    std::vector<int> requested;
+    std::map<int, PullAnswerData> answers;
+  };
+
+  void open_rounds(double now_s, SyncerActions& actions);
+  void advance_round(int p, Round& round, double now_s, SyncerActions& actions);
+  void merge_round(int p, Round& round, double now_s, SyncerActions& actions);
+  std::vector<LearnerState> learner_states() const;
+  double slowest_step_s(double now_s) const;
+
+  Config config_;
+  FragmentLayout layout_;
+  std::function<bool(const std::string&)> is_embedding_;
+  std::vector<FragmentState> fragments_;
+  std::map<int, LearnerRecord> learners_;
+  std::deque<DueRound> pending_;
+  std::map<int, Round> open_;  // fragment -> its open round
+  int64_t global_step_ = 0;
+  Ema quorum_ema_, sync_ema_;
+  int64_t merges_ = 0, last_quorum_ = 0, answers_dropped_ = 0, answers_refused_ = 0;
+  bool flushing_ = false, finished_ = false;
+  std::vector<bool> flushed_;
+};
+
+}  // namespace dloco
