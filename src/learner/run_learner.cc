@@ -92,7 +92,7 @@ int run_learner(const Config& config, const LearnerOptions& options) {
   DataStream stream(train_split, joined.stream_index(), config.data.streams > 0 ? config.data.streams : config.diloco.learners,
                     config.train.batch_size, config.model.seq_len, cursor);
   InnerTrainer trainer(model, config.train, make_schedule(config), device);
-  events.emit("bootstrapped", {{"global_step", step}, {"versions", version}, {"cursor", cursor.to_json()},
+  events.emit("bootstrapped", {{"pid", ::getpid()}, {"global_step", step}, {"versions", version}, {"cursor", cursor.to_json()},
                                {"syncer_generation", joined.syncer_generation()}});
   std::printf("[learner %d step %lld] joined %s: stream %lld, %lld/%lld tokens done\n", id,
               static_cast<long long>(step), options.syncer.c_str(), static_cast<long long>(joined.stream_index()),

@@ -1,0 +1,212 @@
+// SyncerState driven by hand (no network, no clock): rounds open when the clock crosses a due step, quorum and
+// grace decide who is pulled, answers are validated (size, finite, late, stale anchors), and a merge applies
+// the outer step with versions that only increase; the final flush ends the run.
+#include "syncer/syncer_state.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/check.h"
+
+namespace dloco {
+namespace {
+
+// Two tensors of 4 values, P = 2 fragments, H = 2: fragment 0 due at even steps, fragment 1 at odd steps.
+class SyncerStateTest : public ::testing::Test {
+ protected:
+  SyncerState make(int M, int K, bool grace, const std::string& merge = "mean", const std::string& weights = "uniform",
+                   double outer_lr = 1.0, double momentum = 0.0) {
+    Config c = parse_config("");
+    c.diloco.learners = M;
+    c.diloco.quorum = K;
+    c.diloco.grace_window = grace;
+    c.diloco.inner_steps = 2;
+    c.diloco.fragments = 2;
+    c.diloco.overlap = 1;
+    c.diloco.merge = merge;
+    c.diloco.weights = weights;
+    c.diloco.outer_lr = outer_lr;
+    c.diloco.outer_momentum = momentum;
+    FragmentLayout layout = make_fragment_layout({{"a", {4}}, {"b", {4}}}, 2, false);
+    std::vector<std::vector<float>> theta = {std::vector<float>(4, 1.0f), std::vector<float>(4, 2.0f)};
+    return SyncerState(c, layout, theta, [](const std::string&) { return false; });
+  }
+
+  static LearnerReport report(int64_t step, double step_s = 1.0, bool finished = false) {
+    LearnerReport r;
+    r.step = step;
+    r.steps = {step, step};
+    r.tokens = {step * 10, step * 10};
+    r.step_time_s = step_s;
+    r.finished = finished;
+    return r;
+  }
+
+  static PullAnswerData answer(int p, int64_t round, std::vector<float> delta, int64_t base = 0, int64_t steps = 2) {
+    return PullAnswerData{p, round, round + 1, base, steps, steps * 10, std::move(delta)};
+  }
+};
+
+TEST_F(SyncerStateTest, RoundOpensWhenTheClockCrossesItsDueStepAndPullsWhenEveryoneIsReady) {
+  auto s = make(2, 1, true);
+  s.on_join(0, 0.0);
+  s.on_join(1, 0.0);
+  s.on_report(0, report(1), 1.0);
+  auto a = s.tick(1.0);
+  EXPECT_EQ(s.global_step(), 1);  // K = 1: the fastest learner drives the clock
+  ASSERT_TRUE(a.pulls.empty()) << "learner 1 is live and within the grace window";
+  s.on_report(1, report(1), 1.1);
+  a = s.tick(1.1);
+  ASSERT_EQ(a.pulls.size(), 1u);
+  EXPECT_EQ(a.pulls[0].fragment, 1);  // step 1 is fragment 1's (S_1 = 1)
+  EXPECT_EQ(a.pulls[0].learners, (std::vector<int>{0, 1}));
+}
+
+TEST_F(SyncerStateTest, GraceWindowClosesAndPullsOnlyTheQuorum) {
+  auto s = make(2, 1, true);
+  s.on_join(0, 0.0);
+  s.on_join(1, 0.0);
+  s.on_report(0, report(1, 1.0), 1.0);
+  s.on_report(1, report(0, 1.0), 1.0);
+  EXPECT_TRUE(s.tick(1.0).pulls.empty());
+  // τ = 1, ξ_step = 1 s, no quorum/sync history: grace = 0.5·1 = 0.5 s after the quorum.
+  EXPECT_TRUE(s.tick(1.4).pulls.empty());
+  auto a = s.tick(1.6);
+  ASSERT_EQ(a.pulls.size(), 1u);
+  EXPECT_EQ(a.pulls[0].learners, (std::vector<int>{0}));
+}
+
+TEST_F(SyncerStateTest, WithoutGraceKEqualsMWaitsForEveryLearner) {
+  auto s = make(2, 2, false);
+  s.on_join(0, 0.0);
+  s.on_join(1, 0.0);
+  s.on_report(0, report(3), 1.0);
+  s.on_report(1, report(0), 1.0);
+  EXPECT_EQ(s.tick(1.0).pulls.size(), 0u);
+  EXPECT_EQ(s.global_step(), 0);  // the K-th (2nd) largest step is 0
+  s.on_report(1, report(1), 2.0);
+  const auto a = s.tick(2.0);
+  EXPECT_EQ(s.global_step(), 1);
+  ASSERT_EQ(a.pulls.size(), 1u);
+  EXPECT_EQ(a.pulls[0].learners.size(), 2u);
+}
+
+TEST_F(SyncerStateTest, MergeAppliesTheOuterStepAndVersionsOnlyIncrease) {
+  auto s = make(2, 2, false, "mean", "uniform", /*outer_lr=*/1.0, /*momentum=*/0.0);
+  s.on_join(0, 0.0);
+  s.on_join(1, 0.0);
+  s.on_report(0, report(1), 1.0);
+  s.on_report(1, report(1), 1.0);
+  ASSERT_EQ(s.tick(1.0).pulls.size(), 1u);  // fragment 1 (Θ = 2)
+  std::string why;
+  // Learner 0 moved θ to 1.5 (Δ = 0.5), learner 1 to 2.5 (Δ = −0.5): the mean Δ is 0, Θ stays 2.
+  ASSERT_EQ(s.on_answer(0, answer(1, 1, std::vector<float>(4, 0.5f)), 1.5, &why), AnswerOutcome::kAccepted) << why;
+  ASSERT_EQ(s.on_answer(1, answer(1, 1, std::vector<float>(4, -0.5f)), 1.5, &why), AnswerOutcome::kAccepted) << why;
+  auto a = s.tick(1.6);
+  ASSERT_EQ(a.merged.size(), 1u);
+  EXPECT_EQ(a.merged[0].version, 1);
+  EXPECT_FLOAT_EQ(a.merged[0].theta[0], 2.0f);
+  // Next round of fragment 1 (step 3): both moved θ to 1.0 (Δ = 1): η = 1, μ = 0 gives Θ = 1 (toward them).
+  s.on_report(0, report(3), 2.0);
+  s.on_report(1, report(3), 2.0);
+  ASSERT_EQ(s.tick(2.0).pulls.size(), 2u);  // fragment 0 (step 2) and fragment 1 (step 3), pipelined
+  EXPECT_EQ(s.version(1), 1);
+  s.on_answer(0, answer(1, 3, std::vector<float>(4, 1.0f), 1), 2.5, &why);
+  s.on_answer(1, answer(1, 3, std::vector<float>(4, 1.0f), 1), 2.5, &why);
+  s.tick(2.6);
+  EXPECT_EQ(s.version(1), 2);
+  EXPECT_FLOAT_EQ(s.theta(1)[0], 1.0f);
+}
+
+TEST_F(SyncerStateTest, AnswersAreValidatedLateOnesDroppedBadOnesRefused) {
+  auto s = make(1, 1, false);
+  s.on_join(0, 0.0);
+  s.on_report(0, report(1), 1.0);
+  ASSERT_EQ(s.tick(1.0).pulls.size(), 1u);
+  std::string why;
+  EXPECT_EQ(s.on_answer(0, answer(1, 1, std::vector<float>(3, 0.f)), 1.1, &why), AnswerOutcome::kRefused);
+  EXPECT_NE(why.find("expected 4"), std::string::npos) << why;
+  EXPECT_EQ(s.on_answer(0, answer(1, 1, {0.f, NAN, 0.f, 0.f}), 1.1, &why), AnswerOutcome::kRefused);
+  EXPECT_EQ(s.on_answer(0, answer(7, 1, std::vector<float>(4, 0.f)), 1.1, &why), AnswerOutcome::kRefused);
+  EXPECT_EQ(s.on_answer(0, answer(1, 1, std::vector<float>(4, 0.f), /*base=*/5), 1.1, &why), AnswerOutcome::kRefused);
+  EXPECT_NE(why.find("stale anchor"), std::string::npos) << why;
+  EXPECT_EQ(s.on_answer(0, answer(1, 99, std::vector<float>(4, 0.f)), 1.1, &why), AnswerOutcome::kDroppedLate);
+  EXPECT_EQ(s.on_answer(0, answer(1, 1, std::vector<float>(4, 0.1f)), 1.1, &why), AnswerOutcome::kAccepted);
+  EXPECT_EQ(s.on_answer(0, answer(1, 1, std::vector<float>(4, 0.1f)), 1.1, &why), AnswerOutcome::kDroppedLate);
+  EXPECT_EQ(s.tick(1.2).merged.size(), 1u);
+  EXPECT_EQ(s.on_answer(0, answer(1, 1, std::vector<float>(4, 0.1f)), 1.3, &why), AnswerOutcome::kDroppedLate);
+  EXPECT_EQ(s.answers_refused(), 4);
+  EXPECT_EQ(s.answers_dropped(), 3);
+}
+
+TEST_F(SyncerStateTest, DeadLearnerIsNotWaitedForAndTheRoundMergesWithTheRest) {
+  auto s = make(2, 1, false);
+  s.on_join(0, 0.0);
+  s.on_join(1, 0.0);
+  s.on_report(0, report(1), 1.0);
+  s.on_report(1, report(1), 1.0);
+  ASSERT_EQ(s.tick(1.0).pulls[0].learners.size(), 2u);
+  std::string why;
+  s.on_answer(0, answer(1, 1, std::vector<float>(4, 0.5f)), 1.2, &why);
+  EXPECT_TRUE(s.tick(1.5).merged.empty()) << "learner 1 is still live: wait for its answer";
+  s.on_report(0, report(2), 6.5);  // learner 1 stays silent past its 5 s lease
+  const auto a = s.tick(6.5);
+  ASSERT_EQ(a.merged.size(), 1u);
+  EXPECT_EQ(a.merged[0].participants, (std::vector<int>{0}));
+  bool absent_logged = false;
+  for (const auto& e : a.events) absent_logged |= e["event"] == "learner_absent" && e["learner"] == 1;
+  EXPECT_TRUE(absent_logged);
+}
+
+TEST_F(SyncerStateTest, StaleBaseIsReanchoredThroughTheKeptVersion) {
+  auto s = make(1, 1, false, "mean", "uniform", 1.0, 0.0);
+  s.on_join(0, 0.0);
+  std::string why;
+  // Two merges of fragment 1: each moves Θ_1 by the learner's delta.
+  s.on_report(0, report(1), 1.0);
+  s.tick(1.0);
+  s.on_answer(0, answer(1, 1, std::vector<float>(4, 0.5f), 0), 1.1, &why);
+  s.tick(1.2);  // Θ_1 = 1.5, version 1; anchors {0: 2.0, 1: 1.5}
+  s.on_report(0, report(3), 2.0);
+  s.tick(2.0);
+  s.tick(2.0);
+  // A delta still against version 0 (the learner missed version 1): θ = 2.0 − 1.0 = 1.0, outer grad vs the
+  // current Θ_1 = 1.5 is 0.5, so Θ_1 becomes 1.0.
+  ASSERT_EQ(s.on_answer(0, answer(1, 3, std::vector<float>(4, 1.0f), 0), 2.1, &why), AnswerOutcome::kAccepted) << why;
+  s.tick(2.2);
+  EXPECT_FLOAT_EQ(s.theta(1)[0], 1.0f);
+  // A raw θ (base −1) re-anchors with no base at all.
+  s.on_report(0, report(5), 3.0);
+  s.tick(3.0);
+  s.tick(3.0);
+  ASSERT_EQ(s.on_answer(0, answer(1, 5, std::vector<float>(4, 0.25f), -1), 3.1, &why), AnswerOutcome::kAccepted);
+  s.tick(3.2);
+  EXPECT_FLOAT_EQ(s.theta(1)[0], 0.25f);
+}
+
+TEST_F(SyncerStateTest, FinalFlushMergesEveryFragmentOnceThenFinishes) {
+  auto s = make(1, 1, false);
+  s.on_join(0, 0.0);
+  s.on_report(0, report(1, 1.0, /*finished=*/true), 1.0);
+  auto a = s.tick(1.0);
+  ASSERT_EQ(a.pulls.size(), 2u);  // both fragments, round −1
+  EXPECT_EQ(a.pulls[0].round_step, -1);
+  std::string why;
+  for (int p = 0; p < 2; ++p) s.on_answer(0, answer(p, -1, std::vector<float>(4, 0.1f)), 1.1, &why);
+  a = s.tick(1.2);
+  EXPECT_EQ(a.merged.size(), 2u);
+  EXPECT_TRUE(a.finished_now);
+  EXPECT_TRUE(s.finished());
+}
+
+TEST_F(SyncerStateTest, MismatchedInitialBuffersAreRefused) {
+  Config c = parse_config("");
+  c.diloco.inner_steps = 2;
+  c.diloco.fragments = 2;
+  FragmentLayout layout = make_fragment_layout({{"a", {4}}, {"b", {4}}}, 2, false);
+  EXPECT_THROW(SyncerState(c, layout, {std::vector<float>(4), std::vector<float>(3)}, nullptr), InputError);
+}
+
+}  // namespace
+}  // namespace dloco
