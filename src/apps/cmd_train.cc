@@ -11,6 +11,8 @@ namespace dloco::apps {
 
 namespace {
 
+int g_exit_code = 0;  // set by `dloco train` after a signal
+
 void print_report(const nlohmann::json& r) {
   std::printf("\n== report: %s (%s) ==\n", r["run"].get<std::string>().c_str(), r["status"].get<std::string>().c_str());
   std::printf("final validation loss  %.4f nats/token (perplexity %.1f)\n", r["final_val_loss"].get<double>(),
@@ -33,6 +35,8 @@ void print_report(const nlohmann::json& r) {
 
 }  // namespace
 
+int train_exit_code() { return g_exit_code; }
+
 void add_train_commands(CLI::App& app) {
   auto* train = app.add_subcommand("train", "Run a training job from a TOML config to its report");
   static std::string config_path;
@@ -51,15 +55,24 @@ void add_train_commands(CLI::App& app) {
     Config config;
     if (!resume_dir.empty()) {
       config = load_config(std::filesystem::path(resume_dir) / "config.toml", overrides);
+      // The run folder is the one given, even if the run was copied or renamed since.
+      const auto dir = std::filesystem::path(resume_dir).lexically_normal();
+      const auto folder = dir.has_filename() ? dir : dir.parent_path();
+      config.run.name = folder.filename().string();
+      config.run.out_dir = folder.has_parent_path() ? folder.parent_path().string() : ".";
       options.resume = true;
     } else {
       config = load_config(config_path, overrides);
     }
     if (config.diloco.mode == "decoupled") {
       if (stop_after_steps > 0) throw InputError("--stop-after-steps applies to diloco.mode = \"local\" only");
-      print_report(run_launcher(config, options.resume));
+      const auto report = run_launcher(config, options.resume);
+      print_report(report);
+      g_exit_code = report.value("signal", 0) ? 128 + report.value("signal", 0) : 0;
     } else {
-      print_report(run_local(config, options));
+      const auto report = run_local(config, options);
+      print_report(report);
+      g_exit_code = report.value("signal", 0) ? 128 + report.value("signal", 0) : 0;
     }
   });
 

@@ -10,6 +10,8 @@ namespace dloco::apps {
 void add_data_commands(CLI::App& app);
 /// `dloco train`, `dloco eval`, `dloco generate` (src/train).
 void add_train_commands(CLI::App& app);
+/// Exit status the last `dloco train` asks for (128 + signal after SIGINT/SIGTERM, else 0).
+int train_exit_code();
 /// `dloco sim goodput|bandwidth|...` (src/sim).
 void add_sim_commands(CLI::App& app);
 

@@ -3,12 +3,18 @@
 #include <cstdio>
 #include <exception>
 
+#include <c10/util/Exception.h>
+
 #include "apps/commands.h"
 #include "core/check.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"dloco: resilient distributed pre-training (Decoupled DiLoCo)"};
   app.require_subcommand(1);
+  if (argc == 1) {
+    std::printf("%s", app.help().c_str());
+    return 2;
+  }
   dloco::apps::add_data_commands(app);
   dloco::apps::add_train_commands(app);
   dloco::apps::add_sim_commands(app);
@@ -22,9 +28,12 @@ int main(int argc, char** argv) {
   } catch (const dloco::InvariantError& e) {
     std::fprintf(stderr, "dloco: internal error (please report): %s\n", e.what());
     return 70;
+  } catch (const c10::Error& e) {  // LibTorch: the message without its C++ backtrace
+    std::fprintf(stderr, "dloco: error (LibTorch): %s\n", e.what_without_backtrace());
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dloco: error: %s\n", e.what());
     return 1;
   }
-  return 0;
+  return dloco::apps::train_exit_code();
 }

@@ -261,8 +261,8 @@ void Config::validate() const {
   require(d.wire_dtype == "fp32" || d.wire_dtype == "bf16", "diloco.wire_dtype", "must be \"fp32\" or \"bf16\"");
   require(data.streams >= 0, "data.streams", "must be ≥ 0 (0 = one per learner)");
   require(data.streams == 0 || data.streams >= d.learners, "data.streams", "(S) must be ≥ diloco.learners (M)");
-  require(!run.name.empty() && run.name.find('/') == std::string::npos, "run.name",
-          "must be a non-empty folder name without '/'");
+  require(!run.name.empty() && run.name.find('/') == std::string::npos && run.name != "." && run.name != "..",
+          "run.name", "must be a folder name (not empty, '.', '..' or containing '/')");
   require(run.threads >= 0, "run.threads", "must be ≥ 0 (0 = all cores)");
   require(run.report_interval_s > 0, "run.report_interval_s", "must be > 0");
 }

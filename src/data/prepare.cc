@@ -94,14 +94,42 @@ std::string strip_verse_reference(const std::string& line) {
   return std::regex_replace(line, kRef, "", std::regex_constants::format_first_only);
 }
 
+namespace {
+nlohmann::json prepare_corpus_impl(const PrepareOptions& o);
+}  // namespace
+
 nlohmann::json prepare_corpus(const PrepareOptions& o) {
+  fs::path staging = o.out;
+  staging += ".staging";
+  try {
+    return prepare_corpus_impl(o);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(staging, ec);  // a failed preparation leaves nothing behind
+    throw;
+  }
+}
+
+namespace {
+nlohmann::json prepare_corpus_impl(const PrepareOptions& o) {
   const auto started = std::chrono::steady_clock::now();
   if (o.inputs.empty() && !o.kjv) throw InputError("no input: give text files/folders, or --kjv for the KJV bible");
   if (o.vocab_size < 300) throw InputError("--vocab-size must be ≥ 300 (bytes plus a few merges)");
   if (!(o.val_fraction > 0 && o.val_fraction < 0.5)) throw InputError("--val-fraction must be in (0, 0.5)");
   if (o.shard_tokens < 1) throw InputError("--shard-tokens must be ≥ 1");
-  if (fs::exists(o.out) && !fs::is_empty(o.out) && !o.force) {
-    throw InputError("output folder '" + o.out.string() + "' already holds data; pass --force to replace it");
+  if (fs::exists(o.out) && !fs::is_empty(o.out)) {
+    if (!o.force) throw InputError("output folder '" + o.out.string() + "' already holds data; pass --force to replace it");
+    // --force replaces a prepared dataset, never an arbitrary folder.
+    bool dataset = false;
+    try {
+      std::ifstream in(o.out / "meta.json");
+      dataset = in && nlohmann::json::parse(in).value("format", "") == "dloco-tokens";
+    } catch (const std::exception&) {
+    }
+    if (!dataset) {
+      throw InputError("output folder '" + o.out.string() + "' is not a dloco dataset (no meta.json of format "
+                       "dloco-tokens): refusing to replace it even with --force; pick an empty or new folder");
+    }
   }
 
   // 1) collect lines
@@ -202,5 +230,7 @@ nlohmann::json prepare_corpus(const PrepareOptions& o) {
   meta["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return meta;
 }
+
+}  // namespace
 
 }  // namespace dloco

@@ -153,6 +153,13 @@ void TokenSplit::copy(int64_t begin, std::span<int64_t> out) const {
     pos += n;
     ++k;
   }
+  for (size_t i = 0; i < out.size(); ++i) {  // a corrupt shard must not reach the embedding lookup
+    if (out[i] >= vocab_size_) {
+      throw InputError("token shards hold token id " + std::to_string(out[i]) + " at position " +
+                       std::to_string(begin + static_cast<int64_t>(i)) + ", outside their vocabulary of " +
+                       std::to_string(vocab_size_) + ": a shard is corrupt (re-run `dloco data prepare`)");
+    }
+  }
 }
 
 std::vector<std::filesystem::path> split_shards(const std::filesystem::path& data_dir, const std::string& split) {

@@ -20,6 +20,7 @@
 #include "core/atomic_file.h"
 #include "core/events.h"
 #include "data/shards.h"
+#include "data/tokenizer.h"
 #include "launcher/roles.h"
 #include "learner/link.h"
 #include "syncer/handshake.h"
@@ -149,15 +150,17 @@ std::string read_address(const fs::path& file, Child& syncer, std::vector<Child>
 nlohmann::json run_launcher(const Config& config, bool resume) {
   const auto started = Clock::now();
   const fs::path run_dir = config.run_dir();
-  if (!resume && fs::exists(run_dir / "config.toml")) {
-    throw InputError("run folder '" + run_dir.string() + "' already exists: continue it with --resume " +
+  if (!resume && (fs::exists(run_dir / "syncer") || latest_checkpoint(run_dir))) {
+    throw InputError("run folder '" + run_dir.string() + "' already holds a trained run: continue it with --resume " +
                      run_dir.string() + ", or pick another run.name");
   }
   if (resume && !fs::exists(run_dir / "syncer")) {
     throw InputError("cannot resume: '" + run_dir.string() + "' has no syncer state");
   }
-  // Fail fast on a missing corpus, here rather than in M children.
+  // Fail fast on a missing corpus or a broken tokenizer, here rather than in M children or after training.
   split_shards(fs::path(config.data.dir), "train");
+  split_shards(fs::path(config.data.dir), "val");
+  Tokenizer(fs::path(config.data.dir) / "tokenizer.model").encode("And God said");
   const int M = static_cast<int>(config.diloco.learners);
   const int cores = config.run.threads > 0 ? static_cast<int>(config.run.threads) : machine_cores();
   const int learner_threads = std::max(1, cores / M);
@@ -247,6 +250,11 @@ nlohmann::json run_launcher(const Config& config, bool resume) {
     }
   }
   const bool interrupted = g_launcher_signal.load() != 0 || !finished;
+  if (g_launcher_signal.load() != 0) {
+    std::printf("[launcher] signal %d: stopping every child; the syncer persists and checkpoints Θ (resume with "
+                "--resume %s)\n", g_launcher_signal.load(), run_dir.c_str());
+    std::fflush(stdout);
+  }
   link.stop();
   // Children: learners and the evaluator exit on the syncer's stop; anything left gets SIGTERM, then SIGKILL.
   const auto wait_until = Clock::now() + std::chrono::seconds(interrupted ? 1 : 20);
@@ -293,6 +301,7 @@ nlohmann::json run_launcher(const Config& config, bool resume) {
       {"checkpoint", ckpt.dir.string()},
       {"sample", sample},
       {"bytes", bytes},
+      {"signal", g_launcher_signal.load()},
   };
   write_file_atomically(run_dir / "report.json", report.dump(2) + "\n");
   events.emit("finished", {{"status", report["status"]}, {"val_loss", report["final_val_loss"]}});

@@ -20,7 +20,7 @@ namespace dloco {
 namespace fs = std::filesystem;
 
 int run_evaluator(const Config& config, const LearnerOptions& options) {
-  ::setpriority(PRIO_PROCESS, 0, 10);  // low priority: learners first
+  ::setpriority(PRIO_PROCESS, 0, 5);  // lower priority than the learners, which come first
   apply_thread_budget(ThreadBudget{1, 1});
   fs::create_directories(options.run_dir / "events");
   EventLog events(options.run_dir / "events" / "evaluator.jsonl", Role::kEvaluator, 0);

@@ -41,19 +41,30 @@ std::string read_all(const fs::path& p) {
   return ss.str();
 }
 
-// A checkpoint folder is valid if its manifest parses and the model file matches the recorded size and hash.
-std::optional<CheckpointInfo> inspect(const fs::path& dir) {
+// A checkpoint folder is valid if its manifest parses and its files match their recorded sizes and hashes;
+// otherwise `why` says what is wrong.
+std::optional<CheckpointInfo> inspect(const fs::path& dir, std::string* why) {
   std::error_code ec;
-  if (!fs::is_regular_file(dir / "manifest.json", ec)) return std::nullopt;
+  auto fail = [&](const std::string& reason) {
+    if (why) *why = reason;
+    return std::nullopt;
+  };
+  if (!fs::is_regular_file(dir / "manifest.json", ec)) return fail("no manifest.json (an unfinished write?)");
   try {
     auto manifest = nlohmann::json::parse(read_all(dir / "manifest.json"));
-    if (manifest.value("format", "") != "dloco-checkpoint") return std::nullopt;
-    const std::string model = read_all(dir / manifest.at("model_file").get<std::string>());
-    if (static_cast<int64_t>(model.size()) != manifest.at("model_bytes").get<int64_t>()) return std::nullopt;
-    if (fnv1a64(model) != manifest.at("model_hash").get<uint64_t>()) return std::nullopt;
+    if (manifest.value("format", "") != "dloco-checkpoint") return fail("manifest.json is not a dloco checkpoint");
+    for (const char* kind : {"model", "optimizer"}) {
+      const std::string key = std::string(kind) + "_file";
+      if (!manifest.contains(key)) continue;
+      const std::string bytes = read_all(dir / manifest[key].get<std::string>());
+      if (static_cast<int64_t>(bytes.size()) != manifest.at(std::string(kind) + "_bytes").get<int64_t>() ||
+          fnv1a64(bytes) != manifest.at(std::string(kind) + "_hash").get<uint64_t>()) {
+        return fail(manifest[key].get<std::string>() + " does not match its recorded size and hash (truncated?)");
+      }
+    }
     return CheckpointInfo{dir, manifest.at("step").get<int64_t>(), manifest};
-  } catch (const std::exception&) {
-    return std::nullopt;
+  } catch (const std::exception& e) {
+    return fail(std::string("unreadable manifest: ") + e.what());
   }
 }
 
@@ -74,7 +85,10 @@ fs::path save_checkpoint(const fs::path& run_dir, int64_t step, GPT& model, torc
     if (optimizer == nullptr) return;
     torch::save(*optimizer, (dir / "optimizer.pt").string());
     fsync_path(dir / "optimizer.pt");
+    const std::string bytes = read_all(dir / "optimizer.pt");
     m["optimizer_file"] = "optimizer.pt";
+    m["optimizer_bytes"] = bytes.size();
+    m["optimizer_hash"] = fnv1a64(bytes);
   };
   return save_checkpoint_files(run_dir, step, entries, std::move(manifest), write_optimizer, keep);
 }
@@ -129,13 +143,17 @@ std::optional<CheckpointInfo> latest_checkpoint(const fs::path& run_dir) {
   }
   std::sort(dirs.rbegin(), dirs.rend());
   for (const auto& d : dirs) {
-    if (auto info = inspect(d)) return info;
+    std::string why;
+    if (auto info = inspect(d, &why)) return info;
+    std::fprintf(stderr, "[checkpoint] skipping %s: %s\n", d.c_str(), why.c_str());
   }
   return std::nullopt;
 }
 
 CheckpointInfo resolve_checkpoint(const fs::path& path) {
-  if (auto direct = inspect(path)) return *direct;
+  std::string why;
+  if (auto direct = inspect(path, &why)) return *direct;
+  if (fs::exists(path / "manifest.json")) throw InputError("checkpoint '" + path.string() + "' is invalid: " + why);
   if (auto latest = latest_checkpoint(path)) return *latest;
   throw InputError("no valid checkpoint at '" + path.string() +
                    "' (give a run folder such as runs/demo, or one of its checkpoints/step_* folders)");

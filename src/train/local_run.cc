@@ -40,9 +40,8 @@ torch::Device parse_device(const std::string& name) {
 }
 
 // The text sample of reports: a fixed prompt continued with a seeded generator.
-std::string sample_text(GPT& model, const Tokenizer& tok, const std::string& prompt, int64_t tokens,
+std::string sample_text(GPT& model, const Tokenizer& tok, const std::vector<int32_t>& ids, int64_t tokens,
                         double temperature, int64_t top_k, uint64_t seed, torch::Device device) {
-  auto ids = tok.encode(prompt);
   std::vector<int64_t> prompt_ids(ids.begin(), ids.end());
   if (prompt_ids.empty()) prompt_ids.push_back(tok.eos_id());
   auto input = torch::tensor(prompt_ids, torch::kLong).view({1, -1}).to(device);
@@ -58,6 +57,17 @@ std::string progress_bar(double fraction, int width = 24) {
   fraction = std::clamp(fraction, 0.0, 1.0);
   const int filled = static_cast<int>(fraction * width);
   return "[" + std::string(filled, '#') + std::string(width - filled, '.') + "]";
+}
+
+constexpr const char* kSamplePrompt = "And God said";
+
+// The shards must have been written with this tokenizer's vocabulary.
+void check_split_vocab(const TokenSplit& split, const Tokenizer& tok, const std::string& data_dir) {
+  if (split.vocab_size() != static_cast<uint32_t>(tok.vocab_size())) {
+    throw InputError("the token shards in '" + data_dir + "' declare a vocabulary of " +
+                     std::to_string(split.vocab_size()) + " but tokenizer.model has " +
+                     std::to_string(tok.vocab_size()) + ": re-run `dloco data prepare`");
+  }
 }
 
 // Model config with the tokenizer's vocabulary checked against it.
@@ -78,12 +88,10 @@ nlohmann::json run_local(const Config& config, const RunOptions& options) {
   if (options.resume && !has_checkpoint) {
     throw InputError("cannot resume: '" + run_dir.string() + "' has no valid checkpoint");
   }
-  if (!options.resume && fs::exists(run_dir / "config.toml")) {
-    throw InputError("run folder '" + run_dir.string() + "' already exists: continue it with --resume " +
+  if (!options.resume && has_checkpoint) {
+    throw InputError("run folder '" + run_dir.string() + "' already holds a trained run: continue it with --resume " +
                      run_dir.string() + ", or pick another run.name");
   }
-  fs::create_directories(run_dir);
-  write_file_atomically(run_dir / "config.toml", to_toml(config));
 
   // 1) threads, device, data, model
   const ThreadBudget budget = thread_budget(static_cast<int>(config.run.threads));
@@ -94,6 +102,11 @@ nlohmann::json run_local(const Config& config, const RunOptions& options) {
   check_vocab(config.model, tok, config.data.dir);
   auto train_split = std::make_shared<TokenSplit>(split_shards(data_dir, "train"));
   TokenSplit val_split(split_shards(data_dir, "val"));
+  check_split_vocab(*train_split, tok, config.data.dir);
+  const auto prompt_ids = tok.encode(kSamplePrompt);  // fails now, not after training, if the tokenizer is broken
+  // Everything is in place: only now does the run folder appear (a failed start leaves nothing to clean up).
+  fs::create_directories(run_dir);
+  write_file_atomically(run_dir / "config.toml", to_toml(config));
   torch::manual_seed(config.run.seed);
   GPT model(config.model);
   model->to(device);
@@ -109,6 +122,7 @@ nlohmann::json run_local(const Config& config, const RunOptions& options) {
 
   // 2) resume: weights, optimizer moments, data cursor and step counters
   int64_t step = 0, tokens = 0, skipped = 0;
+  double previous_wall = 0;  // wall time of earlier sessions of this run (resume)
   StreamCursor cursor;
   if (options.resume) {
     const auto ckpt = *latest_checkpoint(run_dir);
@@ -117,6 +131,15 @@ nlohmann::json run_local(const Config& config, const RunOptions& options) {
     step = ckpt.step;
     tokens = ckpt.manifest.at("tokens_trained").get<int64_t>();
     cursor = StreamCursor::from_json(ckpt.manifest.at("cursors").at(0));
+    previous_wall = ckpt.manifest.value("wall_seconds", 0.0);
+    if (tokens + config.train.tokens_per_step(config.model) > config.train.total_tokens) {
+      std::ifstream in(run_dir / "report.json");
+      if (in) {
+        std::printf("[local] run %s already finished its %lld-token budget: nothing to do\n",
+                    config.run.name.c_str(), static_cast<long long>(config.train.total_tokens));
+        return nlohmann::json::parse(in);
+      }
+    }
     std::printf("[local] resumed from %s at step %lld (%lld tokens)\n", ckpt.dir.c_str(),
                 static_cast<long long>(step), static_cast<long long>(tokens));
     events.emit("resumed", {{"step", step}, {"tokens", tokens}, {"checkpoint", ckpt.dir.string()}});
@@ -132,6 +155,7 @@ nlohmann::json run_local(const Config& config, const RunOptions& options) {
     m["fragment_versions"] = nlohmann::json::array();
     m["tokenizer"] = {{"path", (data_dir / "tokenizer.model").string()}, {"hash", tok.hash()}};
     m["parameters"] = count_parameters(*model);
+    m["wall_seconds"] = previous_wall + std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     if (std::isfinite(val_loss)) m["val_loss"] = val_loss;
     return m;
   };
@@ -185,14 +209,19 @@ nlohmann::json run_local(const Config& config, const RunOptions& options) {
     }
   }
   const bool interrupted = tokens + config.train.tokens_per_step(config.model) <= budget_tokens;
+  if (g_stop_signal.load() != 0) {
+    std::printf("[local] signal %d: stopping after step %lld with a checkpoint (resume with --resume %s)\n",
+                g_stop_signal.load(), static_cast<long long>(step), run_dir.c_str());
+  }
   std::signal(SIGINT, old_int);
   std::signal(SIGTERM, old_term);
 
   // 4) final evaluation, checkpoint, sample, report
   const double final_val = evaluate_loss(model, val_split, 0, config.train.batch_size, device);
   const auto ckpt_dir = save_checkpoint(run_dir, step, model, &trainer.optimizer(), manifest(final_val));
-  const std::string sample = sample_text(model, tok, "And God said", 48, 0.8, 40, config.run.seed, device);
-  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const std::string sample = sample_text(model, tok, prompt_ids, 48, 0.8, 40, config.run.seed, device);
+  const double wall =
+      previous_wall + std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   nlohmann::json report = {
       {"run", config.run.name},
       {"mode", "local"},
@@ -208,6 +237,7 @@ nlohmann::json run_local(const Config& config, const RunOptions& options) {
       {"checkpoint", ckpt_dir.string()},
       {"sample", sample},
       {"bytes", {{"learner", {{"sent", 0}, {"received", 0}}}}},
+      {"signal", g_stop_signal.load()},
   };
   write_file_atomically(run_dir / "report.json", report.dump(2) + "\n");
   events.emit("finished", {{"status", report["status"]}, {"val_loss", final_val}, {"tokens", tokens}});
@@ -221,6 +251,9 @@ nlohmann::json evaluate_checkpoint(const fs::path& checkpoint, const std::option
   const Config c = checkpoint_config(ckpt);
   const fs::path dir(data_dir.value_or(c.data.dir));
   TokenSplit val(split_shards(dir, "val"));
+  if (max_tokens < 0 || (max_tokens > 0 && max_tokens < c.model.seq_len + 1)) {
+    throw InputError("--tokens must be 0 (all) or at least seq_len + 1 = " + std::to_string(c.model.seq_len + 1));
+  }
   GPT model(c.model);
   load_model_weights(ckpt, model);
   const double loss = evaluate_loss(model, val, max_tokens, c.train.batch_size, torch::kCPU);
@@ -239,7 +272,10 @@ std::string generate_from_checkpoint(const fs::path& checkpoint, const std::stri
   }
   GPT model(c.model);
   load_model_weights(ckpt, model);
-  return sample_text(model, tok, prompt, tokens, temperature, top_k, seed, torch::kCPU);
+  if (tokens < 1) throw InputError("--tokens must be ≥ 1");
+  if (!(temperature > 0)) throw InputError("--temperature must be > 0");
+  if (top_k < 0) throw InputError("--top-k must be ≥ 0 (0 = off)");
+  return sample_text(model, tok, tok.encode(prompt), tokens, temperature, top_k, seed, torch::kCPU);
 }
 
 }  // namespace dloco

@@ -92,6 +92,24 @@ TEST_F(DataTest, ShardValidationNamesTheProblem) {
   EXPECT_THROW(split_shards(dir_ / "nowhere", "train"), InputError);
 }
 
+TEST_F(DataTest, TokenOutsideTheVocabularyIsACorruptShard) {
+  auto split = counting_split(100, 100, 300);  // tokens 0..99, vocabulary 300
+  {
+    std::fstream f(dir_ / "train_0.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(64 + 2 * 50);
+    const uint16_t bad = 0xFFFF;
+    f.write(reinterpret_cast<const char*>(&bad), 2);
+  }
+  TokenSplit poked({dir_ / "train_0.bin"});
+  std::vector<int64_t> out(60);
+  try {
+    poked.copy(0, out);
+    FAIL() << "a token id outside the vocabulary reached the caller";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("token id 65535 at position 50"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(DataTest, StreamsAreDisjointAndAdvanceByBT) {
   auto split = counting_split(10000, 4000);
   const int64_t B = 2, T = 8, S = 4;
@@ -193,6 +211,17 @@ TEST_F(DataTest, PrepareToolBuildsTokenizerAndShardsFromTextAndJsonl) {
   // Existing output is kept unless --force; bad JSONL is named with its line.
   EXPECT_EQ(run(tool + " prepare " + (dir_ / "a.txt").string() + " --out " + out.string() + " --vocab-size 400"), 2);
   EXPECT_TRUE(fs::exists(out / "train_000.bin"));
+  // --force replaces a prepared dataset, never a folder of something else.
+  fs::create_directories(dir_ / "precious");
+  std::ofstream(dir_ / "precious" / "notes.txt") << "keep me";
+  EXPECT_EQ(run(tool + " prepare " + (dir_ / "a.txt").string() + " --out " + (dir_ / "precious").string() +
+                " --vocab-size 400 --force"),
+            2);
+  EXPECT_TRUE(fs::exists(dir_ / "precious" / "notes.txt"));
+  EXPECT_FALSE(fs::exists(dir_ / "precious.staging")) << "a failed preparation leaves no staging folder";
+  EXPECT_EQ(run(tool + " prepare " + (dir_ / "a.txt").string() + " --out " + out.string() +
+                " --vocab-size 400 --threads 1 --force"),
+            0);
   std::ofstream(dir_ / "bad.jsonl") << "{\"text\": \"ok\"}\n{\"body\": 1}\n";
   EXPECT_EQ(run(tool + " prepare " + (dir_ / "bad.jsonl").string() + " --out " + (dir_ / "o2").string()), 2);
   EXPECT_EQ(run(tool + " prepare " + (dir_ / "missing.txt").string() + " --out " + (dir_ / "o3").string()), 2);

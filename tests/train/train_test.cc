@@ -98,6 +98,12 @@ TEST_F(TrainTest, CheckpointRoundTripAndTornFoldersAreSkipped) {
   trainer.step(stream, 1);
   save_checkpoint(dir_, 9, model, &trainer.optimizer(), manifest);
 
+  // A newest checkpoint whose optimizer state is cut short is skipped too.
+  save_checkpoint(dir_, 11, model, &trainer.optimizer(), manifest, 3);
+  const fs::path opt = dir_ / "checkpoints" / "step_00000011" / "optimizer.pt";
+  fs::resize_file(opt, fs::file_size(opt) / 2);
+  EXPECT_EQ(latest_checkpoint(dir_)->step, 9);
+  fs::remove_all(dir_ / "checkpoints" / "step_00000011");
   // A torn newest checkpoint (model file cut short) and a .tmp folder are skipped.
   const fs::path newest = dir_ / "checkpoints" / "step_00000009" / "model.safetensors";
   fs::resize_file(newest, fs::file_size(newest) - 10);
