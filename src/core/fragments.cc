@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "core/hash.h"
 
 namespace dloco {
 
@@ -55,14 +56,6 @@ std::string canonical_text(const FragmentLayout& layout) {
   return os.str();
 }
 
-uint64_t fnv1a64(const std::string& text) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : text) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
 
 FragmentBlock make_block(const std::vector<TensorSpec>& tensors, int index, int64_t row_begin, int64_t row_end) {
   const int64_t row_numel = tensors[index].row_numel();

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "core/atomic_file.h"
+#include "core/console.h"
 #include "core/events.h"
 #include "data/shards.h"
 #include "data/tokenizer.h"
@@ -94,11 +95,6 @@ pid_t spawn(const std::vector<std::string>& args, const fs::path& log, int threa
   return pid;
 }
 
-std::string progress_bar(double fraction, int width = 24) {
-  fraction = std::clamp(fraction, 0.0, 1.0);
-  const int filled = static_cast<int>(fraction * width);
-  return "[" + std::string(filled, '#') + std::string(width - filled, '.') + "]";
-}
 
 void reap(std::vector<Child>& children) {
   for (auto& c : children) {

@@ -10,6 +10,7 @@
 
 #include "core/atomic_file.h"
 #include "core/check.h"
+#include "core/console.h"
 #include "core/events.h"
 #include "data/stream.h"
 #include "data/tokenizer.h"
@@ -53,11 +54,6 @@ std::string sample_text(GPT& model, const Tokenizer& tok, const std::vector<int3
   return tok.decode(all);
 }
 
-std::string progress_bar(double fraction, int width = 24) {
-  fraction = std::clamp(fraction, 0.0, 1.0);
-  const int filled = static_cast<int>(fraction * width);
-  return "[" + std::string(filled, '#') + std::string(width - filled, '.') + "]";
-}
 
 constexpr const char* kSamplePrompt = "And God said";
 
