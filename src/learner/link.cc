@@ -48,7 +48,7 @@ v1::JoinReply LearnerLink::join(double timeout_s) {
     if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
         status.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
         status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
-      throw InputError(status.error_message());  // refused: retrying cannot help
+      throw HandshakeRefused(status.error_message());  // refused: retrying cannot help
     }
     last_error = status.error_message();
     std::this_thread::sleep_for(backoff.next_delay());
@@ -127,13 +127,12 @@ bool LearnerLink::rejoin() {
   try {
     join(5.0);
     return true;
-  } catch (const InputError& e) {
-    const std::string what = e.what();
-    if (what.find("refused") != std::string::npos) {
-      std::lock_guard lock(mu_);
-      fatal_ = what;
-      running_ = false;
-    }
+  } catch (const HandshakeRefused& e) {  // e.g. the syncer came back with another layout: stop training
+    std::lock_guard lock(mu_);
+    fatal_ = e.what();
+    running_ = false;
+    return false;
+  } catch (const InputError&) {  // still unreachable: keep training, try again after the backoff
     return false;
   }
 }

@@ -14,9 +14,16 @@
 #include <thread>
 
 #include "core/backoff.h"
+#include "core/check.h"
 #include "proto/dloco.grpc.pb.h"
 
 namespace dloco {
+
+/// The syncer refused the handshake (wrong secret, layout, model, tokenizer, run or id): retrying cannot help.
+class HandshakeRefused : public InputError {
+ public:
+  using InputError::InputError;
+};
 
 class LearnerLink {
  public:
@@ -24,8 +31,8 @@ class LearnerLink {
   LearnerLink(std::string syncer_address, v1::Handshake handshake, int learner_id, std::string host);
   ~LearnerLink();
 
-  /// Blocking bootstrap: joins (retrying unreachable syncers with backoff until `timeout_s`) and fetches
-  /// every fragment. Throws InputError if the syncer refuses the handshake (with its reason) or cannot be
+  /// Blocking bootstrap: joins, retrying an unreachable syncer with backoff until `timeout_s`. Throws
+  /// HandshakeRefused if the syncer refuses the handshake (with its reason), InputError if it cannot be
   /// reached in time.
   v1::JoinReply join(double timeout_s);
   /// Fragment p as the syncer holds it now (deadline 30 s); throws InputError on failure.

@@ -181,6 +181,83 @@ TEST_F(DecoupledTest, KilledLearnerNeverStallsTheOthers) {
   }
 }
 
+// Starts `dloco syncer` in the background; returns its pid. The bound address lands in `address_file`.
+int start_syncer(const fs::path& cfg, const std::string& listen, const fs::path& run, const fs::path& address_file,
+                 const std::string& log) {
+  const std::string cmd = kDloco + " syncer --config " + cfg.string() + " --run-dir " + run.string() + " --listen " +
+                          listen + " --address-file " + address_file.string() + " > " + (run / log).string() +
+                          " 2>&1 & echo $!";
+  int pid = 0;
+  if (FILE* p = ::popen(cmd.c_str(), "r")) {
+    if (std::fscanf(p, "%d", &pid) != 1) pid = 0;
+    ::pclose(p);
+  }
+  return pid;
+}
+
+std::string wait_for_address(const fs::path& file) {
+  std::string address;
+  for (int i = 0; i < 300 && address.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::ifstream(file) >> address;
+  }
+  return address;
+}
+
+int count_events(const fs::path& file, const std::string& name, double after = 0) {
+  int n = 0;
+  for (const auto& e : read_events(file)) n += e["event"] == name && e["t"].get<double>() > after;
+  return n;
+}
+
+double now_unix() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+TEST_F(DecoupledTest, LearnerKeepsTrainingWhileTheSyncerIsAwayAndReattaches) {
+  const auto cfg = write_config("away", 1'000'000'000, "", 8, 32, 1, 0);
+  const fs::path run = root_ / "away";
+  fs::create_directories(run);
+  const int syncer = start_syncer(cfg, "127.0.0.1:0", run, run / "addr1", "syncer1.log");
+  const std::string address = wait_for_address(run / "addr1");
+  ASSERT_FALSE(address.empty());
+  const std::string learner_cmd = kDloco + " learner --config " + cfg.string() + " --syncer " + address +
+                                  " --id 0 --run-dir " + run.string() + " > " + (run / "learner.log").string() +
+                                  " 2>&1 & echo $!";
+  int learner = 0;
+  if (FILE* p = ::popen(learner_cmd.c_str(), "r")) {
+    ASSERT_EQ(std::fscanf(p, "%d", &learner), 1);
+    ::pclose(p);
+  }
+  const fs::path events = run / "events" / "learner_0.jsonl";
+  for (int i = 0; i < 300 && count_events(events, "applied") < 8; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_GE(count_events(events, "applied"), 8) << "no merges before the syncer kill";
+  int64_t version_before = 0;
+  for (const auto& e : read_events(events)) {
+    if (e["event"] == "applied") version_before = std::max<int64_t>(version_before, e["version"]);
+  }
+
+  ::kill(syncer, SIGKILL);
+  const double killed = now_unix();
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  const int steps_while_away = count_events(events, "step", killed);
+  EXPECT_GT(steps_while_away, 5) << "the learner stopped training while the syncer was away";
+
+  // The syncer comes back on the same port from its persisted fragments; the learner re-attaches on its own.
+  const int syncer2 = start_syncer(cfg, address, run, run / "addr2", "syncer2.log");
+  const double restarted = now_unix();
+  for (int i = 0; i < 300 && count_events(events, "applied", restarted) < 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ::kill(learner, SIGKILL);
+  ::kill(syncer2, SIGKILL);
+  EXPECT_GE(count_events(run / "events" / "syncer.jsonl", "restored"), 1);
+  ASSERT_GE(count_events(events, "applied", restarted), 4) << "the learner did not re-attach to the restarted syncer";
+  for (const auto& e : read_events(events)) {  // a restarted syncer never hands out a lower version
+    if (e["event"] == "applied" && e["t"].get<double>() > restarted) EXPECT_GT(e["version"].get<int64_t>(), version_before);
+  }
+}
+
 TEST_F(DecoupledTest, WrongSecretAndWrongLayoutAreRefusedWithTheReason) {
   const auto cfg = write_config("refuse", 3 * 2000 * 256, "secret = \"s3cret\"\n");
   const fs::path run = root_ / "refuse";
