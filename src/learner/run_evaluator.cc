@@ -14,6 +14,7 @@
 #include "train/fragment_io.h"
 #include "train/threads.h"
 #include "train/trainer.h"
+#include "transport/grpc_options.h"
 
 namespace dloco {
 
@@ -44,9 +45,7 @@ int run_evaluator(const Config& config, const LearnerOptions& options) {
     if (!snap) continue;
     std::vector<int64_t> versions;
     for (const auto& f : snap->fragments()) {
-      std::vector<float> theta(f.data().size() / 4);
-      std::memcpy(theta.data(), f.data().data(), f.data().size());
-      scatter_parameters(params, layout, f.fragment(), theta);
+      scatter_parameters(params, layout, f.fragment(), fragment_values(f));
       versions.push_back(f.version());
     }
     const double loss = evaluate_loss(model, val, config.train.eval_tokens, config.train.batch_size, torch::kCPU);

@@ -19,6 +19,7 @@
 #include "train/fragment_io.h"
 #include "train/threads.h"
 #include "train/trainer.h"
+#include "transport/grpc_options.h"
 
 namespace dloco {
 
@@ -28,13 +29,6 @@ namespace {
 
 std::atomic<int> g_learner_signal{0};
 extern "C" void on_learner_signal(int sig) { g_learner_signal.store(sig); }
-
-std::vector<float> decode_fp32(const v1::Fragment& f) {
-  DLOCO_CHECK(f.dtype() == "fp32" && f.data().size() % 4 == 0);
-  std::vector<float> out(f.data().size() / 4);
-  std::memcpy(out.data(), f.data().data(), f.data().size());
-  return out;
-}
 
 std::string hostname() {
   char buf[256] = {};
@@ -79,7 +73,7 @@ int run_learner(const Config& config, const LearnerOptions& options) {
   std::vector<int64_t> version(P, 0);
   for (int p = 0; p < P; ++p) {
     const v1::Fragment f = link.fetch_fragment(p);
-    base[p] = decode_fp32(f);
+    base[p] = fragment_values(f);
     version[p] = f.version();
     scatter_parameters(params, layout, p, base[p]);
   }
@@ -173,7 +167,7 @@ int run_learner(const Config& config, const LearnerOptions& options) {
         const auto& f = in.merged().fragment();
         const int p = f.fragment();
         if (p < 0 || p >= P || f.version() <= version[p]) continue;  // stale or duplicate
-        PendingMerge m{p, f.version(), step, false, decode_fp32(f)};
+        PendingMerge m{p, f.version(), step, false, fragment_values(f)};
         auto it = answered.find(p);
         if (it != answered.end() && it->second.first == in.merged().round_step()) {
           for (int who : in.merged().participants()) m.participated |= (who == id);

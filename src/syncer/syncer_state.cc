@@ -19,7 +19,11 @@ nlohmann::json event(const char* name, nlohmann::json fields) {
 
 SyncerState::SyncerState(const Config& config, FragmentLayout layout, std::vector<std::vector<float>> theta,
                          std::function<bool(const std::string&)> is_embedding)
-    : config_(config), layout_(std::move(layout)), is_embedding_(std::move(is_embedding)) {
+    : config_(config),
+      quorum_{static_cast<int>(config.diloco.quorum), config.diloco.grace_window, config.diloco.gamma,
+              static_cast<double>(config.diloco.overlap), LeaseConfig{}},
+      layout_(std::move(layout)),
+      is_embedding_(std::move(is_embedding)) {
   config_.validate();
   if (theta.size() != layout_.fragments.size()) {
     throw InputError("syncer: " + std::to_string(theta.size()) + " fragment buffers for a layout of " +
@@ -52,8 +56,7 @@ int64_t SyncerState::tokens_trained() const {
 
 bool SyncerState::is_live(int learner, double now_s) const {
   auto it = learners_.find(learner);
-  QuorumConfig q;
-  return it != learners_.end() && dloco::is_live(it->second.state, now_s, q.lease);
+  return it != learners_.end() && dloco::is_live(it->second.state, now_s, quorum_.lease);
 }
 
 void SyncerState::on_join(int learner, double now_s) {
@@ -139,8 +142,7 @@ double SyncerState::slowest_step_s(double now_s) const {
 SyncerActions SyncerState::tick(double now_s) {
   SyncerActions actions;
   if (finished_) return actions;
-  const QuorumConfig qcfg{static_cast<int>(config_.diloco.quorum), config_.diloco.grace_window, config_.diloco.gamma,
-                          static_cast<double>(config_.diloco.overlap), {}};
+  const QuorumConfig& qcfg = quorum_;
 
   // 0) liveness transitions are logged once, with the reason.
   for (auto& [id, rec] : learners_) {
@@ -228,8 +230,7 @@ void SyncerState::open_rounds(double now_s, SyncerActions& actions) {
 }
 
 void SyncerState::advance_round(int p, Round& round, double now_s, SyncerActions& actions) {
-  const QuorumConfig qcfg{static_cast<int>(config_.diloco.quorum), config_.diloco.grace_window, config_.diloco.gamma,
-                          static_cast<double>(config_.diloco.overlap), {}};
+  const QuorumConfig& qcfg = quorum_;
   if (!round.pulling) {
     std::vector<int> participants;
     std::string reason;

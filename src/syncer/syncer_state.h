@@ -145,6 +145,7 @@ class SyncerState {
   double slowest_step_s(double now_s) const;
 
   Config config_;
+  QuorumConfig quorum_;  // K, grace window, γ, τ and lease, from config_.diloco
   FragmentLayout layout_;
   std::function<bool(const std::string&)> is_embedding_;
   std::vector<FragmentState> fragments_;

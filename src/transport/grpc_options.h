@@ -7,7 +7,11 @@
 #include <memory>
 #include <string>
 
+#include <vector>
+
 #include <grpcpp/grpcpp.h>
+
+#include "proto/dloco.pb.h"
 
 namespace dloco {
 
@@ -19,6 +23,10 @@ std::shared_ptr<grpc::Channel> make_channel(const std::string& address);
 
 /// Applies dloco's server arguments (message limits, no SO_REUSEPORT, keepalive policy) to a builder.
 void configure_server(grpc::ServerBuilder& builder);
+
+/// The fp32 values of a fragment message. Throws InputError if its dtype is not "fp32" or its payload is not a
+/// whole number of floats.
+std::vector<float> fragment_values(const v1::Fragment& fragment);
 
 /// A client context whose deadline is `timeout` from now.
 std::unique_ptr<grpc::ClientContext> context_with_deadline(std::chrono::milliseconds timeout);
