@@ -14,13 +14,15 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
 }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
-  auto rms = torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps_);  // (..., 1)
-  return x * rms * weight_;
+  // ‖x‖₂ is one fused reduction (forward and backward); the rest works on the small (..., 1) tensor.
+  const double dim = static_cast<double>(x.size(-1));
+  auto inv_rms = torch::rsqrt(x.norm(2, {-1}, /*keepdim=*/true).square() / dim + eps_);  // (..., 1)
+  return x * inv_rms * weight_;
 }
 
 namespace {
 // Rotates pairs (x1, x2) = (first half, second half) of the head dimension by the position's angle.
-// x: (B, NH, T, hs); cos, sin: (T, hs/2).
+// x: (..., T, hs); cos, sin: (T, hs/2). Returns a contiguous tensor of x's shape.
 torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
   const int64_t half = x.size(-1) / 2;
   auto x1 = x.narrow(-1, 0, half);
@@ -39,13 +41,15 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const tor
                                                const torch::Tensor& sin, const torch::Tensor& causal) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), NH = n_head_, hs = C / NH;
   auto qkv_out = qkv(x).view({B, T, 3, NH, hs}).permute({2, 0, 3, 1, 4});  // (3, B, NH, T, hs)
-  auto q = apply_rope(qkv_out[0], cos, sin);                                // (B, NH, T, hs)
-  auto k = apply_rope(qkv_out[1], cos, sin);
-  auto v = qkv_out[2];
-  auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hs)));  // (B,NH,T,T)
-  att = att.masked_fill(causal, -std::numeric_limits<float>::infinity());
+  auto qk = apply_rope(qkv_out.narrow(0, 0, 2), cos, sin);                 // (2, B, NH, T, hs), contiguous
+  auto q = qk[0].reshape({B * NH, T, hs});
+  auto k = qk[1].reshape({B * NH, T, hs});
+  auto v = qkv_out[2].reshape({B * NH, T, hs});
+  // Scores with the 1/sqrt(hs) scale and the additive causal mask (−inf above the diagonal) in one GEMM.
+  auto att = torch::baddbmm(causal, q, k.transpose(1, 2), /*beta=*/1.0,
+                            /*alpha=*/1.0 / std::sqrt(static_cast<double>(hs)));  // (B·NH, T, T)
   att = torch::softmax(att, -1);
-  auto y = torch::matmul(att, v);                          // (B, NH, T, hs)
+  auto y = torch::bmm(att, v).view({B, NH, T, hs});       // (B, NH, T, hs)
   y = y.transpose(1, 2).contiguous().view({B, T, C});      // (B, T, C)
   return proj(y);
 }
@@ -89,7 +93,8 @@ GPTImpl::GPTImpl(const ModelConfig& cfg) : cfg_(cfg) {
   auto angles = torch::outer(torch::arange(T, torch::kDouble), inv_freq).to(torch::kFloat);   // (T, hs/2)
   rope_cos_ = register_buffer("rope_cos", angles.cos());
   rope_sin_ = register_buffer("rope_sin", angles.sin());
-  causal_ = register_buffer("causal", torch::ones({T, T}, torch::kBool).triu(1));
+  causal_ = register_buffer(
+      "causal", torch::full({T, T}, -std::numeric_limits<float>::infinity()).triu(1));  // additive mask
 
   // Initialisation (GPT-2): normal(0, std); residual projections scaled by 1/sqrt(2L).
   torch::NoGradGuard no_grad;
@@ -113,9 +118,43 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
   return cfg_.tie_embeddings ? torch::matmul(x, wte->weight.t()) : lm_head(x);  // (B, T, V)
 }
 
+namespace {
+// Mean cross-entropy with a backward pass that reuses the saved log-probabilities in place:
+// grad = (exp(log p) − onehot(target)) · g / N. Same value and gradient as F::cross_entropy, but the backward
+// allocates nothing of size N·V (F::cross_entropy's nll_loss backward zero-fills an (N, V) tensor and its
+// log_softmax backward allocates another).
+struct CrossEntropy : torch::autograd::Function<CrossEntropy> {
+  // logits: (N, V) float; targets: (N) int64 in [0, V). Returns a scalar.
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& logits,
+                               const torch::Tensor& targets) {
+    auto logp = torch::log_softmax(logits, 1);  // (N, V)
+    auto loss = -logp.gather(1, targets.unsqueeze(1)).mean();
+    ctx->saved_data["logp"] = logp;  // not save_for_backward: backward consumes it in place
+    ctx->saved_data["targets"] = targets;
+    return loss;
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grad_output) {
+    auto grad = ctx->saved_data["logp"].toTensor();
+    const auto targets = ctx->saved_data["targets"].toTensor().unsqueeze(1);  // (N, 1)
+    ctx->saved_data.clear();
+    grad.exp_().scatter_add_(1, targets, torch::full({targets.size(0), 1}, -1.0, grad.options()));
+    grad.mul_(grad_output[0] / static_cast<double>(grad.size(0)));
+    return {grad, torch::Tensor()};
+  }
+};
+}  // namespace
+
+torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets) {
+  DLOCO_CHECK_EQ(logits.dim(), 2);
+  DLOCO_CHECK_EQ(targets.dim(), 1);
+  DLOCO_CHECK_EQ(logits.size(0), targets.size(0));
+  return CrossEntropy::apply(logits, targets);
+}
+
 torch::Tensor GPTImpl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
   auto logits = forward(idx);  // (B, T, V)
-  return F::cross_entropy(logits.view({-1, cfg_.vocab_size}), targets.reshape({-1}));
+  return cross_entropy(logits.view({-1, cfg_.vocab_size}), targets.reshape({-1}));
 }
 
 torch::Tensor GPTImpl::generate(torch::Tensor prompt, int64_t max_new_tokens, double temperature, int64_t top_k,

@@ -32,7 +32,7 @@ TORCH_MODULE(RMSNorm);
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit CausalSelfAttentionImpl(const ModelConfig& cfg);
-  /// x: (B, T, C); cos, sin: (T, hs/2) rotary tables; causal: (T, T) bool, true above the diagonal.
+  /// x: (B, T, C); cos, sin: (T, hs/2) rotary tables; causal: (T, T) additive mask, −inf above the diagonal and 0 elsewhere.
   /// Returns (B, T, C).
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& causal);
@@ -104,11 +104,16 @@ class GPTImpl : public torch::nn::Module {
  private:
   ModelConfig cfg_;
   torch::Tensor rope_cos_, rope_sin_;  // (T, hs/2) buffers
-  torch::Tensor causal_;               // (T, T) bool buffer, true where attention is masked
+  torch::Tensor causal_;               // (T, T) float buffer: −inf where attention is masked, else 0
 };
 TORCH_MODULE(GPT);
 
 /// Number of elements over all parameters of the module (equals gpt_parameter_count for a GPT).
 int64_t count_parameters(torch::nn::Module& module);
+
+/// Mean cross-entropy in nats of logits (N, V) against int64 targets (N); value and gradient equal
+/// torch::nn::functional::cross_entropy's, with a backward pass that allocates nothing of size N·V.
+/// Throws InvariantError on mismatched shapes.
+torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets);
 
 }  // namespace dloco

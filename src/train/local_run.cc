@@ -111,9 +111,10 @@ nlohmann::json run_local(const Config& config, const RunOptions& options) {
   InnerTrainer trainer(model, config.train, make_schedule(single), device);
 
   EventLog events(run_dir / "events.jsonl", Role::kLearner, 0);
-  std::printf("[local] run %s: %lld parameters (formula %lld), %s, device %s, threads torch %d + BLAS %d\n",
+  std::printf("[local] run %s: %lld parameters (formula %lld), %s, %s, device %s, threads torch %d + BLAS %d\n",
               config.run.name.c_str(), static_cast<long long>(count_parameters(*model)),
               static_cast<long long>(gpt_parameter_count(config.model)), blas_description().c_str(),
+              allocator_description().c_str(),
               config.run.device.c_str(), budget.torch_threads, budget.blas_threads);
 
   // 2) resume: weights, optimizer moments, data cursor and step counters

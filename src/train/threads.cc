@@ -33,4 +33,9 @@ std::string blas_description() {
   return "reference BLAS (slow: install libopenblas0-pthread, see scripts/setup.sh)";
 }
 
+std::string allocator_description() {
+  if (::dlsym(RTLD_DEFAULT, "tc_malloc") != nullptr) return "tcmalloc";
+  return "glibc malloc (slower: large tensors are page-faulted in again every step; build with DLOCO_TCMALLOC=ON)";
+}
+
 }  // namespace dloco

@@ -25,6 +25,10 @@ void apply_thread_budget(const ThreadBudget& budget);
 /// install libopenblas0-pthread)". Found by symbol lookup, so it reports what is actually loaded.
 std::string blas_description();
 
+/// Which malloc serves this process: "tcmalloc" when it was linked in (DLOCO_TCMALLOC), else a warning that
+/// glibc's malloc is slower for training. Found by symbol lookup.
+std::string allocator_description();
+
 /// Number of cores of this machine (hardware_concurrency, at least 1).
 int machine_cores();
 

@@ -89,5 +89,19 @@ TEST(GPT, InconsistentShapeIsRefused) {
   EXPECT_THROW(GPT{m}, InputError);
 }
 
+TEST(GPT, CrossEntropyMatchesLibTorchInValueAndGradient) {
+  torch::manual_seed(3);
+  auto logits = (torch::randn({37, 53}) * 4).requires_grad_(true);
+  auto reference_logits = logits.detach().clone().requires_grad_(true);
+  auto targets = torch::randint(53, {37}, torch::kLong);
+  auto loss = cross_entropy(logits, targets);
+  auto reference = torch::nn::functional::cross_entropy(reference_logits, targets);
+  (loss * 3.0).backward();
+  (reference * 3.0).backward();
+  EXPECT_NEAR(loss.item<double>(), reference.item<double>(), 1e-6);
+  EXPECT_TRUE(torch::allclose(logits.grad(), reference_logits.grad(), 1e-5, 1e-7));
+  EXPECT_GT(logits.grad().abs().max().item<double>(), 1e-3);  // the gradient is not trivially zero
+}
+
 }  // namespace
 }  // namespace dloco
