@@ -2,14 +2,14 @@
 # Installs everything dloco needs to build, test and run on Debian 12 (idempotent; needs root or sudo).
 # Packages only from Debian's registry: LibTorch (CPU), OpenBLAS (pthread build, so matmul is not ~17x slow),
 # tcmalloc (gperftools; glibc's malloc hands large tensors back to the kernel and re-faults them every step),
-# gRPC + protobuf, SentencePiece, CLI11, spdlog, toml++, nlohmann-json, GoogleTest, Google Benchmark,
+# gRPC + protobuf, Gloo (c10d's collectives for the baselines), SentencePiece, CLI11, spdlog, toml++, nlohmann-json, GoogleTest, Google Benchmark,
 # the KJV corpus (bible-kjv) and gnuplot for plots.
 set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config git
   libtorch-dev libopenblas0-pthread libopenblas-pthread-dev libgoogle-perftools-dev
-  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libgloo-dev
   libsentencepiece-dev sentencepiece
   libcli11-dev libspdlog-dev libfmt-dev libtomlplusplus-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev

@@ -19,6 +19,10 @@ void print_report(const nlohmann::json& r) {
               r["final_val_perplexity"].get<double>());
   std::printf("tokens trained         %lld in %lld steps\n", r["tokens_trained"].get<long long>(),
               r["steps"].get<long long>());
+  if (r.contains("syncs")) {
+    std::printf("syncs                  %lld (%s; rank 0 waited %.1f s in collectives)\n", r["syncs"].get<long long>(),
+                r["mode"].get<std::string>().c_str(), r.value("wait_seconds_rank0", 0.0));
+  }
   if (r.contains("merges")) {
     std::printf("merges                 %lld (learner restarts %lld)\n", r["merges"].get<long long>(),
                 r["learner_restarts"].get<long long>());
@@ -64,9 +68,10 @@ void add_train_commands(CLI::App& app) {
     } else {
       config = load_config(config_path, overrides);
     }
-    if (config.diloco.mode == "decoupled") {
+    if (config.diloco.mode != "local") {
       if (stop_after_steps > 0) throw InputError("--stop-after-steps applies to diloco.mode = \"local\" only");
-      const auto report = run_launcher(config, options.resume);
+      const auto report = is_collective_mode(config.diloco.mode) ? run_collective_launcher(config, options.resume)
+                                                                  : run_launcher(config, options.resume);
       print_report(report);
       g_exit_code = report.value("signal", 0) ? 128 + report.value("signal", 0) : 0;
     } else {
@@ -91,6 +96,18 @@ void add_train_commands(CLI::App& app) {
     SyncerOptions o{role_run_dir.empty() ? c.run_dir() : std::filesystem::path(role_run_dir), role_listen,
                     role_address_file};
     if (int rc = run_syncer(c, o); rc != 0) throw InputError("syncer exited with " + std::to_string(rc));
+  });
+  auto* worker = app.add_subcommand("worker", "Run one worker of a baseline (diloco.mode = dp, diloco, streaming)");
+  static std::string role_store;
+  worker->add_option("--config", role_config, "TOML config (the same for every rank)")->required();
+  worker->add_option("--rank", role_id, "Rank, 0 ≤ rank < M")->required();
+  worker->add_option("--store", role_store, "Gloo rendezvous file (c10d FileStore), the same for every rank")->required();
+  worker->add_option("--run-dir", role_run_dir, "Run folder (default: run.out_dir/run.name)");
+  worker->add_option("--set", role_overrides, "Override a config field (repeatable)");
+  worker->callback([] {
+    const Config c = load_config(role_config, role_overrides);
+    WorkerOptions o{role_run_dir.empty() ? c.run_dir() : std::filesystem::path(role_run_dir), role_id, role_store};
+    if (int rc = run_worker(c, o); rc != 0) throw InputError("worker exited with " + std::to_string(rc));
   });
   for (const char* name : {"learner", "evaluator"}) {
     const bool is_learner = std::string(name) == "learner";

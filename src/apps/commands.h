@@ -12,6 +12,8 @@ void add_data_commands(CLI::App& app);
 void add_train_commands(CLI::App& app);
 /// Exit status the last `dloco train` asks for (128 + signal after SIGINT/SIGTERM, else 0).
 int train_exit_code();
+/// `dloco compare`: modes/variants × seeds at equal tokens, side by side (table, JSON, loss curves).
+void add_compare_command(CLI::App& app);
 /// `dloco sim goodput|bandwidth|...` (src/sim).
 void add_sim_commands(CLI::App& app);
 

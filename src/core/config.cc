@@ -2,6 +2,7 @@
 // added in one place and can never be parsed but not saved (or the reverse).
 #include "core/config.h"
 
+#include <cmath>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -63,6 +64,7 @@ void for_each_field(C& c, F&& f) {
   f("diloco", "stale_policy", c.diloco.stale_policy);
   f("diloco", "anchor_versions", c.diloco.anchor_versions);
   f("diloco", "wire_dtype", c.diloco.wire_dtype);
+  f("diloco", "blocking", c.diloco.blocking);
   f("run", "name", c.run.name);
   f("run", "out_dir", c.run.out_dir);
   f("run", "seed", c.run.seed);
@@ -72,6 +74,8 @@ void for_each_field(C& c, F&& f) {
   f("run", "syncer_address", c.run.syncer_address);
   f("run", "restart_delay_s", c.run.restart_delay_s);
   f("run", "report_interval_s", c.run.report_interval_s);
+  f("run", "slowdown", c.run.slowdown);
+  f("run", "collective_timeout_s", c.run.collective_timeout_s);
 }
 
 std::string where(const std::string& source, const toml::node& node) {
@@ -240,8 +244,8 @@ void Config::validate() const {
   require(t.eval_interval >= 0 && t.eval_tokens >= 0 && t.checkpoint_interval >= 0 && t.log_interval >= 1,
           "train.eval_interval/eval_tokens/checkpoint_interval/log_interval", "must be ≥ 0 (log_interval ≥ 1)");
   const auto& d = diloco;
-  require(d.mode == "local" || d.mode == "decoupled", "diloco.mode",
-          "must be \"local\" or \"decoupled\" (got \"" + d.mode + "\")");
+  require(d.mode == "local" || d.mode == "decoupled" || is_collective_mode(d.mode), "diloco.mode",
+          "must be \"local\", \"decoupled\", \"dp\", \"diloco\" or \"streaming\" (got \"" + d.mode + "\")");
   require(d.learners >= 1, "diloco.learners", "(M) must be ≥ 1");
   require(d.inner_steps >= 1 && d.fragments >= 1 && d.inner_steps % d.fragments == 0, "diloco.inner_steps",
           "(H = " + std::to_string(d.inner_steps) + ") must be a positive multiple of diloco.fragments (P = " +
@@ -265,6 +269,38 @@ void Config::validate() const {
           "run.name", "must be a folder name (not empty, '.', '..' or containing '/')");
   require(run.threads >= 0, "run.threads", "must be ≥ 0 (0 = all cores)");
   require(run.report_interval_s > 0, "run.report_interval_s", "must be > 0");
+  require(run.collective_timeout_s > 0, "run.collective_timeout_s", "must be > 0");
+  for (int id = 0; id < d.learners; ++id) (void)slowdown_factor(run, id, d.learners);  // throws on a bad list
+}
+
+bool is_collective_mode(const std::string& mode) {
+  return mode == "dp" || mode == "diloco" || mode == "streaming";
+}
+
+double slowdown_factor(const RunSettings& run, int id, int64_t learners) {
+  double factor = 1.0;
+  std::stringstream list(run.slowdown);
+  std::string entry;
+  while (std::getline(list, entry, ',')) {
+    if (entry.find_first_not_of(" \t") == std::string::npos) continue;
+    const auto colon = entry.find(':');
+    size_t used_id = 0, used_factor = 0;
+    long long who = -1;
+    double f = 0;
+    try {
+      if (colon == std::string::npos) throw std::invalid_argument("no colon");
+      who = std::stoll(entry.substr(0, colon), &used_id);
+      f = std::stod(entry.substr(colon + 1), &used_factor);
+    } catch (const std::exception&) {
+      throw InputError("run.slowdown: entry '" + entry + "' must look like ID:FACTOR (e.g. \"3:1.18\")");
+    }
+    require(who >= 0 && who < learners, "run.slowdown",
+            "names learner " + std::to_string(who) + ", outside [0, M = " + std::to_string(learners) + ")");
+    require(f >= 1.0 && std::isfinite(f), "run.slowdown", "factor of learner " + std::to_string(who) +
+                                                            " must be ≥ 1 (got " + entry.substr(colon + 1) + ")");
+    if (who == id) factor = f;
+  }
+  return factor;
 }
 
 Config parse_config(const std::string& toml_text, const std::vector<std::string>& overrides,
@@ -293,6 +329,17 @@ Config parse_config(const std::string& toml_text, const std::vector<std::string>
     const auto& src = e.source();
     throw InputError((src.path ? *src.path : source_name) + ":" + std::to_string(src.begin.line) +
                      ": TOML syntax error: " + std::string(e.description()));
+  }
+  // The baselines' fixed settings (spec §11): DiLoCo syncs the whole model at once without overlap; every
+  // baseline waits for all M workers.
+  if (c.diloco.mode == "diloco") {
+    c.diloco.fragments = 1;
+    c.diloco.overlap = 0;
+  }
+  if (is_collective_mode(c.diloco.mode)) {
+    c.diloco.quorum = c.diloco.learners;
+    c.diloco.grace_window = false;
+    c.diloco.merge = "mean";
   }
   c.validate();
   return c;

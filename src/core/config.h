@@ -77,7 +77,13 @@ struct TrainConfig {
 
 /// Decoupled DiLoCo's outer loop, spec §2–§8.
 struct DilocoConfig {
-  std::string mode = "decoupled";  // "local" (one process, no syncer) | "decoupled"
+  // "local": one process, no syncer. "decoupled": the spine (syncer + M learners that never wait).
+  // Baselines (spec §11), M worker processes over c10d/Gloo that all wait for each other:
+  // "dp": gradients all-reduced every step; "diloco": H inner steps, then a blocking all-reduce of the whole
+  // model's outer gradients (P = 1 and τ = 0 are forced); "streaming": P fragments on the staggered schedule,
+  // all-reduce started at u and awaited at u + τ. The baselines set quorum = M, grace_window = false and
+  // merge = "mean" when the config is parsed (every worker joins every sync; RDA is decoupled-only).
+  std::string mode = "decoupled";
   int64_t learners = 4;            // M
   int64_t inner_steps = 24;        // H: steps between two syncs of the same fragment
   int64_t fragments = 24;          // P: parameter fragments (H must be a multiple of P)
@@ -94,6 +100,8 @@ struct DilocoConfig {
   std::string stale_policy = "reanchor";  // "reanchor" | "skip"
   int64_t anchor_versions = 2;     // versions of each fragment the syncer keeps for re-anchoring
   std::string wire_dtype = "fp32"; // outer gradients on the wire: "fp32" | "bf16"
+  bool blocking = false;           // decoupled only: learners wait at each due step for the pull and at s + τ for
+                                   // the merge (a synchronous configuration, for equivalence tests and ablations)
 };
 
 /// Process and run settings.
@@ -107,7 +115,17 @@ struct RunSettings {
   std::string syncer_address = "127.0.0.1:0";  // syncer listen address; port 0 = pick a free one
   double restart_delay_s = 2.0;    // the launcher restarts a learner that died after this delay; < 0 = never
   double report_interval_s = 5.0;  // seconds between the launcher's console rows
+  std::string slowdown = "";       // heterogeneous learners: "ID:FACTOR,…", e.g. "3:1.18" makes learner/worker 3
+                                   // sleep 0.18× its step time after every step (emulates slower hardware)
+  double collective_timeout_s = 120;  // baselines: deadline of the Gloo rendezvous and of every collective, s
 };
+
+/// The slowdown factor of learner `id` from run.slowdown (1 when not listed). Throws InputError on a malformed
+/// list (names the entry), a factor < 1, or an id outside [0, M).
+double slowdown_factor(const RunSettings& run, int id, int64_t learners);
+
+/// True for the modes whose workers synchronise through collectives (dp, diloco, streaming).
+bool is_collective_mode(const std::string& mode);
 
 /// A whole run's configuration.
 struct Config {

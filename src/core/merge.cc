@@ -200,4 +200,27 @@ void nesterov_outer_step(std::span<float> theta, std::span<float> v, std::span<c
   }
 }
 
+void weighted_sum_contribution(std::span<const float> delta, double weight, std::span<float> buffer) {
+  if (buffer.size() != delta.size() + 1) {
+    throw InputError("weighted_sum_contribution: buffer has " + std::to_string(buffer.size()) + " elements, needs " +
+                     std::to_string(delta.size() + 1));
+  }
+  if (!(weight >= 0) || !std::isfinite(weight)) {
+    throw InputError("weighted_sum_contribution: weight must be finite and ≥ 0 (got " + std::to_string(weight) + ")");
+  }
+  for (size_t i = 0; i < delta.size(); ++i) buffer[i] = static_cast<float>(weight * delta[i]);
+  buffer[delta.size()] = static_cast<float>(weight);
+}
+
+bool mean_from_weighted_sums(std::span<const float> buffer, std::span<float> out) {
+  if (buffer.empty() || out.size() != buffer.size() - 1) {
+    throw InputError("mean_from_weighted_sums: out has " + std::to_string(out.size()) + " elements, buffer " +
+                     std::to_string(buffer.size()));
+  }
+  const double total = buffer[out.size()];
+  if (!(total > 0)) return false;
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(buffer[i] / total);
+  return true;
+}
+
 }  // namespace dloco

@@ -58,6 +58,19 @@ void merge_fragment(const FragmentLayout& layout, int p, const std::vector<std::
                     std::span<const double> weights, MergeRule rule,
                     const std::function<bool(const std::string& tensor_name)>& is_embedding, std::span<float> out);
 
+/// The all-reduce form of the weighted mean, used by the baselines (spec §11): each worker m writes
+///   buffer = [w_m·Δ_m (n values), w_m]
+/// and the element-wise sum of the M buffers, given to mean_from_weighted_sums(), is Σ w_m·Δ_m / Σ w_m: the same
+/// outer gradient as weighted_mean() over the M inputs, but computed without any worker seeing another's Δ.
+/// delta: n elements; buffer: n + 1 elements. Throws InputError on a size mismatch or a negative or non-finite
+/// weight.
+void weighted_sum_contribution(std::span<const float> delta, double weight, std::span<float> buffer);
+
+/// out = buffer[0..n) / buffer[n] (see weighted_sum_contribution). Returns false and leaves out untouched when the
+/// summed weight buffer[n] is 0 (no worker trained on the fragment: nothing to merge). out: n = buffer.size() − 1
+/// elements (InputError otherwise).
+bool mean_from_weighted_sums(std::span<const float> buffer, std::span<float> out);
+
 /// Outer gradient of one learner (spec §4 step 4): delta = global − local (Θ_p − θ_{m,p}), elementwise.
 /// Sign convention: the outer step subtracts η·Δ, so a learner that moved θ toward a target moves Θ toward it.
 /// All three spans have the same size n (InputError otherwise); delta may alias either input.

@@ -39,6 +39,24 @@ int run_learner(const Config& config, const LearnerOptions& options);
 /// steps at low priority and reports them to the syncer, until the run is finished.
 int run_evaluator(const Config& config, const LearnerOptions& options);
 
+struct WorkerOptions {
+  std::filesystem::path run_dir;     // events/worker_<rank>.jsonl; rank 0 also status.json and checkpoints
+  int rank = 0;                      // 0 ≤ rank < M
+  std::filesystem::path store_file;  // c10d FileStore rendezvous file, the same for every rank of the group
+  std::string hostname = "127.0.0.1";  // address Gloo binds (loopback on one machine)
+};
+
+/// Runs one worker of a baseline (diloco.mode = "dp", "diloco" or "streaming"; spec §11): joins the Gloo group
+/// (deadline run.collective_timeout_s), trains its share of the token budget in lock-step with the others and
+/// returns 0. Throws InputError on bad set-up, CollectiveError when a peer dies or a collective passes its
+/// deadline (synchronous training cannot go on without every worker).
+int run_worker(const Config& config, const WorkerOptions& options);
+
+/// `dloco train` for the baselines: starts M workers as child processes on this machine, shows progress from
+/// rank 0's status file, stops every worker when one fails (what synchronous training does), and ends with the
+/// same report as the decoupled launcher (console and run_dir/report.json).
+nlohmann::json run_collective_launcher(const Config& config, bool resume);
+
 /// `dloco train` for diloco.mode = "decoupled": starts the syncer, the evaluator and M learners as child
 /// processes on this machine, shows progress, restarts learners that die (after run.restart_delay_s), and ends
 /// with the report (console and run_dir/report.json). SIGTERM/SIGINT stop every child cleanly.

@@ -12,6 +12,7 @@
 #include "core/bf16.h"
 #include "core/decisions.h"
 #include "core/events.h"
+#include "core/fragments.h"
 #include "data/stream.h"
 #include "launcher/roles.h"
 #include "learner/link.h"
@@ -99,8 +100,10 @@ int run_learner(const Config& config, const LearnerOptions& options) {
   std::vector<int64_t> steps_since(P, 0), tokens_since(P, 0);
   std::map<int, std::pair<int64_t, int64_t>> answered;  // fragment -> (round, captured step)
   std::vector<PendingMerge> pending;
+  std::map<int, int64_t> awaiting_merge;  // blocking mode: fragment -> step by which its merge must be applied
   const int64_t tokens_per_step = config.train.tokens_per_step(config.model);
   const bool bf16_wire = config.diloco.wire_dtype == "bf16";
+  const double slowdown = slowdown_factor(config.run, id, config.diloco.learners);
   Ema step_time(0.9), loss_ema(0.9);
   double boundary_s_max = 0;
   int64_t lost_steps = 0;
@@ -162,6 +165,7 @@ int run_learner(const Config& config, const LearnerOptions& options) {
           }
         }
         answered[p] = {in.pull().round_step(), step};
+        if (config.diloco.blocking) awaiting_merge[p] = step + config.diloco.overlap;
         link.post(std::move(msg));
       } else if (in.has_merged()) {
         const auto& f = in.merged().fragment();
@@ -182,6 +186,7 @@ int run_learner(const Config& config, const LearnerOptions& options) {
         continue;
       }
       const int p = it->fragment;
+      if (it->participated) awaiting_merge.erase(p);
       if (it->version > version[p]) {
         if (!it->participated && steps_since[p] > 0) {
           lost_steps += steps_since[p];
@@ -204,6 +209,32 @@ int run_learner(const Config& config, const LearnerOptions& options) {
         events.emit("applied", {{"step", step}, {"fragment", p}, {"version", version[p]}});
       }
       it = pending.erase(it);
+    }
+  };
+
+  // diloco.blocking (a synchronous configuration): wait at a due step u until the pull for u is answered, and at
+  // s + τ until the merge of that round is applied. Deadline: run.collective_timeout_s.
+  auto wait_for_sync = [&] {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(config.run.collective_timeout_s);
+    auto blocked = [&] {
+      for (int p = 0; p < P; ++p) {
+        if (fragment_due(p, step, static_cast<int>(config.diloco.inner_steps), P) &&
+            (answered.count(p) == 0 || answered[p].first != step)) {
+          return true;  // the pull for this round has not arrived yet
+        }
+      }
+      for (const auto& [p, apply_at] : awaiting_merge) {
+        if (apply_at <= step) return true;  // its merge has not been applied yet
+      }
+      return false;
+    };
+    while (blocked() && !stop && g_learner_signal.load() == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        throw InputError("blocking sync: no pull or merge for step " + std::to_string(step) + " within " +
+                         std::to_string(config.run.collective_timeout_s) + " s (run.collective_timeout_s)");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      step_boundary();
     }
   };
 
@@ -230,8 +261,12 @@ int run_learner(const Config& config, const LearnerOptions& options) {
     }
     step_time.update(std::chrono::duration<double>(t1 - t0).count());
     if (std::isfinite(r.loss)) loss_ema.update(r.loss);
+    if (slowdown > 1.0) {  // heterogeneous hardware (run.slowdown): this learner is `slowdown` times slower
+      std::this_thread::sleep_for((slowdown - 1.0) * (t1 - t0));
+    }
     send_metadata();  // 4)
     step_boundary();  // 5), 6)
+    if (config.diloco.blocking) wait_for_sync();
     const double boundary_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
     boundary_s_max = std::max(boundary_s_max, boundary_s);
     events.emit("step", {{"step", step}, {"loss", r.loss}, {"step_s", std::chrono::duration<double>(t1 - t0).count()},

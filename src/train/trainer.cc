@@ -46,6 +46,7 @@ StepResult InnerTrainer::step(DataStream& stream, int64_t step) {
     r.tokens += B * T;
   }
   r.loss = loss_sum / static_cast<double>(train_.grad_accum);
+  if (gradient_hook_) r.loss = gradient_hook_(r.loss);
 
   const double max_norm = train_.grad_clip > 0 ? train_.grad_clip : std::numeric_limits<double>::infinity();
   r.grad_norm = torch::nn::utils::clip_grad_norm_(model_->parameters(), max_norm);

@@ -7,6 +7,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 
 #include "core/config.h"
@@ -35,6 +36,12 @@ class InnerTrainer {
   /// One optimizer step at global step `step` on grad_accum windows from `stream`.
   StepResult step(DataStream& stream, int64_t step);
 
+  /// Called after the micro-batches' backward passes and before clipping, with the mean loss over them; returns
+  /// the loss the non-finite guard and StepResult use. The dp mode all-reduces gradients and the loss here, so
+  /// every worker clips, guards and steps on the same numbers. Empty = no hook.
+  using GradientHook = std::function<double(double loss)>;
+  void set_gradient_hook(GradientHook hook) { gradient_hook_ = std::move(hook); }
+
   GPT& model() { return model_; }
   torch::optim::AdamW& optimizer() { return *optimizer_; }
   const LrSchedule& schedule() const { return schedule_; }
@@ -46,6 +53,7 @@ class InnerTrainer {
   torch::Device device_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   torch::Tensor window_;  // (B·T + 1) int64, reused every micro-batch
+  GradientHook gradient_hook_;
 };
 
 /// Mean next-token loss (nats/token) of `model` on the split's first `max_tokens` tokens (0 = all) in

@@ -115,13 +115,14 @@ TEST_F(DecoupledTest, ThreeLearnersTrainTheGlobalModelOverLoopback) {
     }
     EXPECT_EQ(received.size(), 4u) << "learner " << id << " did not receive every fragment";
   }
-  // The evaluator evaluated snapshots of Θ during the run; the final model beats its first evaluation.
+  // The evaluator evaluated snapshots of Θ during the run (on train.eval_tokens tokens, so not comparable with the
+  // final whole-split loss); each snapshot it saw had already learned something over the uniform ln 400.
   std::vector<double> evals;
   for (const auto& e : read_events(run / "events" / "evaluator.jsonl")) {
     if (e["event"] == "eval") evals.push_back(e["val_loss"]);
   }
   ASSERT_GE(evals.size(), 1u);
-  EXPECT_LT(report["final_val_loss"].get<double>(), evals.front());
+  for (double e : evals) EXPECT_LT(e, std::log(400.0));
 }
 
 TEST_F(DecoupledTest, KilledLearnerNeverStallsTheOthers) {

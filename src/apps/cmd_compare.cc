@@ -1,0 +1,260 @@
+// `dloco compare`: runs variants (training modes, or any config overrides) × seeds of one config at equal total
+// tokens, one `dloco train` child process after another, and writes a side-by-side report (spec
+// decoupled-diloco.md §11; the baselines issue): compare.md (table), compare.json (every run's report and resolved
+// config) and loss-vs-tokens curves of every variant on one plot.
+#include <sys/wait.h>
+
+#include <chrono>
+#include <csignal>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "apps/commands.h"
+#include "core/atomic_file.h"
+#include "core/check.h"
+#include "core/config.h"
+#include "sim/report.h"
+
+namespace dloco::apps {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Variant {
+  std::string name;
+  std::vector<std::string> overrides;  // section.key=value
+};
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, sep)) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+// "NAME:section.key=value;section.key=value"
+Variant parse_variant(const std::string& text) {
+  const auto colon = text.find(':');
+  if (colon == std::string::npos || colon == 0) {
+    throw InputError("--variant '" + text + "' must look like NAME:section.key=value;section.key=value");
+  }
+  Variant v{text.substr(0, colon), split(text.substr(colon + 1), ';')};
+  if (v.name.find('/') != std::string::npos) throw InputError("--variant name '" + v.name + "' must not contain '/'");
+  return v;
+}
+
+std::vector<nlohmann::json> read_events(const fs::path& path, const std::string& event) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.find("\"" + event + "\"") == std::string::npos) continue;
+    try {
+      auto j = nlohmann::json::parse(line);
+      if (j.value("event", "") == event) out.push_back(std::move(j));
+    } catch (const nlohmann::json::exception&) {
+    }
+  }
+  return out;
+}
+
+// The run's in-training evaluations as (tokens, val loss); tokens ≈ global step · M · B·T.
+std::vector<std::pair<double, double>> eval_curve(const fs::path& run_dir, const Config& c) {
+  const double tokens_per_global_step = static_cast<double>(c.train.tokens_per_step(c.model) * c.diloco.learners);
+  std::vector<std::pair<double, double>> curve;
+  if (c.diloco.mode == "decoupled") {
+    for (const auto& e : read_events(run_dir / "events" / "evaluator.jsonl", "eval")) {
+      curve.emplace_back(e.value("global_step", 0) * tokens_per_global_step, e.value("val_loss", NAN));
+    }
+  } else if (is_collective_mode(c.diloco.mode)) {
+    for (const auto& e : read_events(run_dir / "events" / "worker_0.jsonl", "eval")) {
+      curve.emplace_back(e.value("step", 0) * tokens_per_global_step, e.value("val_loss", NAN));
+    }
+  } else {
+    for (const auto& e : read_events(run_dir / "events.jsonl", "eval")) {
+      curve.emplace_back(e.value("tokens", 0.0), e.value("val_loss", NAN));
+    }
+  }
+  return curve;
+}
+
+double mean_sent_per_learner(const nlohmann::json& report) {
+  double sum = 0;
+  int n = 0;
+  const nlohmann::json bytes = report.value("bytes", nlohmann::json::object());  // a named copy: items() refers to it
+  for (const auto& [role, b] : bytes.items()) {
+    if (role.rfind("learner_", 0) == 0 || role.rfind("worker_", 0) == 0) {
+      sum += b.value("sent", 0.0);
+      ++n;
+    }
+  }
+  return n ? sum / n : 0;
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), f, v);
+  return buf;
+}
+
+}  // namespace
+
+void add_compare_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("compare", "Run training modes (or other variants) × seeds at equal tokens and "
+                                            "report them side by side");
+  static std::string config_path, name = "compare", modes_text, seeds_text = "1", plot_path;
+  static std::vector<std::string> variant_texts, overrides;
+  cmd->add_option("--config", config_path, "TOML config every run starts from (e.g. configs/demo.toml)")->required();
+  cmd->add_option("--modes", modes_text, "Comma-separated modes, each a variant named after it: dp,diloco,streaming,decoupled");
+  cmd->add_option("--variant", variant_texts,
+                  "A variant NAME:section.key=value;section.key=value (repeatable), e.g. "
+                  "\"mean-0.5:diloco.merge=mean;diloco.outer_lr=0.5\"");
+  cmd->add_option("--seeds", seeds_text, "Comma-separated run.seed values; each variant runs once per seed")
+      ->capture_default_str();
+  cmd->add_option("--set", overrides, "Override a field in every run (repeatable)");
+  cmd->add_option("--name", name, "Comparison folder under run.out_dir")->capture_default_str();
+  cmd->add_option("--plot", plot_path, "Loss-vs-tokens plot (.png or .svg); default <folder>/loss.png");
+  cmd->callback([] {
+    std::vector<Variant> variants;
+    for (const auto& m : split(modes_text, ',')) variants.push_back({m, {"diloco.mode=" + m}});
+    for (const auto& v : variant_texts) variants.push_back(parse_variant(v));
+    if (variants.empty()) throw InputError("give --modes and/or --variant: nothing to compare");
+    std::vector<uint64_t> seeds;
+    for (const auto& s : split(seeds_text, ',')) {
+      try {
+        seeds.push_back(std::stoull(s));
+      } catch (const std::exception&) {
+        throw InputError("--seeds: '" + s + "' is not a non-negative integer");
+      }
+    }
+    if (seeds.empty()) throw InputError("--seeds is empty");
+    // Resolve every config up front, so a typo fails before hours of training.
+    const Config base = load_config(config_path, overrides);
+    const fs::path dir = fs::path(base.run.out_dir) / name;
+    if (fs::exists(dir / "compare.json")) {
+      throw InputError("'" + dir.string() + "' already holds a comparison: pick another --name");
+    }
+    fs::create_directories(dir / "configs");
+    struct Run {
+      std::string variant;
+      uint64_t seed;
+      Config config;
+      nlohmann::json report;
+    };
+    std::vector<Run> runs;
+    for (const auto& v : variants) {
+      for (uint64_t seed : seeds) {
+        std::vector<std::string> all = overrides;
+        all.insert(all.end(), v.overrides.begin(), v.overrides.end());
+        all.push_back("run.seed=" + std::to_string(seed));
+        all.push_back("run.name=" + v.name + "-s" + std::to_string(seed));
+        all.push_back("run.out_dir=\"" + dir.string() + "\"");
+        Config c = load_config(config_path, all);
+        if (c.train.total_tokens != base.train.total_tokens) {
+          throw InputError("variant " + v.name + " changes train.total_tokens: runs must compare at equal tokens");
+        }
+        runs.push_back({v.name, seed, c, nullptr});
+      }
+    }
+    std::printf("[compare] %zu runs (%zu variants × %zu seeds) at %lld tokens each; folder %s\n", runs.size(),
+                variants.size(), seeds.size(), static_cast<long long>(base.train.total_tokens), dir.c_str());
+    std::fflush(stdout);
+    const fs::path self = fs::read_symlink("/proc/self/exe");
+    for (auto& r : runs) {
+      const fs::path cfg = dir / "configs" / (r.config.run.name + ".toml");
+      write_file_atomically(cfg, to_toml(r.config));
+      const fs::path log = dir / (r.config.run.name + ".log");
+      std::printf("[compare] %s (seed %llu): training, log %s\n", r.variant.c_str(),
+                  static_cast<unsigned long long>(r.seed), log.c_str());
+      std::fflush(stdout);
+      const auto t0 = std::chrono::steady_clock::now();
+      const std::string command = "'" + self.string() + "' train --config '" + cfg.string() + "' > '" + log.string() + "' 2>&1";
+      const int rc = std::system(command.c_str());
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const fs::path report_file = r.config.run_dir() / "report.json";
+      if (rc == 0 && fs::exists(report_file)) {
+        r.report = nlohmann::json::parse(std::ifstream(report_file));
+        std::printf("[compare] %s (seed %llu): val loss %.4f in %.0f s\n", r.variant.c_str(),
+                    static_cast<unsigned long long>(r.seed), r.report.value("final_val_loss", NAN), secs);
+      } else {
+        std::printf("[compare] %s (seed %llu): FAILED (exit %d), see %s\n", r.variant.c_str(),
+                    static_cast<unsigned long long>(r.seed), WIFEXITED(rc) ? WEXITSTATUS(rc) : rc, log.c_str());
+        if (WIFSIGNALED(rc) && (WTERMSIG(rc) == SIGINT || WTERMSIG(rc) == SIGTERM)) break;
+      }
+      std::fflush(stdout);
+    }
+
+    // The table: one row per variant, means over its seeds (each seed's loss in brackets).
+    std::ostringstream md;
+    md << "# dloco compare: " << name << "\n\nConfig `" << config_path << "`, " << base.train.total_tokens
+       << " tokens per run, M = " << base.diloco.learners << ", seeds " << seeds_text << ".\n\n"
+       << "| variant | final val loss (nats/token) | perplexity | wall s | tokens/s | MB sent per learner | syncs |\n"
+       << "|---|---|---|---|---|---|---|\n";
+    nlohmann::json out = {{"config", config_path}, {"total_tokens", base.train.total_tokens}, {"runs", nlohmann::json::array()}};
+    std::vector<sim::PlotSeries> series;
+    for (const auto& v : variants) {
+      double loss = 0, ppl = 0, wall = 0, tps = 0, mb = 0, syncs = 0;
+      int ok = 0;
+      std::string per_seed;
+      for (const auto& r : runs) {
+        if (r.variant != v.name) continue;
+        out["runs"].push_back({{"variant", r.variant}, {"seed", r.seed}, {"report", r.report}, {"config", to_json(r.config)}});
+        if (r.report.is_null()) {
+          per_seed += std::string(per_seed.empty() ? "" : ", ") + "failed";
+          continue;
+        }
+        ++ok;
+        loss += r.report.value("final_val_loss", NAN);
+        ppl += r.report.value("final_val_perplexity", NAN);
+        wall += r.report.value("wall_seconds", NAN);
+        tps += r.report.value("tokens_per_second", NAN);
+        mb += mean_sent_per_learner(r.report) / 1e6;
+        syncs += r.report.contains("merges") ? r.report.value("merges", 0.0) : r.report.value("syncs", 0.0);
+        per_seed += std::string(per_seed.empty() ? "" : ", ") + fmt("%.4f", r.report.value("final_val_loss", NAN));
+        const auto curve = eval_curve(r.config.run_dir(), r.config);
+        if (!curve.empty()) {
+          sim::PlotSeries s{r.variant + " s" + std::to_string(r.seed), {}, {}};
+          for (const auto& [x, y] : curve) {
+            s.x.push_back(x);
+            s.y.push_back(y);
+          }
+          series.push_back(std::move(s));
+        }
+      }
+      if (ok == 0) {
+        md << "| " << v.name << " | failed (" << per_seed << ") | | | | | |\n";
+        continue;
+      }
+      md << "| " << v.name << " | " << fmt("%.4f", loss / ok) << " (" << per_seed << ") | " << fmt("%.1f", ppl / ok)
+         << " | " << fmt("%.0f", wall / ok) << " | " << fmt("%.0f", tps / ok) << " | " << fmt("%.1f", mb / ok)
+         << " | " << fmt("%.0f", syncs / ok) << " |\n";
+    }
+    md << "\nSyncs: merges of fragments (decoupled), outer all-reduces (diloco, streaming) or gradient all-reduces "
+          "(dp). Bytes: decoupled counts gRPC payload both ways; the baselines count a ring all-reduce's "
+          "2·(M−1)/M·size per worker. Curves: in-training evaluations on train.eval_tokens validation tokens; "
+          "the table's loss is on the whole validation split.\n";
+    write_file_atomically(dir / "compare.md", md.str());
+    write_file_atomically(dir / "compare.json", out.dump(2) + "\n");
+    std::printf("\n%s", md.str().c_str());
+    const fs::path plot_file = plot_path.empty() ? dir / "loss.png" : fs::path(plot_path);
+    if (!series.empty()) {
+      try {
+        sim::plot(series, "validation loss vs tokens", "tokens (all learners)", "validation loss (nats/token)", false,
+                  plot_file);
+        std::printf("plot: %s\n", plot_file.c_str());
+      } catch (const InputError& e) {
+        std::printf("no plot: %s\n", e.what());
+      }
+    }
+    std::printf("report: %s and %s\n", (dir / "compare.md").c_str(), (dir / "compare.json").c_str());
+  });
+}
+
+}  // namespace dloco::apps

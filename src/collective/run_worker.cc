@@ -1,0 +1,312 @@
+// A worker of the synchronous baselines (spec decoupled-diloco.md §11), one process per rank, all ranks in one
+// Gloo group (collective/process_group.h):
+//   dp         every step: all-reduce the gradients (and the loss), then clip, guard and AdamW on every rank
+//   diloco     H inner steps, then a blocking all-reduce of the whole model's outer gradients (P = 1, τ = 0)
+//   streaming  fragment p's outer gradient is all-reduced from its due step u (u mod H = S_p) and applied at u + τ
+// The outer step is the decoupled syncer's, replicated on every rank: Δ_p = Σ w_m·(Θ_p − θ_{m,p}) / Σ w_m (weights
+// "uniform": 1 if the worker trained on p since it last received it, "tokens": tokens²/steps), then Nesterov
+// (core/merge.h), then θ_p ← α·θ_p + (1 − α)·Θ_p. A run that spends its budget flushes every fragment once more,
+// like the syncer's final flush, so a synchronously configured decoupled run and these modes match step for step.
+// Rank 0 evaluates the model that matters (dp: the parameters; diloco/streaming: Θ), writes the status file the
+// launcher reads and the checkpoints. Every rank writes events/worker_<rank>.jsonl.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <deque>
+#include <thread>
+
+#include "collective/dp.h"
+#include "collective/process_group.h"
+#include "core/atomic_file.h"
+#include "core/events.h"
+#include "core/fragments.h"
+#include "core/merge.h"
+#include "data/stream.h"
+#include "data/tokenizer.h"
+#include "launcher/roles.h"
+#include "train/checkpoint.h"
+#include "train/fragment_io.h"
+#include "train/threads.h"
+#include "train/trainer.h"
+
+namespace dloco {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::atomic<int> g_worker_signal{0};
+extern "C" void on_worker_signal(int sig) { g_worker_signal.store(sig); }
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// All parameters flattened into one fp32 tensor, in model->parameters() order.
+torch::Tensor flatten_parameters(GPT& model, bool grads) {
+  std::vector<torch::Tensor> parts;
+  for (auto& p : model->parameters()) {
+    const auto& t = grads ? p.grad() : p;
+    parts.push_back(t.defined() ? t.detach().reshape({-1}).to(torch::kCPU) : torch::zeros({p.numel()}));
+  }
+  return torch::cat(parts);
+}
+
+// The inverse of flatten_parameters: copies `flat` back into the parameters (or their gradients), in place.
+void unflatten_into(GPT& model, const torch::Tensor& flat, bool grads) {
+  torch::NoGradGuard no_grad;
+  int64_t offset = 0;
+  for (auto& p : model->parameters()) {
+    auto slice = flat.narrow(0, offset, p.numel()).view(p.sizes());
+    if (grads) {
+      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+      p.mutable_grad().copy_(slice);
+    } else {
+      p.copy_(slice);
+    }
+    offset += p.numel();
+  }
+}
+
+}  // namespace
+
+InnerTrainer::GradientHook dp_gradient_hook(GPT model, Collective& group, double* wait_s, int64_t* syncs) {
+  return [model, &group, wait_s, syncs](double loss) mutable {
+    const auto t0 = Clock::now();
+    auto flat = torch::cat({flatten_parameters(model, /*grads=*/true), torch::full({1}, loss, torch::kFloat)});
+    group.allreduce_sum(flat);
+    flat.div_(static_cast<double>(group.world()));
+    unflatten_into(model, flat.narrow(0, 0, flat.numel() - 1), /*grads=*/true);
+    if (wait_s) *wait_s += seconds_since(t0);
+    if (syncs) ++*syncs;
+    return flat[flat.numel() - 1].item<double>();
+  };
+}
+
+namespace {
+
+// One outer sync of fragment p in flight: started at its due step, applied at apply_at.
+struct InFlight {
+  int fragment = 0;
+  int64_t round = 0;     // due step u; -1 for the final flush
+  int64_t apply_at = 0;  // step boundary at which the merged fragment is applied (u + τ)
+  torch::Tensor buffer;  // (numel + 1) fp32: Σ w_m·Δ_m, then Σ w_m
+  Collective::Pending work;
+};
+
+}  // namespace
+
+int run_worker(const Config& config, const WorkerOptions& options) {
+  const std::string& mode = config.diloco.mode;
+  if (!is_collective_mode(mode)) {
+    throw InputError("dloco worker runs the baselines (diloco.mode = dp, diloco or streaming), not \"" + mode + "\"");
+  }
+  const int M = static_cast<int>(config.diloco.learners), rank = options.rank;
+  if (rank < 0 || rank >= M) {
+    throw InputError("worker rank " + std::to_string(rank) + " is outside [0, M = " + std::to_string(M) + ")");
+  }
+  const bool outer = mode != "dp";
+  apply_thread_budget(thread_budget(static_cast<int>(config.run.threads)));
+  fs::create_directories(options.run_dir / "events");
+  EventLog events(options.run_dir / "events" / ("worker_" + std::to_string(rank) + ".jsonl"), Role::kLearner, rank);
+  const torch::Device device(config.run.device);
+  const fs::path data_dir(config.data.dir);
+  auto train_split = std::make_shared<TokenSplit>(split_shards(data_dir, "train"));
+  std::unique_ptr<TokenSplit> val_split;
+  if (rank == 0) val_split = std::make_unique<TokenSplit>(split_shards(data_dir, "val"));
+
+  // Θ0: the syncer's initialisation (same seed), made identical everywhere by a broadcast from rank 0.
+  torch::manual_seed(config.run.seed);
+  GPT model(config.model);
+  model->to(device);
+  Collective group({options.store_file, rank, M, options.hostname, config.run.collective_timeout_s});
+  {
+    auto flat = flatten_parameters(model, /*grads=*/false);
+    group.broadcast(flat, 0);
+    unflatten_into(model, flat, /*grads=*/false);
+  }
+  events.emit("joined", {{"pid", ::getpid()}, {"mode", mode}, {"world", M}});
+  std::printf("[worker %d] %s: joined the Gloo group of %d\n", rank, mode.c_str(), M);
+  std::fflush(stdout);
+
+  const FragmentLayout layout = model_layout(model, config.diloco);
+  const auto params = layout_parameters(model, layout);
+  const int P = static_cast<int>(layout.fragments.size());
+  const int H = static_cast<int>(config.diloco.inner_steps), tau = static_cast<int>(config.diloco.overlap);
+  std::vector<std::vector<float>> theta(P), momentum(P);  // the global Θ_p and v_p, replicated on every rank
+  for (int p = 0; p < P && outer; ++p) {
+    theta[p].resize(static_cast<size_t>(layout.fragments[p].numel));
+    gather_parameters(params, layout, p, theta[p]);
+    momentum[p].assign(theta[p].size(), 0.0f);
+  }
+  std::vector<int64_t> version(P, 0), steps_since(P, 0), tokens_since(P, 0);
+
+  const int64_t S = config.data.streams > 0 ? config.data.streams : M;
+  DataStream stream(train_split, rank, S, config.train.batch_size, config.model.seq_len, StreamCursor{rank, 0, 0, 0});
+  InnerTrainer trainer(model, config.train, make_schedule(config), device);
+  const int64_t tokens_per_step = config.train.tokens_per_step(config.model);
+  const int64_t budget = config.train.total_tokens / M;
+  const double slowdown = slowdown_factor(config.run, rank, M);
+  double wait_s = 0;  // time this rank spent blocked in collectives
+  int64_t syncs = 0;
+
+  if (mode == "dp") trainer.set_gradient_hook(dp_gradient_hook(model, group, &wait_s, &syncs));
+
+  std::deque<InFlight> in_flight;
+  auto start_sync = [&](int p, int64_t round, int64_t apply_at) {
+    const auto n = static_cast<size_t>(layout.fragments[p].numel);
+    std::vector<float> local(n);
+    gather_parameters(params, layout, p, local);
+    double w = config.diloco.weights == "tokens" ? token_weight(tokens_since[p], steps_since[p]) / tokens_per_step
+                                                 : (steps_since[p] > 0 ? 1.0 : 0.0);
+    outer_gradient(theta[p], local, local);  // Δ = Θ_p − θ_p, in place
+    auto buffer = torch::empty({static_cast<int64_t>(n) + 1}, torch::kFloat);
+    weighted_sum_contribution(local, w, std::span<float>(buffer.data_ptr<float>(), n + 1));  // [w·Δ, w]
+    InFlight f{p, round, apply_at, buffer, {}};
+    f.work = group.allreduce_sum_async(buffer);
+    in_flight.push_back(std::move(f));
+  };
+  auto finish_sync = [&](InFlight& f, int64_t step) {
+    const auto t0 = Clock::now();
+    f.work.wait();
+    wait_s += seconds_since(t0);
+    const int p = f.fragment;
+    const auto n = static_cast<size_t>(layout.fragments[p].numel);
+    std::vector<float> delta(n);
+    if (!mean_from_weighted_sums(std::span<const float>(f.buffer.data_ptr<float>(), n + 1), delta)) {
+      events.emit("round_skipped", {{"fragment", p}, {"round", f.round}, {"reason", "no worker trained on it"}});
+      return;
+    }
+    nesterov_outer_step(theta[p], momentum[p], delta, static_cast<float>(config.diloco.outer_lr),
+                        static_cast<float>(config.diloco.outer_momentum));
+    if (config.diloco.alpha > 0) {  // θ ← α·θ + (1 − α)·Θ
+      std::vector<float> local(n);
+      gather_parameters(params, layout, p, local);
+      for (size_t i = 0; i < n; ++i) {
+        local[i] = static_cast<float>(config.diloco.alpha * local[i] + (1 - config.diloco.alpha) * theta[p][i]);
+      }
+      scatter_parameters(params, layout, p, local);
+    } else {
+      scatter_parameters(params, layout, p, theta[p]);
+    }
+    version[p] += 1;
+    steps_since[p] = tokens_since[p] = 0;
+    ++syncs;
+    events.emit("applied", {{"step", step}, {"fragment", p}, {"round", f.round}, {"version", version[p]},
+                            {"outer_grad_norm", l2_norm(delta)}});
+  };
+
+  // Rank 0: the evaluated model (dp: the parameters; diloco/streaming: Θ), status and checkpoints.
+  GPT global_model(nullptr);
+  if (rank == 0 && outer) {
+    torch::manual_seed(config.run.seed);
+    global_model = GPT(config.model);
+    global_model->to(device);
+  }
+  auto evaluated_model = [&]() -> GPT& {
+    if (!outer) return model;
+    const auto gparams = layout_parameters(global_model, layout);
+    for (int p = 0; p < P; ++p) scatter_parameters(gparams, layout, p, theta[p]);
+    return global_model;
+  };
+  const auto started = Clock::now();
+  double last_val = NAN, loss_ema = NAN, eval_s = 0;
+  int64_t last_eval_step = -1;
+  auto manifest = [&](int64_t step) {
+    nlohmann::json m;
+    m["config"] = to_json(config);
+    m["mode"] = mode;
+    m["global_step"] = step;
+    m["fragment_versions"] = version;
+    m["tokens_trained"] = stream.cursor().tokens_served * M;
+    m["tokenizer"] = {{"path", (data_dir / "tokenizer.model").string()},
+                      {"hash", tokenizer_file_hash(data_dir / "tokenizer.model")}};
+    m["wall_seconds"] = seconds_since(started);
+    if (std::isfinite(last_val)) m["val_loss"] = last_val;
+    return m;
+  };
+  auto write_status = [&](int64_t step, bool finished) {
+    const double secs = seconds_since(started);
+    const nlohmann::json status = {
+        {"mode", mode}, {"global_step", step}, {"tokens_trained", stream.cursor().tokens_served * M},
+        {"tokens_budget", budget * M}, {"val_loss", std::isfinite(last_val) ? nlohmann::json(last_val) : nlohmann::json()},
+        {"last_eval_step", last_eval_step}, {"loss", std::isfinite(loss_ema) ? nlohmann::json(loss_ema) : nlohmann::json()},
+        {"syncs", syncs}, {"tokens_per_s", stream.cursor().tokens_served / std::max(secs, 1e-9)},
+        {"wait_s", wait_s}, {"eval_s", eval_s}, {"bytes_sent", group.bytes_sent()}, {"finished", finished}};
+    write_file_atomically(options.run_dir / "status.json", status.dump() + "\n");
+  };
+
+  std::signal(SIGTERM, on_worker_signal);
+  std::signal(SIGINT, on_worker_signal);
+  int64_t step = 0;
+  auto last_status = Clock::now();
+  while (stream.cursor().tokens_served + tokens_per_step <= budget && g_worker_signal.load() == 0) {
+    const auto t0 = Clock::now();
+    const double wait_before = wait_s;
+    const StepResult r = trainer.step(stream, step);  // dp: the all-reduce runs inside, through the hook
+    const double step_s = seconds_since(t0);
+    if (slowdown > 1.0) {  // heterogeneous hardware: this worker is `slowdown` times slower
+      std::this_thread::sleep_for(std::chrono::duration<double>((slowdown - 1.0) * (step_s - (wait_s - wait_before))));
+    }
+    ++step;
+    for (int p = 0; p < P; ++p) {
+      steps_since[p] += 1;
+      tokens_since[p] += r.tokens;
+    }
+    if (std::isfinite(r.loss)) loss_ema = std::isnan(loss_ema) ? r.loss : 0.9 * loss_ema + 0.1 * r.loss;
+    if (outer) {
+      for (int p = 0; p < P; ++p) {
+        if (fragment_due(p, step, H, P)) start_sync(p, step, step + tau);
+      }
+      while (!in_flight.empty() && in_flight.front().apply_at <= step) {
+        finish_sync(in_flight.front(), step);
+        in_flight.pop_front();
+      }
+    }
+    events.emit("step", {{"step", step}, {"loss", r.loss}, {"step_s", step_s}, {"wait_s", wait_s - wait_before},
+                         {"skipped", r.skipped}, {"tokens", stream.cursor().tokens_served}});
+    if (rank != 0) continue;
+    if (config.train.eval_interval > 0 && step % config.train.eval_interval == 0) {
+      const auto e0 = Clock::now();
+      last_val = evaluate_loss(evaluated_model(), *val_split, config.train.eval_tokens, config.train.batch_size, device);
+      eval_s += seconds_since(e0);
+      last_eval_step = step;
+      events.emit("eval", {{"step", step}, {"val_loss", last_val}, {"tokens", stream.cursor().tokens_served * M}});
+    }
+    if (config.train.checkpoint_interval > 0 && step % config.train.checkpoint_interval == 0) {
+      save_checkpoint(options.run_dir, step, evaluated_model(), nullptr, manifest(step));
+    }
+    if (seconds_since(last_status) > 0.5 || last_eval_step == step) {
+      write_status(step, false);
+      last_status = Clock::now();
+    }
+  }
+  const bool interrupted = g_worker_signal.load() != 0;
+  if (outer && !interrupted) {  // land what is in flight, then the final flush of every fragment trained on
+    while (!in_flight.empty()) {
+      finish_sync(in_flight.front(), step);
+      in_flight.pop_front();
+    }
+    for (int p = 0; p < P; ++p) {
+      if (steps_since[p] == 0) continue;  // lock-step: the same on every rank
+      start_sync(p, -1, step);
+      finish_sync(in_flight.back(), step);
+      in_flight.pop_back();
+    }
+  }
+  events.emit("stopped", {{"step", step}, {"signal", g_worker_signal.load()}, {"syncs", syncs}, {"wait_s", wait_s},
+                          {"bytes_sent", group.bytes_sent()}, {"versions", version}});
+  if (rank == 0) {
+    if (!interrupted || latest_checkpoint(options.run_dir) == std::nullopt || step > 0) {
+      save_checkpoint(options.run_dir, step, evaluated_model(), nullptr, manifest(step));
+    }
+    write_status(step, !interrupted);
+  }
+  std::printf("[worker %d] %s at step %lld: %lld syncs, %.1f s waiting in collectives\n", rank,
+              interrupted ? "stopped" : "finished", static_cast<long long>(step), static_cast<long long>(syncs), wait_s);
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace dloco

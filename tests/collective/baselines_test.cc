@@ -1,0 +1,269 @@
+// The baselines pinned down by equivalences (never bit-identical across modes, always within a tolerance):
+// - dp with 2 workers: identical parameters on both, and within 1e-4 of one process on the doubled batch;
+// - diloco with H = 1, η = 1, μ = 0 is averaging the workers' parameters after every step;
+// - streaming with P = 1 and τ = 0 equals diloco; decoupled configured synchronously equals diloco (1e-5);
+// - the all-reduce form of the merge equals the syncer's merge fed the same outer gradients.
+// The last three run the real `dloco train` (workers over Gloo, or syncer + learners over gRPC) on a tiny model.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "collective/dp.h"
+#include "core/check.h"
+#include "core/merge.h"
+#include "core/safetensors.h"
+#include "data/shards.h"
+#include "data/stream.h"
+#include "train/checkpoint.h"
+#include "train/fragment_io.h"
+#include "train/trainer.h"
+
+namespace dloco {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kDloco = std::string(DLOCO_BINARY_DIR) + "/bin/dloco";
+const std::string kDataTool = std::string(DLOCO_BINARY_DIR) + "/bin/dloco-data";
+
+torch::Tensor flat_parameters(GPT& model) {
+  std::vector<torch::Tensor> parts;
+  for (auto& p : model->parameters()) parts.push_back(p.detach().reshape({-1}).clone());
+  return torch::cat(parts);
+}
+
+// Largest element-wise difference relative to the largest magnitude of b.
+double relative_difference(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a - b).abs().max().item<double>() / b.abs().max().item<double>();
+}
+
+class Baselines : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    at::set_num_threads(1);
+    root_ = fs::temp_directory_path() / ("dloco_baselines_" + std::to_string(::getpid()));
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+    setenv("DLOCO_DATA_BIN", kDataTool.c_str(), 1);
+    {
+      std::ofstream txt(root_ / "corpus.txt");
+      for (int i = 0; i < 6000; ++i) txt << "And it came to pass on day " << i % 97 << " that the word was spoken.\n";
+    }
+    const std::string cmd = kDataTool + " prepare " + (root_ / "corpus.txt").string() + " --out " +
+                            (root_ / "data").string() + " --vocab-size 400 --threads 1 > /dev/null 2>&1";
+    ASSERT_EQ(std::system(cmd.c_str()), 0);
+  }
+  static void TearDownTestSuite() {
+    if (!std::getenv("DLOCO_KEEP_TEST_RUNS")) fs::remove_all(root_);
+  }
+
+  // A tiny run of M = 2 with B = 4, T = 32: 20 steps per worker. `extra` is TOML appended per section.
+  static Config tiny_config(const std::string& name, const std::string& mode, const std::string& diloco_extra = "",
+                            int64_t steps = 20) {
+    std::ostringstream os;
+    os << "[model]\npreset = \"tiny\"\nvocab_size = 400\n"
+       << "[data]\ndir = \"" << (root_ / "data").string() << "\"\n"
+       << "[train]\nbatch_size = 4\ntotal_tokens = " << 2 * steps * 4 * 32
+       << "\nlr = 3e-3\nwarmup_steps = 3\neval_interval = 0\neval_tokens = 2048\ncheckpoint_interval = 0\n"
+       << "[diloco]\nmode = \"" << mode << "\"\nlearners = 2\n" << diloco_extra << "\n"
+       << "[run]\nname = \"" << name << "\"\nout_dir = \"" << root_.string() << "\"\nthreads = 2\n"
+       << "report_interval_s = 1.0\nrestart_delay_s = -1.0\ncollective_timeout_s = 60\n";
+    return parse_config(os.str());
+  }
+
+  // Runs `dloco train` on the config and returns the final checkpoint's Θ, one flat tensor in model order.
+  static torch::Tensor train_and_load(const Config& config) {
+    const fs::path cfg = root_ / (config.run.name + ".toml");
+    std::ofstream(cfg) << to_toml(config);
+    const fs::path log = root_ / (config.run.name + ".log");
+    EXPECT_EQ(std::system((kDloco + " train --config " + cfg.string() + " > " + log.string() + " 2>&1").c_str()), 0)
+        << "see " << log;
+    const auto ckpt = resolve_checkpoint(config.run_dir());
+    torch::manual_seed(0);
+    GPT model(config.model);
+    load_model_weights(ckpt, model);
+    return flat_parameters(model);
+  }
+
+  // Θ0 of a config: what every mode starts from (seed run.seed).
+  static torch::Tensor initial_parameters(const Config& config) {
+    torch::manual_seed(config.run.seed);
+    GPT model(config.model);
+    return flat_parameters(model);
+  }
+
+  static fs::path root_;
+};
+fs::path Baselines::root_;
+
+TEST_F(Baselines, DpTwoWorkersMatchOneProcessOnTheDoubledBatch) {
+  const ModelConfig m = model_preset("tiny");
+  const int64_t B = 4, T = m.seq_len, BT = B * T, steps = 5;
+  // Two worker streams whose tokens at every multiple of B·T are the same token c: then the doubled batch of one
+  // process (worker 0's B sequences, then worker 1's) is a contiguous window of the reference corpus R below,
+  // targets included, and grad_accum = 2 over R gives exactly the mean gradient over both batches.
+  std::mt19937 rng(5);
+  auto stream_tokens = [&] {
+    std::vector<int32_t> s(static_cast<size_t>(steps * BT + 1));
+    for (size_t i = 0; i < s.size(); ++i) s[i] = i % BT == 0 ? 7 : static_cast<int32_t>(rng() % m.vocab_size);
+    return s;
+  };
+  const auto s0 = stream_tokens(), s1 = stream_tokens();
+  std::vector<int32_t> x(s0), r;
+  x.insert(x.end(), s1.begin(), s1.end());
+  for (int64_t k = 0; k < steps; ++k) {
+    r.insert(r.end(), s0.begin() + k * BT, s0.begin() + (k + 1) * BT);
+    r.insert(r.end(), s1.begin() + k * BT, s1.begin() + (k + 1) * BT);
+  }
+  r.push_back(7);
+  const fs::path dir = root_ / "dp_equivalence";
+  fs::create_directories(dir);
+  write_shard(dir / "workers.bin", x, static_cast<uint32_t>(m.vocab_size));
+  write_shard(dir / "reference.bin", r, static_cast<uint32_t>(m.vocab_size));
+  auto worker_split = std::make_shared<TokenSplit>(std::vector<fs::path>{dir / "workers.bin"});
+  auto reference_split = std::make_shared<TokenSplit>(std::vector<fs::path>{dir / "reference.bin"});
+
+  TrainConfig t;
+  t.batch_size = B;
+  t.lr = 1e-2;
+  t.grad_clip = 0.5;  // clipping acts on the averaged gradient in both
+  const LrSchedule schedule{t.lr, 2, steps, 0.1};
+
+  std::vector<GPT> models;  // made here, one after the other: the init draws from the global generator
+  for (int rank = 0; rank < 2; ++rank) {
+    torch::manual_seed(1);
+    models.emplace_back(m);
+  }
+  torch::manual_seed(1);
+  GPT reference(m);
+  const auto initial = flat_parameters(reference);
+
+  std::vector<torch::Tensor> finals(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> workers;
+  for (int rank = 0; rank < 2; ++rank) {
+    workers.emplace_back([&, rank] {
+      try {
+        Collective group({dir / "gloo.store", rank, 2, "127.0.0.1", 60});
+        InnerTrainer trainer(models[rank], t, schedule, torch::kCPU);
+        trainer.set_gradient_hook(dp_gradient_hook(models[rank], group, nullptr, nullptr));
+        DataStream stream(worker_split, rank, 2, B, T, StreamCursor{rank, 0, 0, 0});
+        for (int64_t k = 0; k < steps; ++k) trainer.step(stream, k);
+        finals[rank] = flat_parameters(models[rank]);
+      } catch (const std::exception& e) {
+        errors[rank] = e.what();
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  ASSERT_EQ(errors[0], "");
+  ASSERT_EQ(errors[1], "");
+
+  TrainConfig doubled = t;
+  doubled.grad_accum = 2;
+  InnerTrainer trainer(reference, doubled, schedule, torch::kCPU);
+  DataStream stream(reference_split, 0, 1, B, T, StreamCursor{});
+  for (int64_t k = 0; k < steps; ++k) trainer.step(stream, k);
+  const auto expected = flat_parameters(reference);
+
+  EXPECT_TRUE(torch::equal(finals[0], finals[1])) << "the two dp workers' parameters differ";
+  EXPECT_GT(relative_difference(expected, initial), 1e-3) << "training did not move the parameters";
+  EXPECT_LT(relative_difference(finals[0], expected), 1e-4);
+  std::printf("dp (2 workers) vs one process on the doubled batch: max relative difference %.2e\n",
+              relative_difference(finals[0], expected));
+}
+
+TEST_F(Baselines, AllReduceMergeEqualsTheSyncersMerge) {
+  // Three workers' outer gradients of a two-tensor fragment with uneven weights.
+  const FragmentLayout layout = make_fragment_layout({{"a.weight", {3, 4}}, {"b.weight", {5}}}, 1, false);
+  const int64_t n = layout.fragments[0].numel;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  std::vector<std::vector<float>> grads(3, std::vector<float>(static_cast<size_t>(n)));
+  for (auto& g : grads) for (auto& v : g) v = normal(rng);
+  const std::vector<double> weights = {1.0, 0.0, 2.5};
+  std::vector<float> syncer(static_cast<size_t>(n));
+  merge_fragment(layout, 0, {grads[0], grads[1], grads[2]}, weights, MergeRule::kMean,
+                 [](const std::string&) { return false; }, syncer);
+  std::vector<float> sum(static_cast<size_t>(n) + 1, 0.0f), buffer(sum.size());
+  for (int m = 0; m < 3; ++m) {
+    weighted_sum_contribution(grads[m], weights[m], buffer);
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += buffer[i];  // what the all-reduce does
+  }
+  std::vector<float> reduced(static_cast<size_t>(n));
+  ASSERT_TRUE(mean_from_weighted_sums(sum, reduced));
+  for (size_t i = 0; i < reduced.size(); ++i) EXPECT_NEAR(reduced[i], syncer[i], 1e-6) << i;
+  std::fill(sum.begin(), sum.end(), 0.0f);
+  EXPECT_FALSE(mean_from_weighted_sums(sum, reduced));  // nobody trained: nothing to merge
+  EXPECT_THROW(weighted_sum_contribution(grads[0], -1.0, buffer), InputError);
+}
+
+TEST_F(Baselines, DilocoWithOneInnerStepAveragesTheParametersEveryStep) {
+  const Config c = tiny_config("avg", "diloco", "inner_steps = 1\nouter_lr = 1.0\nouter_momentum = 0.0\n", 8);
+  const auto diloco = train_and_load(c);
+  // Reference: two trainers in this process, their parameters averaged after every step.
+  auto split = std::make_shared<TokenSplit>(split_shards(c.data.dir, "train"));
+  std::vector<GPT> models;
+  std::vector<std::unique_ptr<InnerTrainer>> trainers;
+  std::vector<std::unique_ptr<DataStream>> streams;
+  for (int r = 0; r < 2; ++r) {
+    torch::manual_seed(c.run.seed);
+    models.emplace_back(c.model);
+    trainers.push_back(std::make_unique<InnerTrainer>(models[r], c.train, make_schedule(c), torch::kCPU));
+    streams.push_back(std::make_unique<DataStream>(split, r, 2, c.train.batch_size, c.model.seq_len,
+                                                   StreamCursor{r, 0, 0, 0}));
+  }
+  for (int64_t step = 0; step < 8; ++step) {
+    for (int r = 0; r < 2; ++r) trainers[r]->step(*streams[r], step);
+    torch::NoGradGuard no_grad;
+    auto p0 = models[0]->parameters(), p1 = models[1]->parameters();
+    for (size_t i = 0; i < p0.size(); ++i) {
+      auto mean = (p0[i] + p1[i]) / 2;
+      p0[i].copy_(mean);
+      p1[i].copy_(mean);
+    }
+  }
+  const auto expected = flat_parameters(models[0]);
+  EXPECT_GT(relative_difference(diloco, initial_parameters(c)), 1e-3) << "training did not move Θ";
+  EXPECT_LT(relative_difference(diloco, expected), 1e-5);
+  std::printf("diloco (H = 1, η = 1, μ = 0) vs parameter averaging: max relative difference %.2e\n",
+              relative_difference(diloco, expected));
+}
+
+TEST_F(Baselines, StreamingWithOneFragmentAndNoOverlapEqualsDiloco) {
+  const Config diloco_config = tiny_config("diloco_h4", "diloco", "inner_steps = 4\n");
+  const auto diloco = train_and_load(diloco_config);
+  EXPECT_GT(relative_difference(diloco, initial_parameters(diloco_config)), 1e-3) << "training did not move Θ";
+  const auto streaming =
+      train_and_load(tiny_config("streaming_p1", "streaming", "inner_steps = 4\nfragments = 1\noverlap = 0\n"));
+  EXPECT_LT(relative_difference(streaming, diloco), 1e-5);
+  std::printf("streaming (P = 1, τ = 0) vs diloco: max relative difference %.2e\n",
+              relative_difference(streaming, diloco));
+  // And overlap changes the result (the equivalence above is not vacuous).
+  const auto overlapped =
+      train_and_load(tiny_config("streaming_p1_tau1", "streaming", "inner_steps = 4\nfragments = 1\noverlap = 1\n"));
+  EXPECT_GT(relative_difference(overlapped, diloco), 1e-4);
+}
+
+TEST_F(Baselines, SynchronousDecoupledEqualsDiloco) {
+  const auto diloco = train_and_load(tiny_config("diloco_sync_ref", "diloco", "inner_steps = 4\n"));
+  const auto decoupled = train_and_load(tiny_config(
+      "decoupled_sync", "decoupled",
+      "inner_steps = 4\nfragments = 1\noverlap = 0\nquorum = 2\ngrace_window = false\nblocking = true\n"
+      "weights = \"uniform\"\nmerge = \"mean\"\n"));
+  EXPECT_LT(relative_difference(decoupled, diloco), 1e-5);
+  std::printf("synchronous decoupled vs diloco: max relative difference %.2e\n", relative_difference(decoupled, diloco));
+  // Not vacuous: the decoupled default (non-blocking, τ = 1, RDA, token weights) ends elsewhere.
+  const auto async = train_and_load(tiny_config("decoupled_async", "decoupled",
+                                                "inner_steps = 4\nfragments = 1\noverlap = 1\nquorum = 2\n"));
+  EXPECT_GT(relative_difference(async, diloco), 1e-4);
+}
+
+}  // namespace
+}  // namespace dloco
