@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <thread>
 
@@ -263,6 +264,38 @@ TEST_F(Baselines, SynchronousDecoupledEqualsDiloco) {
   const auto async = train_and_load(tiny_config("decoupled_async", "decoupled",
                                                 "inner_steps = 4\nfragments = 1\noverlap = 1\nquorum = 2\n"));
   EXPECT_GT(relative_difference(async, diloco), 1e-4);
+}
+
+TEST_F(Baselines, CompareWritesTheTableTheRunsAndThePlot) {
+  Config c = tiny_config("unused", "decoupled", "inner_steps = 4\nfragments = 2\noverlap = 1\nquorum = 2\n", 12);
+  c.train.eval_interval = 4;
+  const fs::path cfg = root_ / "compare.toml";
+  std::ofstream(cfg) << to_toml(c);
+  const fs::path log = root_ / "compare.log";
+  ASSERT_EQ(std::system((kDloco + " compare --config " + cfg.string() + " --modes dp,decoupled --variant "
+                         "\"mean:diloco.merge=mean;diloco.weights=uniform\" --seeds 1 --name cmp > " + log.string() +
+                         " 2>&1").c_str()),
+            0)
+      << "see " << log;
+  const fs::path dir = root_ / "cmp";
+  const auto report = nlohmann::json::parse(std::ifstream(dir / "compare.json"));
+  ASSERT_EQ(report["runs"].size(), 3u);
+  for (const auto& run : report["runs"]) {
+    EXPECT_EQ(run["report"]["status"], "finished") << run.dump();
+    EXPECT_EQ(run["report"]["tokens_trained"], c.train.total_tokens) << "runs compare at equal tokens";
+    EXPECT_LT(run["report"]["final_val_loss"].get<double>(), std::log(400.0));
+  }
+  EXPECT_EQ(report["runs"][0]["config"]["diloco"]["mode"], "dp");
+  EXPECT_EQ(report["runs"][2]["config"]["diloco"]["merge"], "mean");  // the variant's overrides were applied
+  std::ifstream md(dir / "compare.md");
+  const std::string table((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
+  for (const char* row : {"| dp |", "| decoupled |", "| mean |"}) EXPECT_NE(table.find(row), std::string::npos) << table;
+  EXPECT_TRUE(fs::exists(dir / "loss.png")) << "see " << log;
+  // A typo in a variant fails before any training.
+  EXPECT_NE(std::system((kDloco + " compare --config " + cfg.string() + " --variant \"bad:diloco.merj=mean\" --name "
+                         "cmp_bad > /dev/null 2>&1").c_str()),
+            0);
+  EXPECT_FALSE(fs::exists(root_ / "cmp_bad" / "bad-s1"));
 }
 
 }  // namespace

@@ -78,5 +78,36 @@ TEST(Config, ParameterCountFormulaByHand) {
   EXPECT_LT(gpt_parameter_count(big), 135'000'000);
 }
 
+TEST(Config, BaselineModesFixWhatTheMethodFixes) {
+  const Config d = parse_config("[diloco]\nmode = \"diloco\"\nlearners = 3\nfragments = 4\ninner_steps = 8\n"
+                                "overlap = 2\nquorum = 1\nmerge = \"rda\"\n");
+  EXPECT_EQ(d.diloco.fragments, 1);  // the whole model at once
+  EXPECT_EQ(d.diloco.overlap, 0);
+  EXPECT_EQ(d.diloco.quorum, 3);     // every worker joins every sync
+  EXPECT_FALSE(d.diloco.grace_window);
+  EXPECT_EQ(d.diloco.merge, "mean");
+  const Config s = parse_config("[diloco]\nmode = \"streaming\"\nfragments = 4\ninner_steps = 8\noverlap = 2\n");
+  EXPECT_EQ(s.diloco.fragments, 4);  // streaming keeps P and τ
+  EXPECT_EQ(s.diloco.overlap, 2);
+  const Config dec = parse_config("[diloco]\nmode = \"decoupled\"\nquorum = 1\n");
+  EXPECT_EQ(dec.diloco.quorum, 1);   // the decoupled mode is left alone
+  const auto msg = error_of("[diloco]\nmode = \"allreduce\"\n");
+  EXPECT_NE(msg.find("diloco.mode"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("streaming"), std::string::npos) << msg;  // lists what is accepted
+}
+
+TEST(Config, SlowdownListNamesBadEntries) {
+  RunSettings run;
+  run.slowdown = "3:1.18, 1:1.5";
+  EXPECT_DOUBLE_EQ(slowdown_factor(run, 3, 4), 1.18);
+  EXPECT_DOUBLE_EQ(slowdown_factor(run, 1, 4), 1.5);
+  EXPECT_DOUBLE_EQ(slowdown_factor(run, 0, 4), 1.0);
+  run.slowdown = "";
+  EXPECT_DOUBLE_EQ(slowdown_factor(run, 0, 4), 1.0);
+  EXPECT_NE(error_of("[run]\nslowdown = \"3-1.18\"\n").find("'3-1.18' must look like ID:FACTOR"), std::string::npos);
+  EXPECT_NE(error_of("[run]\nslowdown = \"9:1.2\"\n").find("outside [0, M = 4)"), std::string::npos);
+  EXPECT_NE(error_of("[run]\nslowdown = \"1:0.5\"\n").find("must be ≥ 1"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace dloco
