@@ -11,7 +11,13 @@
 #include <cstring>
 #include <thread>
 
+#include "core/atomic_file.h"
 #include "core/check.h"
+#include "data/shards.h"
+#include "data/tokenizer.h"
+#include "train/checkpoint.h"
+#include "train/run.h"
+#include "train/threads.h"
 
 extern char** environ;
 
@@ -93,6 +99,33 @@ void stop_children(std::vector<Child>& children, std::chrono::seconds grace) {
     if (!c.exited && c.pid > 0) ::waitpid(c.pid, &c.status, 0);
     c.exited = true;
   }
+}
+
+RunFolder prepare_run_folder(const Config& config) {
+  namespace fs = std::filesystem;
+  split_shards(fs::path(config.data.dir), "train");
+  split_shards(fs::path(config.data.dir), "val");
+  Tokenizer(fs::path(config.data.dir) / "tokenizer.model").encode("And God said");
+  RunFolder f;
+  f.learners = static_cast<int>(config.diloco.learners);
+  f.cores = config.run.threads > 0 ? static_cast<int>(config.run.threads) : machine_cores();
+  f.child_threads = std::max(1, f.cores / f.learners);
+  const fs::path run_dir = config.run_dir();
+  fs::create_directories(run_dir / "logs");
+  fs::create_directories(run_dir / "events");
+  write_file_atomically(run_dir / "config.toml", to_toml(config));
+  f.config_path = (run_dir / "config.toml").string();
+  return f;
+}
+
+nlohmann::json evaluate_final_checkpoint(const Config& config, int cores) {
+  apply_thread_budget(thread_budget(cores));
+  const auto ckpt = resolve_checkpoint(config.run_dir());
+  const auto eval = evaluate_checkpoint(ckpt.dir, std::nullopt, 0, cores);
+  return {{"checkpoint", ckpt.dir.string()},
+          {"val_loss", eval["val_loss"]},
+          {"val_perplexity", eval["val_perplexity"]},
+          {"sample", generate_from_checkpoint(ckpt.dir, "And God said", 48, 0.8, 40, config.run.seed, cores)}};
 }
 
 }  // namespace dloco

@@ -10,7 +10,28 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "core/config.h"
+
 namespace dloco {
+
+/// What both launchers (decoupled and baselines) set up before starting children.
+struct RunFolder {
+  int learners = 1;        // M
+  int cores = 1;           // cores of this run (run.threads, 0 = all)
+  int child_threads = 1;   // BLAS threads per learner or worker: cores / M, at least 1
+  std::string config_path; // run_dir/config.toml, the resolved config every child reads
+};
+
+/// Fails fast on a missing corpus or a broken tokenizer (here rather than in M children or after training),
+/// creates run_dir/logs and run_dir/events and writes the resolved config. Throws InputError naming the problem.
+RunFolder prepare_run_folder(const Config& config);
+
+/// The report's common part, after the children have stopped: the newest checkpoint evaluated on the whole
+/// validation split and a short sample from it, on all of the run's cores. Returns {"checkpoint", "val_loss",
+/// "val_perplexity", "sample"}. Throws InputError if there is no valid checkpoint.
+nlohmann::json evaluate_final_checkpoint(const Config& config, int cores);
 
 struct Child {
   std::string role;  // "syncer", "evaluator", "learner 2", "worker 1"

@@ -76,21 +76,14 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume) {
   if (latest_checkpoint(run_dir) || fs::exists(run_dir / "status.json")) {
     throw InputError("run folder '" + run_dir.string() + "' already holds a run: pick another run.name");
   }
-  split_shards(fs::path(config.data.dir), "train");  // fail fast on a missing corpus or tokenizer
-  split_shards(fs::path(config.data.dir), "val");
-  Tokenizer(fs::path(config.data.dir) / "tokenizer.model").encode("And God said");
-  const int M = static_cast<int>(config.diloco.learners);
-  const int cores = config.run.threads > 0 ? static_cast<int>(config.run.threads) : machine_cores();
-  const int worker_threads = std::max(1, cores / M);
-  fs::create_directories(run_dir / "logs");
-  fs::create_directories(run_dir / "events");
-  write_file_atomically(run_dir / "config.toml", to_toml(config));
+  const RunFolder folder = prepare_run_folder(config);
+  const int M = folder.learners, cores = folder.cores, worker_threads = folder.child_threads;
   EventLog events(run_dir / "events" / "launcher.jsonl", Role::kLauncher, 0);
   const fs::path store = run_dir / "gloo.store";
   std::error_code ec;
   fs::remove(store, ec);
 
-  const std::string cfg = (run_dir / "config.toml").string();
+  const std::string& cfg = folder.config_path;
   std::vector<Child> children;
   for (int rank = 0; rank < M; ++rank) {
     children.push_back({"worker " + std::to_string(rank), rank,
@@ -166,10 +159,7 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume) {
                      (failure.empty() ? std::string() : ": " + failure));
   }
 
-  apply_thread_budget(thread_budget(cores));
-  const auto ckpt = resolve_checkpoint(run_dir);
-  const auto eval = evaluate_checkpoint(ckpt.dir, std::nullopt, 0, cores);
-  const std::string sample = generate_from_checkpoint(ckpt.dir, "And God said", 48, 0.8, 40, config.run.seed, cores);
+  const nlohmann::json final_eval = evaluate_final_checkpoint(config, cores);
   const double wall = std::chrono::duration<double>(Clock::now() - started).count();
   const auto workers = worker_summaries(run_dir, M);
   nlohmann::json bytes = nlohmann::json::object();
@@ -182,8 +172,8 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume) {
       {"run", config.run.name},
       {"mode", config.diloco.mode},
       {"status", finished ? "finished" : "stopped"},
-      {"final_val_loss", eval["val_loss"]},
-      {"final_val_perplexity", eval["val_perplexity"]},
+      {"final_val_loss", final_eval["val_loss"]},
+      {"final_val_perplexity", final_eval["val_perplexity"]},
       {"global_step", last.value("global_step", 0)},
       {"steps", last.value("global_step", 0)},
       {"syncs", last.value("syncs", 0)},
@@ -193,8 +183,8 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume) {
       {"wall_seconds", wall},
       {"tokens_per_second", tokens / std::max(wall, 1e-9)},
       {"workers", workers},
-      {"checkpoint", ckpt.dir.string()},
-      {"sample", sample},
+      {"checkpoint", final_eval["checkpoint"]},
+      {"sample", final_eval["sample"]},
       {"bytes", bytes},
       {"signal", g_collective_signal.load()},
   };

@@ -66,22 +66,14 @@ nlohmann::json run_launcher(const Config& config, bool resume) {
   if (resume && !fs::exists(run_dir / "syncer")) {
     throw InputError("cannot resume: '" + run_dir.string() + "' has no syncer state");
   }
-  // Fail fast on a missing corpus or a broken tokenizer, here rather than in M children or after training.
-  split_shards(fs::path(config.data.dir), "train");
-  split_shards(fs::path(config.data.dir), "val");
-  Tokenizer(fs::path(config.data.dir) / "tokenizer.model").encode("And God said");
-  const int M = static_cast<int>(config.diloco.learners);
-  const int cores = config.run.threads > 0 ? static_cast<int>(config.run.threads) : machine_cores();
-  const int learner_threads = std::max(1, cores / M);
-  fs::create_directories(run_dir / "logs");
-  fs::create_directories(run_dir / "events");
-  write_file_atomically(run_dir / "config.toml", to_toml(config));
+  const RunFolder folder = prepare_run_folder(config);
+  const int M = folder.learners, cores = folder.cores, learner_threads = folder.child_threads;
   EventLog events(run_dir / "events" / "launcher.jsonl", Role::kLauncher, 0);
   const fs::path address_file = run_dir / "syncer.addr";
   std::error_code ec;
   fs::remove(address_file, ec);
 
-  const std::string cfg = (run_dir / "config.toml").string();
+  const std::string& cfg = folder.config_path;
   std::vector<Child> children;
   children.push_back({"syncer", -1, spawn({"syncer", "--config", cfg, "--run-dir", run_dir.string(), "--listen",
                                            config.run.syncer_address, "--address-file", address_file.string()},
@@ -177,10 +169,7 @@ nlohmann::json run_launcher(const Config& config, bool resume) {
   std::signal(SIGTERM, SIG_DFL);
 
   // The report: the global model's final checkpoint, evaluated on the whole validation split.
-  apply_thread_budget(thread_budget(cores));
-  const auto ckpt = resolve_checkpoint(run_dir);
-  const auto eval = evaluate_checkpoint(ckpt.dir, std::nullopt, 0, cores);
-  const std::string sample = generate_from_checkpoint(ckpt.dir, "And God said", 48, 0.8, 40, config.run.seed, cores);
+  const nlohmann::json final_eval = evaluate_final_checkpoint(config, cores);
   const double wall = std::chrono::duration<double>(Clock::now() - started).count();
   nlohmann::json bytes = {{"syncer", {{"sent", last.bytes_sent()}, {"received", last.bytes_received()}}}};
   nlohmann::json learners = nlohmann::json::array();
@@ -194,8 +183,8 @@ nlohmann::json run_launcher(const Config& config, bool resume) {
       {"run", config.run.name},
       {"mode", "decoupled"},
       {"status", interrupted ? "stopped" : "finished"},
-      {"final_val_loss", eval["val_loss"]},
-      {"final_val_perplexity", eval["val_perplexity"]},
+      {"final_val_loss", final_eval["val_loss"]},
+      {"final_val_perplexity", final_eval["val_perplexity"]},
       {"global_step", last.global_step()},
       {"steps", last.global_step()},
       {"steps_skipped", 0},
@@ -207,8 +196,8 @@ nlohmann::json run_launcher(const Config& config, bool resume) {
       {"learner_restarts", restarts},
       {"answers_dropped", last.answers_dropped()},
       {"answers_refused", last.answers_refused()},
-      {"checkpoint", ckpt.dir.string()},
-      {"sample", sample},
+      {"checkpoint", final_eval["checkpoint"]},
+      {"sample", final_eval["sample"]},
       {"bytes", bytes},
       {"signal", g_launcher_signal.load()},
   };

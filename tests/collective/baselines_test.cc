@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "collective/dp.h"
+#include "support/tiny_corpus.h"
 #include "core/check.h"
 #include "core/merge.h"
 #include "core/safetensors.h"
@@ -48,21 +49,10 @@ class Baselines : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     at::set_num_threads(1);
-    root_ = fs::temp_directory_path() / ("dloco_baselines_" + std::to_string(::getpid()));
-    fs::remove_all(root_);
-    fs::create_directories(root_);
-    setenv("DLOCO_DATA_BIN", kDataTool.c_str(), 1);
-    {
-      std::ofstream txt(root_ / "corpus.txt");
-      for (int i = 0; i < 6000; ++i) txt << "And it came to pass on day " << i % 97 << " that the word was spoken.\n";
-    }
-    const std::string cmd = kDataTool + " prepare " + (root_ / "corpus.txt").string() + " --out " +
-                            (root_ / "data").string() + " --vocab-size 400 --threads 1 > /dev/null 2>&1";
-    ASSERT_EQ(std::system(cmd.c_str()), 0);
+    root_ = testing_support::make_tiny_corpus("dloco_baselines", kDataTool);
+    ASSERT_FALSE(root_.empty()) << "dloco-data prepare failed on the tiny corpus";
   }
-  static void TearDownTestSuite() {
-    if (!std::getenv("DLOCO_KEEP_TEST_RUNS")) fs::remove_all(root_);
-  }
+  static void TearDownTestSuite() { testing_support::remove_unless_kept(root_); }
 
   // A tiny run of M = 2 with B = 4, T = 32: 20 steps per worker. `extra` is TOML appended per section.
   static Config tiny_config(const std::string& name, const std::string& mode, const std::string& diloco_extra = "",

@@ -20,9 +20,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/tiny_corpus.h"
+
 namespace {
 
 namespace fs = std::filesystem;
+namespace testing_support = dloco::testing_support;
 using nlohmann::json;
 
 const std::string kDloco = std::string(DLOCO_BINARY_DIR) + "/bin/dloco";
@@ -41,21 +44,10 @@ std::vector<json> read_events(const fs::path& path) {
 class DecoupledTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    root_ = fs::temp_directory_path() / ("dloco_decoupled_" + std::to_string(::getpid()));
-    fs::remove_all(root_);
-    fs::create_directories(root_);
-    setenv("DLOCO_DATA_BIN", kDataTool.c_str(), 1);
-    {
-      std::ofstream txt(root_ / "corpus.txt");
-      for (int i = 0; i < 6000; ++i) txt << "And it came to pass on day " << i % 97 << " that the word was spoken.\n";
-    }
-    const std::string cmd = kDataTool + " prepare " + (root_ / "corpus.txt").string() + " --out " +
-                            (root_ / "data").string() + " --vocab-size 400 --threads 1 > /dev/null 2>&1";
-    ASSERT_EQ(std::system(cmd.c_str()), 0);
+    root_ = testing_support::make_tiny_corpus("dloco_decoupled", kDataTool);
+    ASSERT_FALSE(root_.empty()) << "dloco-data prepare failed on the tiny corpus";
   }
-  static void TearDownTestSuite() {
-    if (!std::getenv("DLOCO_KEEP_TEST_RUNS")) fs::remove_all(root_);
-  }
+  static void TearDownTestSuite() { testing_support::remove_unless_kept(root_); }
 
   // A tiny decoupled run: M = 3, P = 4 fragments, H = 4, τ = 1, K = 1 with the grace window.
   static fs::path write_config(const std::string& name, int64_t total_tokens, const std::string& extra = "",

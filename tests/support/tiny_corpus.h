@@ -1,0 +1,36 @@
+// Shared by the process tests: a scratch folder with a tiny tokenized corpus (vocabulary 400) made by the real
+// dloco-data tool, so `dloco train` runs on it in seconds.
+#pragma once
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace dloco::testing_support {
+
+/// Creates (afresh) temp/<prefix>_<pid>/ with corpus.txt and data/ (tokenizer + shards); points DLOCO_DATA_BIN at
+/// `data_tool`. Returns the folder; returns an empty path if dloco-data failed.
+inline std::filesystem::path make_tiny_corpus(const std::string& prefix, const std::string& data_tool) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / (prefix + "_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root);
+  ::setenv("DLOCO_DATA_BIN", data_tool.c_str(), 1);
+  {
+    std::ofstream txt(root / "corpus.txt");
+    for (int i = 0; i < 6000; ++i) txt << "And it came to pass on day " << i % 97 << " that the word was spoken.\n";
+  }
+  const std::string cmd = data_tool + " prepare " + (root / "corpus.txt").string() + " --out " +
+                          (root / "data").string() + " --vocab-size 400 --threads 1 > /dev/null 2>&1";
+  return std::system(cmd.c_str()) == 0 ? root : fs::path();
+}
+
+/// Removes the folder unless DLOCO_KEEP_TEST_RUNS is set (to inspect a failed run).
+inline void remove_unless_kept(const std::filesystem::path& root) {
+  if (!std::getenv("DLOCO_KEEP_TEST_RUNS")) std::filesystem::remove_all(root);
+}
+
+}  // namespace dloco::testing_support
