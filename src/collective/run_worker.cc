@@ -298,9 +298,7 @@ int run_worker(const Config& config, const WorkerOptions& options) {
   events.emit("stopped", {{"step", step}, {"signal", g_worker_signal.load()}, {"syncs", syncs}, {"wait_s", wait_s},
                           {"bytes_sent", group.bytes_sent()}, {"versions", version}});
   if (rank == 0) {
-    if (!interrupted || latest_checkpoint(options.run_dir) == std::nullopt || step > 0) {
-      save_checkpoint(options.run_dir, step, evaluated_model(), nullptr, manifest(step));
-    }
+    save_checkpoint(options.run_dir, step, evaluated_model(), nullptr, manifest(step));  // also when interrupted
     write_status(step, !interrupted);
   }
   std::printf("[worker %d] %s at step %lld: %lld syncs, %.1f s waiting in collectives\n", rank,
