@@ -15,13 +15,9 @@
 #include "core/atomic_file.h"
 #include "core/console.h"
 #include "core/events.h"
-#include "data/shards.h"
-#include "data/tokenizer.h"
 #include "launcher/children.h"
 #include "launcher/roles.h"
 #include "train/checkpoint.h"
-#include "train/run.h"
-#include "train/threads.h"
 
 namespace dloco {
 

@@ -20,16 +20,12 @@
 #include "core/atomic_file.h"
 #include "core/console.h"
 #include "core/events.h"
-#include "data/shards.h"
-#include "data/tokenizer.h"
 #include "launcher/children.h"
 #include "launcher/roles.h"
 #include "learner/link.h"
 #include "syncer/handshake.h"
 #include "train/checkpoint.h"
 #include "train/fragment_io.h"
-#include "train/run.h"
-#include "train/threads.h"
 
 namespace dloco {
 
