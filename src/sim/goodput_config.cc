@@ -126,6 +126,12 @@ void GoodputConfig::validate() const {
   require(overlap_steps >= 0, "overlap_steps", "must be non-negative");
   require(learner_fatal_fraction >= 0 && learner_fatal_fraction <= 1, "learner_fatal_fraction", "must be in [0, 1]");
   require(horizon_s > 0, "horizon_s", "must be positive");
+  for (size_t i = 0; i < trace.size(); ++i) {
+    require(trace[i].chip >= 0 && trace[i].chip < chips && trace[i].away_s >= 0 && trace[i].t_s >= 0 &&
+                (i == 0 || trace[i].t_s >= trace[i - 1].t_s),
+            "trace", "failure " + std::to_string(i + 1) + " must name a chip in [0, N), a time ≥ the one before and "
+                     "away_s ≥ 0");
+  }
 }
 
 const std::vector<KnobInfo>& knob_table() {

@@ -33,6 +33,14 @@ enum class ReturnDist { kFixed, kExponential, kLognormal };
 const char* to_string(ReturnDist dist);
 ReturnDist parse_return_dist(std::string_view name);
 
+/// One failure replayed from a real run (a chaos run's fault plan, `dloco sim replay`) instead of drawn.
+struct TracedFailure {
+  double t_s = 0;            // when the chip fails, seconds since the start
+  int64_t chip = 0;          // which chip (0 ≤ chip < N)
+  double away_s = 0;         // how long its slice stays away before it can rejoin
+  bool keeps_state = false;  // a pause (SIGSTOP), not a death: no work is lost, it resumes without a rejoin
+};
+
 /// All knobs of one simulated run. Times are seconds of wall time; "chips" are accelerator chips.
 struct GoodputConfig {
   Method method = Method::kElasticDp;
@@ -62,6 +70,8 @@ struct GoodputConfig {
                                        // down (its unmerged progress is lost) instead of only the slice
   double horizon_s = 30.0 * 86400;     // simulated wall time
   uint64_t seed = 1;                   // seed of every random stream (failures, returns, speeds)
+  std::vector<TracedFailure> trace;    // if not empty: exactly these failures, in time order, replace the
+                                       // Poisson process (chip_mtbf_s and return_dist are then unused)
 
   /// Number of slices, ceil(N / S); the last slice may be partial.
   int64_t slice_count() const { return (chips + slice_chips - 1) / slice_chips; }

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "core/check.h"
-#include "sim/rng.h"
+#include "core/rng.h"
 
 namespace dloco::sim {
 namespace {
@@ -119,7 +119,13 @@ class Simulator {
 
   GoodputResult run() {
     const double mean_gap = c_.chip_mtbf_s / static_cast<double>(c_.chips);
-    double next_failure = fail_rng_.exponential(mean_gap);
+    // A replayed trace (sim replay of a chaos run) or the Poisson process.
+    size_t traced = 0;
+    auto draw_failure = [&](double after) {
+      if (c_.trace.empty()) return after + fail_rng_.exponential(mean_gap);
+      return traced < c_.trace.size() ? c_.trace[traced].t_s : kInf;
+    };
+    double next_failure = draw_failure(0.0);
     refresh_rates();
     while (true) {
       const double t_queue = queue_.empty() ? kInf : queue_.top().t;
@@ -130,8 +136,13 @@ class Simulator {
       }
       advance_to(t_next);
       if (next_failure <= t_queue) {
-        on_failure();
-        next_failure += fail_rng_.exponential(mean_gap);
+        if (c_.trace.empty()) {
+          on_failure(static_cast<int64_t>(fail_rng_.below(static_cast<uint64_t>(c_.chips))), -1);
+        } else {
+          on_failure(c_.trace[traced].chip, c_.trace[traced].away_s, c_.trace[traced].keeps_state);
+          ++traced;
+        }
+        next_failure = draw_failure(next_failure);
       } else {
         const Event e = queue_.top();
         queue_.pop();
@@ -212,11 +223,12 @@ class Simulator {
     ++g.timer_version;  // drop any pending timer
   }
 
-  void send_away(int64_t s) {
+  // `away_s` ≥ 0: a replayed failure's time away; < 0: drawn from the return distribution.
+  void send_away(int64_t s, double away_s) {
     slice_state_[s] = SliceState::kAway;
     ++away_slices_;
-    double away = c_.return_mean_s;
-    switch (c_.return_dist) {
+    double away = away_s >= 0 ? away_s : c_.return_mean_s;
+    if (away_s < 0) switch (c_.return_dist) {
       case ReturnDist::kFixed: break;
       case ReturnDist::kExponential: away = return_rng_.exponential(c_.return_mean_s); break;
       case ReturnDist::kLognormal: {
@@ -228,13 +240,13 @@ class Simulator {
     push(now_ + away, Event::kReturn, s, 0);
   }
 
-  void deactivate(Group& g, int64_t s) {
+  void deactivate(Group& g, int64_t s, double away_s) {
     g.active_chips -= slice_chips(s);
     if (c_.speed_cv > 0) {
       g.speed.set(s - g.first_slice, 0.0);
       if (g.active_chips > 0) g.mult = g.speed.max();
     }
-    send_away(s);
+    send_away(s, away_s);
   }
 
   void join_pending(Group& g) {
@@ -247,8 +259,9 @@ class Simulator {
     if (c_.speed_cv > 0 && g.active_chips > 0) g.mult = g.speed.max();
   }
 
-  void on_failure() {
-    const int64_t s = static_cast<int64_t>(fail_rng_.below(static_cast<uint64_t>(c_.chips))) / c_.slice_chips;
+  // `away_s` ≥ 0 and `keeps_state`: a replayed failure (GoodputConfig::trace); a paused slice loses nothing.
+  void on_failure(int64_t chip, double away_s, bool keeps_state = false) {
+    const int64_t s = chip / c_.slice_chips;
     const int64_t gi = slice_group_[s];
     Group& g = groups_[gi];
     if (!elastic_) {
@@ -266,18 +279,20 @@ class Simulator {
       case SliceState::kPending: {
         ++result_.failures;
         g.pending.erase(std::find(g.pending.begin(), g.pending.end(), s));
-        send_away(s);
+        send_away(s, away_s);
         return;  // a waiting slice failed: no pause; an upscale due with nothing left to add is skipped
       }
       case SliceState::kActive: break;
     }
     ++result_.failures;
     const int64_t chips_before = g.active_chips;
-    deactivate(g, s);
+    deactivate(g, s, away_s);
     const bool fatal = decoupled_ && c_.learner_fatal_fraction > 0 &&
                        fatal_rng_.uniform() < c_.learner_fatal_fraction;
     if (g.status == Status::kRunning) {
-      if (fatal || (decoupled_ && g.active_chips == 0)) {
+      if (keeps_state) {
+        // paused: the step in flight finishes when it resumes
+      } else if (fatal || (decoupled_ && g.active_chips == 0)) {
         lose_unmerged(g, chips_before);
       } else {
         discard(g, g.x - std::floor(g.x + kEps), chips_before);  // the step in flight
@@ -290,7 +305,7 @@ class Simulator {
       return;
     }
     if (g.status == Status::kPaused) {
-      if (fatal || (decoupled_ && g.active_chips == 0)) {
+      if (!keeps_state && (fatal || (decoupled_ && g.active_chips == 0))) {
         lose_unmerged(g, chips_before);
         if (g.pause_end < now_ + c_.detect_s + c_.rejoin_s) {
           g.pause_end = now_ + c_.detect_s + c_.rejoin_s;

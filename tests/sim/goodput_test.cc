@@ -172,6 +172,41 @@ TEST(Goodput, LearnerThatLosesItsStateLosesUnmergedWork) {
   EXPECT_LT(fatal.goodput, safe.goodput);
 }
 
+TEST(Goodput, ReplaysATraceOfFailuresExactly) {
+  // Two 1-chip learners, 1 s steps, H = P = 2, 100 s. Learner 0 dies at 50 s, is away 10 s and rejoins in 2 s:
+  // it loses 12 s of time plus its unmerged work (H/2 = 1 step on average). (200 − 12 − 1) / 200 = 0.935.
+  GoodputConfig c;
+  c.method = Method::kDecoupled;
+  c.chips = 2;
+  c.slice_chips = 1;
+  c.learners = 2;
+  c.quorum = 1;
+  c.inner_steps = 2;
+  c.fragments = 2;
+  c.step_s = 1.0;
+  c.detect_s = 0;
+  c.rejoin_s = 2.0;
+  c.horizon_s = 100;
+  c.chip_mtbf_s = 1.0;  // would fail constantly: the trace replaces the Poisson process
+  c.trace = {{50.0, 0, 10.0}};
+  const GoodputResult r = simulate_goodput(c);
+  EXPECT_EQ(r.failures, 1);
+  EXPECT_EQ(r.learner_losses, 1);
+  EXPECT_NEAR(r.goodput, 187.0 / 200.0, 1e-9);
+  EXPECT_NEAR(r.uptime, 1.0, 1e-12);  // K = 1: the other learner keeps the global model moving
+  c.quorum = 2;
+  EXPECT_NEAR(simulate_goodput(c).uptime, 88.0 / 100.0, 1e-9);
+  // A pause (SIGSTOP) keeps the learner's state: only its 10 s away are lost, and it resumes at once.
+  c.quorum = 1;
+  c.upscale_s = 0;
+  c.trace = {{50.0, 0, 10.0, true}};
+  const GoodputResult paused = simulate_goodput(c);
+  EXPECT_EQ(paused.learner_losses, 0);
+  EXPECT_NEAR(paused.goodput, 190.0 / 200.0, 1e-9);
+  c.trace = {{50.0, 5, 10.0}};
+  EXPECT_THROW(simulate_goodput(c), InputError);  // no chip 5 of N = 2
+}
+
 TEST(Goodput, RejectsBadKnobs) {
   GoodputConfig c = small(Method::kDecoupled, 4);
   c.quorum = 5;

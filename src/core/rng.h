@@ -1,4 +1,4 @@
-// A small seeded random number generator for the simulators: xoshiro256** seeded through SplitMix64, with the
+// A small seeded random number generator for the simulators and fault plans: xoshiro256** seeded through SplitMix64, with the
 // few distributions the goodput model needs written out here (not std::*_distribution), so the same seed gives
 // the same numbers on every compiler and standard library.
 // Deliberately not here: anything cryptographic, or streams shared between threads.
@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
-namespace dloco::sim {
+namespace dloco {
 
 /// xoshiro256** (Blackman & Vigna). One instance per independent stream; not thread-safe.
 class Rng {
@@ -59,4 +59,4 @@ class Rng {
   uint64_t s_[4];
 };
 
-}  // namespace dloco::sim
+}  // namespace dloco
