@@ -1,6 +1,7 @@
 // `dloco train`, `dloco eval`, `dloco generate`: flags -> config -> run, then the report on the console.
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "apps/commands.h"
 #include "core/check.h"
@@ -47,7 +48,11 @@ void add_train_commands(CLI::App& app) {
   static std::string resume_dir;
   static std::vector<std::string> overrides;
   static int64_t stop_after_steps = 0;
+  static std::string plan_path;
   train->add_option("--config", config_path, "TOML config (e.g. configs/demo.toml)");
+  train->add_option("--plan", plan_path,
+                    "Fault plan to carry out during the run (plans/*.toml; decoupled mode). `dloco chaos` adds the "
+                    "goodput report and a fault-free reference");
   train->add_option("--resume", resume_dir, "Continue a stopped run from its folder (uses its saved config.toml)");
   train->add_option("--set", overrides, "Override a config field, e.g. --set train.lr=1e-3 (repeatable)");
   train->add_option("--stop-after-steps", stop_after_steps,
@@ -68,10 +73,19 @@ void add_train_commands(CLI::App& app) {
     } else {
       config = load_config(config_path, overrides);
     }
+    std::optional<FaultPlan> plan;
+    if (!plan_path.empty()) {
+      if (config.diloco.mode != "decoupled") {
+        throw InputError("--plan needs diloco.mode = \"decoupled\" (got \"" + config.diloco.mode +
+                         "\"): fault plans for the baselines (elastic data parallel) are not built yet");
+      }
+      plan = load_fault_plan(plan_path);
+    }
     if (config.diloco.mode != "local") {
       if (stop_after_steps > 0) throw InputError("--stop-after-steps applies to diloco.mode = \"local\" only");
-      const auto report = is_collective_mode(config.diloco.mode) ? run_collective_launcher(config, options.resume)
-                                                                  : run_launcher(config, options.resume);
+      const auto report = is_collective_mode(config.diloco.mode)
+                              ? run_collective_launcher(config, options.resume)
+                              : run_launcher(config, options.resume, plan ? &*plan : nullptr);
       print_report(report);
       g_exit_code = report.value("signal", 0) ? 128 + report.value("signal", 0) : 0;
     } else {

@@ -14,6 +14,8 @@ void add_train_commands(CLI::App& app);
 int train_exit_code();
 /// `dloco compare`: modes/variants × seeds at equal tokens, side by side (table, JSON, loss curves).
 void add_compare_command(CLI::App& app);
+/// `dloco chaos`: a decoupled run under a fault plan beside a fault-free one; goodput, recoveries, checks.
+void add_chaos_command(CLI::App& app);
 /// `dloco sim goodput|bandwidth|...` (src/sim).
 void add_sim_commands(CLI::App& app);
 

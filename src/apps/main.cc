@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   dloco::apps::add_data_commands(app);
   dloco::apps::add_train_commands(app);
   dloco::apps::add_compare_command(app);
+  dloco::apps::add_chaos_command(app);
   dloco::apps::add_sim_commands(app);
   try {
     app.parse(argc, argv);

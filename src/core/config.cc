@@ -35,6 +35,7 @@ void for_each_field(C& c, F&& f) {
   f("train", "batch_size", c.train.batch_size);
   f("train", "grad_accum", c.train.grad_accum);
   f("train", "total_tokens", c.train.total_tokens);
+  f("train", "shared_budget", c.train.shared_budget);
   f("train", "lr", c.train.lr);
   f("train", "warmup_steps", c.train.warmup_steps);
   f("train", "min_lr_ratio", c.train.min_lr_ratio);

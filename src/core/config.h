@@ -58,6 +58,9 @@ struct TrainConfig {
   int64_t batch_size = 16;       // B: sequences per micro-batch
   int64_t grad_accum = 1;        // micro-batches per optimizer step
   int64_t total_tokens = 2000000;// token budget of the whole run (all learners), tokens
+  bool shared_budget = false;    // decoupled: false = each learner slot trains total/M tokens; true = the learners
+                                 // share the budget and the syncer ends training when their sum reaches it, so a
+                                 // slot that was down or slow leaves its share to the others (chaos runs, spec §7)
   double lr = 2e-3;              // peak inner learning rate
   int64_t warmup_steps = 50;     // steps
   double min_lr_ratio = 0.1;     // cosine floor as a fraction of lr

@@ -3,6 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
+#include <span>
+#include <string>
 #include <string_view>
 
 namespace dloco {
@@ -15,6 +18,16 @@ inline uint64_t fnv1a64(std::string_view bytes, uint64_t seed = 1469598103934665
     h *= 1099511628211ull;
   }
   return h;
+}
+
+/// FNV-1a 64 of the bytes of `values`, as 16 hex digits: end-of-run checks that every learner's copy of a
+/// fragment equals the syncer's Θ_p (chaos runs).
+inline std::string fnv1a64_hex(std::span<const float> values) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx",
+                static_cast<unsigned long long>(fnv1a64(std::string_view(
+                    reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)))));
+  return buf;
 }
 
 }  // namespace dloco

@@ -48,6 +48,11 @@ void DataStream::next(std::span<int64_t> window) {
   const int64_t step = batch_size_ * seq_len_;
   DLOCO_CHECK_EQ(static_cast<int64_t>(window.size()), step + 1);
   split_->copy(begin_ + cursor_.position, window);
+  skip();
+}
+
+void DataStream::skip() {
+  const int64_t step = batch_size_ * seq_len_;
   cursor_.position += step;
   cursor_.tokens_served += step;
   if (cursor_.position + step + 1 > length_) {  // the next window would not fit: wrap

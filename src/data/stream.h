@@ -39,6 +39,9 @@ class DataStream {
 
   /// Fills `window` (exactly B·T + 1 int64 values) with the next batch and advances the cursor by B·T.
   void next(std::span<int64_t> window);
+  /// Advances the cursor by one batch without reading it (a restarted learner skips the batch its previous
+  /// incarnation took: stream_log.h).
+  void skip();
 
   const StreamCursor& cursor() const { return cursor_; }
   int64_t tokens_per_batch() const { return batch_size_ * seq_len_; }

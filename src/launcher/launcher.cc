@@ -1,7 +1,8 @@
 // The launcher: `dloco train` with diloco.mode = "decoupled". Starts the syncer, the evaluator and M learners
 // as child processes of this binary (posix_spawn: no fork handlers run, so it is safe with gRPC objects in the
 // process), gives each its share of the cores through its environment before exec, shows progress from the
-// syncer's Status, restarts learners that die, and ends with the report.
+// syncer's Status, restarts learners that die, carries out a fault plan if given (chaos runs: kill, pause or slow
+// learners, kill and restart the syncer), and ends with the report.
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -20,6 +21,7 @@
 #include "core/atomic_file.h"
 #include "core/console.h"
 #include "core/events.h"
+#include "chaos/fault_plan.h"
 #include "launcher/children.h"
 #include "launcher/roles.h"
 #include "learner/link.h"
@@ -50,9 +52,109 @@ std::string read_address(const fs::path& file, Child& syncer, std::vector<Child>
   throw InputError("the syncer did not start (see " + (file.parent_path() / "logs" / "syncer.log").string() + ")");
 }
 
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Carries out a fault plan against the launcher's children (fault_plan.h). Every fault it injects, ends or
+// skips is an event in events/launcher.jsonl: that log, not this class, is what the chaos report reads.
+class FaultInjector {
+ public:
+  FaultInjector(std::vector<FaultEvent> faults, const fs::path& run_dir, EventLog& events)
+      : faults_(std::move(faults)), run_dir_(run_dir), events_(events) {}
+
+  /// Fires every fault that is due at `elapsed_s` since the learners started / at `global_step`.
+  void tick(double elapsed_s, int64_t global_step, std::vector<Child>& children) {
+    for (auto it = ends_.begin(); it != ends_.end();) {  // SIGCONT paused learners whose pause is over
+      if (elapsed_s < it->first) {
+        ++it;
+        continue;
+      }
+      Child& c = children[it->second];
+      if (!c.exited && c.pid > 0) ::kill(c.pid, SIGCONT);
+      events_.emit("fault_ended", {{"action", "pause_learner"}, {"learner", c.learner}, {"at_s", elapsed_s}});
+      it = ends_.erase(it);
+    }
+    while (next_ < faults_.size()) {
+      const FaultEvent& f = faults_[next_];
+      if (f.at_s >= 0 ? elapsed_s < f.at_s : global_step < f.at_step) break;
+      ++next_;
+      fire(f, elapsed_s, global_step, children);
+    }
+  }
+
+  /// Delay before restarting `child` after its death: the planned one if this plan killed it, else `dflt`.
+  double restart_delay(const Child& child, double dflt) {
+    auto it = planned_restart_.find(child.role);
+    if (it == planned_restart_.end()) return dflt;
+    return it->second;
+  }
+  void restarted(const Child& child) { planned_restart_.erase(child.role); }
+  /// True while the syncer is down because the plan killed it and will restart it.
+  bool syncer_restart_pending() const { return planned_restart_.count("syncer") > 0; }
+  int injected() const { return injected_; }
+
+ private:
+  void fire(const FaultEvent& f, double elapsed_s, int64_t global_step, std::vector<Child>& children) {
+    nlohmann::json fields = f.to_json();
+    fields["at_s"] = elapsed_s;
+    fields["planned_at_s"] = f.at_s;
+    fields["global_step"] = global_step;
+    fields["description"] = f.describe();
+    Child* target = nullptr;
+    size_t index = 0;
+    for (size_t i = 0; i < children.size(); ++i) {
+      const bool match = f.action == FaultAction::kKillSyncer ? children[i].role == "syncer"
+                                                              : children[i].learner == f.learner;
+      if (match) {
+        target = &children[i];
+        index = i;
+      }
+    }
+    if (target == nullptr || target->exited || target->pid <= 0) {
+      fields["reason"] = "the process is not running (already down)";
+      events_.emit("fault_skipped", fields);
+      std::printf("[chaos] skipped: %s (already down)\n", f.describe().c_str());
+      return;
+    }
+    fields["pid"] = target->pid;
+    switch (f.action) {
+      case FaultAction::kKillLearner:
+      case FaultAction::kKillSyncer:
+        ::kill(target->pid, SIGCONT);  // a paused process dies as well, and its pause ends with it
+        ::kill(target->pid, SIGKILL);
+        planned_restart_[target->role] = f.restart_after_s;
+        break;
+      case FaultAction::kPauseLearner:
+        ::kill(target->pid, SIGSTOP);
+        ends_.emplace(elapsed_s + f.duration_s, index);
+        break;
+      case FaultAction::kSlowLearner: {
+        fs::create_directories(run_dir_ / "control");
+        const nlohmann::json control = {{"factor", f.factor}, {"until_unix", unix_now() + f.duration_s}};
+        write_file_atomically(run_dir_ / "control" / ("learner_" + std::to_string(f.learner) + ".json"),
+                              control.dump() + "\n");
+        break;
+      }
+    }
+    ++injected_;
+    events_.emit("fault", fields);
+    std::printf("[chaos] %s\n", f.describe().c_str());
+    std::fflush(stdout);
+  }
+
+  std::vector<FaultEvent> faults_;
+  size_t next_ = 0;
+  fs::path run_dir_;
+  EventLog& events_;
+  std::multimap<double, size_t> ends_;           // elapsed_s at which to SIGCONT -> child index
+  std::map<std::string, double> planned_restart_;  // role -> restart delay of a process the plan killed
+  int injected_ = 0;
+};
+
 }  // namespace
 
-nlohmann::json run_launcher(const Config& config, bool resume) {
+nlohmann::json run_launcher(const Config& config, bool resume, const FaultPlan* plan) {
   const auto started = Clock::now();
   const fs::path run_dir = config.run_dir();
   if (!resume && (fs::exists(run_dir / "syncer") || latest_checkpoint(run_dir))) {
@@ -70,10 +172,18 @@ nlohmann::json run_launcher(const Config& config, bool resume) {
   fs::remove(address_file, ec);
 
   const std::string& cfg = folder.config_path;
+  std::vector<FaultEvent> faults;
+  if (plan != nullptr) {
+    faults = plan->resolve(M);
+    write_file_atomically(run_dir / "plan.json", plan->to_json(M).dump(2) + "\n");
+  }
+  FaultInjector injector(faults, run_dir, events);
+  auto syncer_args = [&](const std::string& listen) {
+    return std::vector<std::string>{"syncer", "--config", cfg, "--run-dir", run_dir.string(), "--listen", listen,
+                                    "--address-file", address_file.string()};
+  };
   std::vector<Child> children;
-  children.push_back({"syncer", -1, spawn({"syncer", "--config", cfg, "--run-dir", run_dir.string(), "--listen",
-                                           config.run.syncer_address, "--address-file", address_file.string()},
-                                          run_dir / "logs" / "syncer.log", 1)});
+  children.push_back({"syncer", -1, spawn(syncer_args(config.run.syncer_address), run_dir / "logs" / "syncer.log", 1)});
   const std::string address = read_address(address_file, children[0], children);
   auto learner_args = [&](int id) {
     return std::vector<std::string>{"learner", "--config", cfg, "--syncer", address, "--id", std::to_string(id),
@@ -88,7 +198,9 @@ nlohmann::json run_launcher(const Config& config, bool resume) {
   children.push_back({"evaluator", -1, spawn({"evaluator", "--config", cfg, "--syncer", address, "--run-dir",
                                               run_dir.string()},
                                              run_dir / "logs" / "evaluator.log", 1)});
-  events.emit("started", {{"syncer", address}, {"learners", M}, {"learner_threads", learner_threads}});
+  const auto plan_started = Clock::now();  // a fault plan's clock: seconds since the learners were started
+  events.emit("started", {{"syncer", address}, {"learners", M}, {"learner_threads", learner_threads},
+                          {"faults_planned", faults.size()}});
   std::printf("[launcher] run %s: syncer %s, %d learners × %d BLAS threads, evaluator; logs in %s\n",
               config.run.name.c_str(), address.c_str(), M, learner_threads, (run_dir / "logs").c_str());
   std::fflush(stdout);
@@ -106,16 +218,33 @@ nlohmann::json run_launcher(const Config& config, bool resume) {
   while (g_launcher_signal.load() == 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     reap(children);
-    if (children[0].exited) break;  // the syncer is gone (finished or failed)
-    for (auto& c : children) {      // a learner that died is restarted: it rejoins from the syncer's Θ
-      if (c.learner < 0 || !c.exited || finished || config.run.restart_delay_s < 0) continue;
-      if (Clock::now() - c.died_at < std::chrono::duration<double>(config.run.restart_delay_s)) continue;
-      events.emit("learner_restarted", {{"learner", c.learner}, {"exit_status", c.status}, {"restarts", c.restarts + 1}});
+    const double elapsed = std::chrono::duration<double>(Clock::now() - plan_started).count();
+    if (!finished) injector.tick(elapsed, last.global_step(), children);
+    Child& syncer = children[0];
+    if (syncer.exited && !injector.syncer_restart_pending()) break;  // the syncer is gone (finished or failed)
+    if (syncer.exited) {  // killed by the plan: restart it on the same address, from its persisted state
+      const double delay = injector.restart_delay(syncer, 0);
+      if (delay >= 0 && Clock::now() - syncer.died_at >= std::chrono::duration<double>(delay)) {
+        syncer.pid = spawn(syncer_args(address), run_dir / "logs" / "syncer.log", 1);
+        syncer.exited = false;
+        ++syncer.restarts;
+        injector.restarted(syncer);
+        events.emit("syncer_restarted", {{"restarts", syncer.restarts}, {"at_s", elapsed}, {"address", address}});
+        std::printf("[launcher] syncer restarted on %s from its persisted state\n", address.c_str());
+      }
+    }
+    for (auto& c : children) {  // a learner that died is restarted: it rejoins from the syncer's Θ
+      if (c.learner < 0 || !c.exited || finished) continue;
+      const double delay = injector.restart_delay(c, config.run.restart_delay_s);
+      if (delay < 0 || Clock::now() - c.died_at < std::chrono::duration<double>(delay)) continue;
+      events.emit("learner_restarted", {{"learner", c.learner}, {"exit_status", c.status}, {"restarts", c.restarts + 1},
+                                        {"at_s", elapsed}});
       std::printf("[launcher] learner %d exited (status %d): restarting it\n", c.learner, c.status);
       c.pid = spawn(learner_args(c.learner), run_dir / "logs" / ("learner_" + std::to_string(c.learner) + ".log"),
                     learner_threads);
       c.exited = false;
       ++c.restarts;
+      injector.restarted(c);
     }
     auto status = link.status();
     if (!status) continue;
@@ -174,7 +303,7 @@ nlohmann::json run_launcher(const Config& config, bool resume) {
     learners.push_back({{"id", l.id()}, {"tokens_trained", l.tokens_trained()}, {"steps", l.step()}});
   }
   int restarts = 0;
-  for (const auto& c : children) restarts += c.restarts;
+  for (const auto& c : children) restarts += c.learner >= 0 ? c.restarts : 0;
   nlohmann::json report = {
       {"run", config.run.name},
       {"mode", "decoupled"},
@@ -190,6 +319,8 @@ nlohmann::json run_launcher(const Config& config, bool resume) {
       {"tokens_per_second", last.tokens_trained() / std::max(wall, 1e-9)},
       {"learners", learners},
       {"learner_restarts", restarts},
+      {"syncer_restarts", children[0].restarts},
+      {"faults_injected", injector.injected()},
       {"answers_dropped", last.answers_dropped()},
       {"answers_refused", last.answers_refused()},
       {"checkpoint", final_eval["checkpoint"]},

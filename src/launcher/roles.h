@@ -9,6 +9,7 @@
 
 #include "core/check.h"
 #include "core/config.h"
+#include "chaos/fault_plan.h"
 
 namespace dloco {
 
@@ -60,6 +61,10 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume);
 /// `dloco train` for diloco.mode = "decoupled": starts the syncer, the evaluator and M learners as child
 /// processes on this machine, shows progress, restarts learners that die (after run.restart_delay_s), and ends
 /// with the report (console and run_dir/report.json). SIGTERM/SIGINT stop every child cleanly.
-nlohmann::json run_launcher(const Config& config, bool resume);
+/// With a fault `plan` (chaos runs), carries it out: times count from the moment the learners are started;
+/// killed processes are restarted after the fault's restart_after_s (the syncer on the same address, from its
+/// persisted state); every fault is an event in run_dir/events/launcher.jsonl, and run_dir/plan.json holds the
+/// resolved plan. Throws InputError if the plan names a learner slot ≥ M.
+nlohmann::json run_launcher(const Config& config, bool resume, const FaultPlan* plan = nullptr);
 
 }  // namespace dloco

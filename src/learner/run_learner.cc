@@ -3,17 +3,21 @@
 // The loop never waits on the network: the link's queues are polled, never awaited.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <map>
 
 #include "core/bf16.h"
 #include "core/decisions.h"
 #include "core/events.h"
 #include "core/fragments.h"
+#include "core/hash.h"
 #include "data/stream.h"
+#include "data/stream_log.h"
 #include "launcher/roles.h"
 #include "learner/link.h"
 #include "syncer/handshake.h"
@@ -36,6 +40,35 @@ std::string hostname() {
   ::gethostname(buf, sizeof(buf) - 1);
   return buf;
 }
+
+// A slowdown the launcher asks for while the run goes on (fault plans: slow_learner), from
+// run_dir/control/learner_<id>.json = {"factor": f, "until_unix": t}; re-read only when the file changes.
+class ControlFile {
+ public:
+  explicit ControlFile(fs::path path) : path_(std::move(path)) {}
+  double slowdown() {
+    std::error_code ec;
+    const auto mtime = fs::last_write_time(path_, ec);
+    if (!ec && mtime != mtime_) {
+      mtime_ = mtime;
+      try {
+        std::ifstream in(path_);
+        const auto j = nlohmann::json::parse(in);
+        factor_ = j.at("factor").get<double>();
+        until_ = j.at("until_unix").get<double>();
+      } catch (const std::exception&) {
+        factor_ = 1.0;  // a half-written or foreign file: ignore it (the launcher writes atomically)
+      }
+    }
+    const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    return now < until_ && factor_ > 1.0 ? factor_ : 1.0;
+  }
+
+ private:
+  fs::path path_;
+  fs::file_time_type mtime_{};
+  double factor_ = 1.0, until_ = 0;
+};
 
 // A merged fragment waiting for its apply step (spec §3 step 6).
 struct PendingMerge {
@@ -84,11 +117,20 @@ int run_learner(const Config& config, const LearnerOptions& options) {
     cursor = StreamCursor::from_json(nlohmann::json::parse(joined.stream_cursor_json()));
   }
   const int64_t budget = joined.tokens_budget();
+  // Exact data: the stream's own log is at least as new as the syncer's copy of the cursor (which lags by up to a
+  // second, or more after a syncer restart). Resume one batch after the last batch taken: that one was trained,
+  // or lost when the previous incarnation died, but never retrained.
+  StreamLog stream_log(stream_log_path(options.run_dir, joined.stream_index()));
+  const auto& taken = stream_log.last_taken();
+  const bool from_log = taken && taken->stream == joined.stream_index() && taken->tokens_served >= cursor.tokens_served;
+  if (from_log) cursor = *taken;
   DataStream stream(train_split, joined.stream_index(), config.data.streams > 0 ? config.data.streams : config.diloco.learners,
                     config.train.batch_size, config.model.seq_len, cursor);
+  if (from_log) stream.skip();
+  cursor = stream.cursor();
   InnerTrainer trainer(model, config.train, make_schedule(config), device);
   events.emit("bootstrapped", {{"pid", ::getpid()}, {"global_step", step}, {"versions", version}, {"cursor", cursor.to_json()},
-                               {"syncer_generation", joined.syncer_generation()}});
+                               {"cursor_from_stream_log", from_log}, {"syncer_generation", joined.syncer_generation()}});
   std::printf("[learner %d step %lld] joined %s: stream %lld, %lld/%lld tokens done\n", id,
               static_cast<long long>(step), options.syncer.c_str(), static_cast<long long>(joined.stream_index()),
               static_cast<long long>(cursor.tokens_served), static_cast<long long>(budget));
@@ -99,6 +141,10 @@ int run_learner(const Config& config, const LearnerOptions& options) {
   std::signal(SIGINT, on_learner_signal);
   std::vector<int64_t> steps_since(P, 0), tokens_since(P, 0);
   std::map<int, std::pair<int64_t, int64_t>> answered;  // fragment -> (round, captured step)
+  // Goodput (spec §7): a trained step earns 1/P for each fragment p whose next answered pull was merged.
+  std::vector<int64_t> unanswered(P, 0);                  // steps since the last answered pull of p
+  std::map<int, std::pair<int64_t, int64_t>> in_flight;  // fragment -> (round, steps that answer carries)
+  ControlFile control(options.run_dir / "control" / ("learner_" + std::to_string(id) + ".json"));
   std::vector<PendingMerge> pending;
   std::map<int, int64_t> awaiting_merge;  // blocking mode: fragment -> step by which its merge must be applied
   const int64_t tokens_per_step = config.train.tokens_per_step(config.model);
@@ -134,6 +180,10 @@ int run_learner(const Config& config, const LearnerOptions& options) {
     while (link.poll(&in)) {
       if (in.has_stop()) {
         stop = true;
+      } else if (in.has_budget_spent()) {  // train.shared_budget: the others trained the rest of the budget
+        if (!finished) events.emit("budget_spent", {{"step", step}, {"tokens", stream.cursor().tokens_served},
+                                                    {"reason", "the learners' tokens reached the shared budget"}});
+        finished = true;
       } else if (in.has_pull()) {
         const int p = in.pull().fragment();
         if (p < 0 || p >= P) continue;
@@ -165,6 +215,8 @@ int run_learner(const Config& config, const LearnerOptions& options) {
           }
         }
         answered[p] = {in.pull().round_step(), step};
+        in_flight[p] = {in.pull().round_step(), unanswered[p]};
+        unanswered[p] = 0;
         if (config.diloco.blocking) awaiting_merge[p] = step + config.diloco.overlap;
         link.post(std::move(msg));
       } else if (in.has_merged()) {
@@ -177,11 +229,16 @@ int run_learner(const Config& config, const LearnerOptions& options) {
           for (int who : in.merged().participants()) m.participated |= (who == id);
           if (m.participated) m.apply_at = it->second.second + config.diloco.overlap;  // s + τ
         }
+        if (auto fl = in_flight.find(p); fl != in_flight.end() && fl->second.first == in.merged().round_step()) {
+          events.emit(m.participated ? "kept" : "answer_not_merged",
+                      {{"fragment", p}, {"round", fl->second.first}, {"steps", fl->second.second}, {"version", f.version()}});
+          in_flight.erase(fl);
+        }
         pending.push_back(std::move(m));
       }
     }
     for (auto it = pending.begin(); it != pending.end();) {
-      if (it->apply_at > step) {
+      if (it->apply_at > step && !finished) {  // once training is over, τ has nothing left to overlap with
         ++it;
         continue;
       }
@@ -251,6 +308,7 @@ int run_learner(const Config& config, const LearnerOptions& options) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
       continue;
     }
+    stream_log.take(stream.cursor(), id, step);  // exact data: recorded before the step trains the batch
     const auto t0 = std::chrono::steady_clock::now();
     const StepResult r = trainer.step(stream, step);  // 1) batch, 2) inner step
     const auto t1 = std::chrono::steady_clock::now();
@@ -258,11 +316,13 @@ int run_learner(const Config& config, const LearnerOptions& options) {
     for (int p = 0; p < P; ++p) {  // 3) counters
       steps_since[p] += 1;
       tokens_since[p] += r.tokens;
+      unanswered[p] += 1;
     }
     step_time.update(std::chrono::duration<double>(t1 - t0).count());
     if (std::isfinite(r.loss)) loss_ema.update(r.loss);
-    if (slowdown > 1.0) {  // heterogeneous hardware (run.slowdown): this learner is `slowdown` times slower
-      std::this_thread::sleep_for((slowdown - 1.0) * (t1 - t0));
+    // Heterogeneous hardware (run.slowdown) or a slow_learner fault: this learner is `factor` times slower.
+    if (const double factor = std::max(slowdown, control.slowdown()); factor > 1.0) {
+      std::this_thread::sleep_for((factor - 1.0) * (t1 - t0));
     }
     send_metadata();  // 4)
     step_boundary();  // 5), 6)
@@ -272,10 +332,13 @@ int run_learner(const Config& config, const LearnerOptions& options) {
     events.emit("step", {{"step", step}, {"loss", r.loss}, {"step_s", std::chrono::duration<double>(t1 - t0).count()},
                          {"boundary_s", boundary_s}, {"skipped", r.skipped}, {"tokens", stream.cursor().tokens_served}});
   }
+  step_boundary();  // merges that arrived with the stop (the final flush) are applied before the copies are reported
   send_metadata();
+  std::vector<std::string> hashes;
+  for (int p = 0; p < P; ++p) hashes.push_back(fnv1a64_hex(base[p]));
   events.emit("stopped", {{"step", step}, {"signal", g_learner_signal.load()}, {"lost_steps", lost_steps},
                           {"reconnects", link.reconnects()}, {"max_boundary_s", boundary_s_max},
-                          {"versions", version}});
+                          {"versions", version}, {"hashes", hashes}});
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let the last metadata leave
   link.stop();
   return 0;

@@ -9,6 +9,7 @@
 #include "core/atomic_file.h"
 #include "core/bf16.h"
 #include "core/check.h"
+#include "core/hash.h"
 #include "core/safetensors.h"
 #include "train/checkpoint.h"
 #include "transport/grpc_options.h"
@@ -153,7 +154,9 @@ grpc::Status SyncerService::Join(grpc::ServerContext*, const v1::JoinRequest* re
     state_->on_join(id, now_s());
     reply->set_stream_index(id);
     reply->set_stream_cursor_json(cursors_.count(id) ? cursors_[id] : "");
-    reply->set_tokens_budget(config_.train.total_tokens / config_.diloco.learners);
+    // Shared budget: the whole budget, or 0 once it is spent (a learner restarted at the very end trains nothing).
+    reply->set_tokens_budget(config_.train.shared_budget ? (budget_spent_ ? 0 : config_.train.total_tokens)
+                                                         : config_.train.total_tokens / config_.diloco.learners);
     if (events_) {
       events_->emit("learner_joined", {{"learner", id}, {"host", req->host()}, {"global_step", state_->global_step()},
                                        {"replacing_session", replacing}});
@@ -399,7 +402,7 @@ void SyncerService::stop() {
 }
 
 void SyncerService::merger_loop() {
-  double last_persist = 0;
+  double last_persist = 0, last_budget_notice = 0;
   while (running_) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
     SyncerActions actions;
@@ -449,6 +452,24 @@ void SyncerService::merger_loop() {
     }
     if (checkpoint_due) write_checkpoint();
     const double now = now_s();
+    // train.shared_budget: once the learners' tokens reach the budget, every learner stops training; repeated
+    // every second for learners that (re)join later. The final flush follows when they all report finished.
+    if (config_.train.shared_budget) {
+      std::lock_guard lock(mu_);
+      bool notify = budget_spent_ && now - last_budget_notice > 1.0;
+      if (!budget_spent_ && state_->tokens_trained() >= config_.train.total_tokens) {
+        budget_spent_ = notify = true;
+        if (events_) events_->emit("budget_spent", {{"tokens", state_->tokens_trained()}, {"global_step", state_->global_step()}});
+      }
+      if (notify) {
+        v1::SyncerMessage msg;
+        msg.set_budget_spent(true);
+        for (const auto& [id, rec] : state_->learners()) {
+          if (!rec.last.finished) send(id, msg);
+        }
+        last_budget_notice = now;
+      }
+    }
     if (now - last_persist > 1.0 || actions.finished_now) {
       std::lock_guard lock(mu_);
       persist_state();
@@ -456,6 +477,14 @@ void SyncerService::merger_loop() {
     }
     if (actions.finished_now) {  // run_syncer writes the final checkpoint after the merger stops
       std::lock_guard lock(mu_);
+      if (events_) {  // what every learner's copy must equal at the end (chaos consistency check)
+        std::vector<std::string> hashes;
+        for (int p = 0; p < static_cast<int>(state_->layout().fragments.size()); ++p) {
+          hashes.push_back(fnv1a64_hex(state_->theta(p)));
+        }
+        events_->emit("final_state", {{"versions", state_->versions()}, {"hashes", hashes},
+                                      {"global_step", state_->global_step()}});
+      }
       v1::SyncerMessage stop_msg;
       stop_msg.set_stop(true);
       for (const auto& [id, box] : outboxes_) send(id, stop_msg);

@@ -94,6 +94,7 @@ class SyncerService final : public v1::Syncer::Service {
 
   std::atomic<bool> running_{false};
   std::atomic<bool> finished_{false};
+  bool budget_spent_ = false;  // train.shared_budget: the learners' tokens reached train.total_tokens (under mu_)
   std::thread merger_;
 };
 

@@ -52,18 +52,8 @@ class DecoupledTest : public ::testing::Test {
   // A tiny decoupled run: M = 3, P = 4 fragments, H = 4, τ = 1, K = 1 with the grace window.
   static fs::path write_config(const std::string& name, int64_t total_tokens, const std::string& extra = "",
                                int batch_size = 8, int d_model = 32, int learners = 3, int eval_interval = 10) {
-    const fs::path path = root_ / (name + ".toml");
-    std::ofstream(path) << "[model]\npreset = \"tiny\"\nvocab_size = 400\nd_model = " << d_model << "\n"
-                        << "[data]\ndir = \"" << (root_ / "data").string() << "\"\n"
-                        << "[train]\nbatch_size = " << batch_size << "\ntotal_tokens = " << total_tokens
-                        << "\nlr = 3e-3\nwarmup_steps = 5\neval_interval = " << eval_interval << "\neval_tokens = 4096\n"
-                        << "checkpoint_interval = 0\n"
-                        << "[diloco]\nmode = \"decoupled\"\nlearners = " << learners << "\ninner_steps = 4\nfragments = 4\noverlap = 1\n"
-                        << "quorum = 1\n"
-                        << "[run]\nname = \"" << name << "\"\nout_dir = \"" << root_.string()
-                        << "\"\nthreads = 2\nreport_interval_s = 1.0\n"
-                        << extra;
-    return path;
+    return testing_support::write_decoupled_config(root_, name, total_tokens, extra, batch_size, d_model, learners,
+                                                   eval_interval);
   }
 
   static fs::path root_;

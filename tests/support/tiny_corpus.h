@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -26,6 +27,26 @@ inline std::filesystem::path make_tiny_corpus(const std::string& prefix, const s
   const std::string cmd = data_tool + " prepare " + (root / "corpus.txt").string() + " --out " +
                           (root / "data").string() + " --vocab-size 400 --threads 1 > /dev/null 2>&1";
   return std::system(cmd.c_str()) == 0 ? root : fs::path();
+}
+
+/// Writes root/<name>.toml: a tiny decoupled run on the tiny corpus (M learners, P = 4 fragments, H = 4, τ = 1,
+/// K = 1), run folder root/<name>. `extra` is appended under [run] (e.g. "restart_delay_s = -1.0\n").
+inline std::filesystem::path write_decoupled_config(const std::filesystem::path& root, const std::string& name,
+                                                    int64_t total_tokens, const std::string& extra = "",
+                                                    int batch_size = 8, int d_model = 32, int learners = 3,
+                                                    int eval_interval = 10) {
+  const std::filesystem::path path = root / (name + ".toml");
+  std::ofstream(path) << "[model]\npreset = \"tiny\"\nvocab_size = 400\nd_model = " << d_model << "\n"
+                      << "[data]\ndir = \"" << (root / "data").string() << "\"\n"
+                      << "[train]\nbatch_size = " << batch_size << "\ntotal_tokens = " << total_tokens
+                      << "\nlr = 3e-3\nwarmup_steps = 5\neval_interval = " << eval_interval << "\neval_tokens = 4096\n"
+                      << "checkpoint_interval = 0\n"
+                      << "[diloco]\nmode = \"decoupled\"\nlearners = " << learners
+                      << "\ninner_steps = 4\nfragments = 4\noverlap = 1\nquorum = 1\n"
+                      << "[run]\nname = \"" << name << "\"\nout_dir = \"" << root.string()
+                      << "\"\nthreads = 2\nreport_interval_s = 1.0\n"
+                      << extra;
+  return path;
 }
 
 /// Removes the folder unless DLOCO_KEEP_TEST_RUNS is set (to inspect a failed run).

@@ -1,0 +1,219 @@
+// `dloco chaos`: trains a decoupled run under a fault plan (plans/*.toml), then the same config without faults at
+// equal tokens, and reports goodput, uptime, steps trained / kept / lost per learner, recovery times, syncer
+// downtime, bytes, the final validation loss of both, and the consistency checks (exact data, versions, final
+// copies) on the console and in <folder>/chaos.json and chaos.md. Each run is a `dloco train` child process.
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "apps/commands.h"
+#include "chaos/chaos_report.h"
+#include "chaos/fault_plan.h"
+#include "chaos/sim_replay.h"
+#include "core/atomic_file.h"
+#include "core/check.h"
+#include "core/config.h"
+#include "sim/goodput_sim.h"
+
+namespace dloco::apps {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), f, v);
+  return buf;
+}
+
+// Runs `dloco train` on `config` (and `plan`, if any) as a child process; returns its report, or null.
+nlohmann::json train_child(const Config& config, const fs::path& dir, const fs::path& plan) {
+  const fs::path cfg = dir / (config.run.name + ".toml");
+  write_file_atomically(cfg, to_toml(config));
+  const fs::path log = dir / (config.run.name + ".log");
+  std::printf("[chaos] %s: training%s, log %s\n", config.run.name.c_str(),
+              plan.empty() ? " without faults" : (" under plan " + plan.string()).c_str(), log.c_str());
+  std::fflush(stdout);
+  const fs::path self = fs::read_symlink("/proc/self/exe");
+  std::string command = "'" + self.string() + "' train --config '" + cfg.string() + "'";
+  if (!plan.empty()) command += " --plan '" + plan.string() + "'";
+  command += " > '" + log.string() + "' 2>&1";
+  const int rc = std::system(command.c_str());
+  const fs::path report = config.run_dir() / "report.json";
+  if (rc != 0 || !fs::exists(report)) {
+    std::printf("[chaos] %s: FAILED (exit %d), see %s\n", config.run.name.c_str(), WIFEXITED(rc) ? WEXITSTATUS(rc) : rc,
+                log.c_str());
+    if (WIFSIGNALED(rc) && (WTERMSIG(rc) == SIGINT || WTERMSIG(rc) == SIGTERM)) throw InputError("interrupted");
+    return nullptr;
+  }
+  return nlohmann::json::parse(std::ifstream(report));
+}
+
+double sent_per_learner_mb(const nlohmann::json& report) {
+  double sum = 0;
+  int n = 0;
+  const nlohmann::json bytes = report.value("bytes", nlohmann::json::object());
+  for (const auto& [role, b] : bytes.items()) {
+    if (role.rfind("learner_", 0) == 0) {
+      sum += b.value("sent", 0.0);
+      ++n;
+    }
+  }
+  return n ? sum / n / 1e6 : 0;
+}
+
+std::string seconds(double s) { return s < 0 ? "never" : fmt("%.1f", s); }
+
+}  // namespace
+
+void add_chaos_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("chaos", "Train under a fault plan and beside a fault-free run at equal tokens; "
+                                          "report goodput, uptime, recoveries and consistency checks");
+  static std::string config_path, plan_path, name = "chaos";
+  static std::vector<std::string> overrides;
+  static bool no_reference = false;
+  cmd->add_option("--config", config_path, "TOML config of a decoupled run (e.g. configs/demo.toml)")->required();
+  cmd->add_option("--plan", plan_path, "Fault plan (e.g. plans/smoke.toml; format in src/chaos/fault_plan.h)")->required();
+  cmd->add_option("--set", overrides, "Override a config field in both runs (repeatable)");
+  cmd->add_option("--name", name, "Folder under run.out_dir for both runs and the report")->capture_default_str();
+  cmd->add_flag("--no-reference", no_reference, "Skip the fault-free run (no loss comparison)");
+  cmd->callback([] {
+    Config faulted = load_config(config_path, overrides);
+    if (faulted.diloco.mode != "decoupled") {
+      throw InputError("dloco chaos needs diloco.mode = \"decoupled\" (got \"" + faulted.diloco.mode +
+                       "\"): fault plans for the baselines (elastic data parallel) are not built yet");
+    }
+    const FaultPlan plan = load_fault_plan(plan_path);
+    const auto resolved = plan.resolve(static_cast<int>(faulted.diloco.learners));  // bad slots fail now
+    const fs::path dir = fs::path(faulted.run.out_dir) / name;
+    if (fs::exists(dir / "chaos.json")) throw InputError("'" + dir.string() + "' already holds a chaos report: pick another --name");
+    fs::create_directories(dir);
+    fs::copy_file(plan_path, dir / "plan.toml", fs::copy_options::overwrite_existing);
+    faulted.run.out_dir = dir.string();
+    faulted.run.name = "faulted";
+    Config reference = faulted;
+    reference.run.name = "fault-free";
+    std::printf("[chaos] plan '%s': %zu faults over a run of %lld tokens, M = %lld; folder %s\n", plan.name.c_str(),
+                resolved.size(), static_cast<long long>(faulted.train.total_tokens),
+                static_cast<long long>(faulted.diloco.learners), dir.c_str());
+    for (const auto& f : resolved) std::printf("  %s\n", f.describe().c_str());
+    std::fflush(stdout);
+
+    const ChaosRunShape shape{static_cast<int>(faulted.diloco.learners), static_cast<int>(faulted.diloco.fragments),
+                              faulted.diloco.inner_steps, faulted.train.tokens_per_step(faulted.model), 5.0};
+    struct Side {
+      std::string label;
+      nlohmann::json report;
+      ChaosAnalysis analysis;
+      sim::GoodputResult simulated;  // the same learner kills replayed in the goodput simulator
+      nlohmann::json simulated_config;
+    };
+    std::vector<Side> sides;
+    for (const Config* c : {&faulted, &reference}) {
+      if (c == &reference && no_reference) break;
+      Side side{c->run.name, train_child(*c, dir, c == &faulted ? fs::absolute(dir / "plan.toml") : fs::path()), {}, {}, {}};
+      if (side.report.is_null()) continue;
+      side.analysis = analyze_chaos_run(c->run_dir(), shape);
+      const sim::GoodputConfig replay = replay_config(
+          side.analysis, {static_cast<int>(c->diloco.learners), static_cast<int>(c->diloco.quorum), c->diloco.inner_steps,
+                          static_cast<int>(c->diloco.fragments), c->diloco.overlap});
+      side.simulated = sim::simulate_goodput(replay);
+      side.simulated_config = sim::to_json(replay);
+      side.simulated_config["trace_failures"] = replay.trace.size();
+      side.simulated_config["result"] = sim::to_json(side.simulated, replay);
+      sides.push_back(std::move(side));
+    }
+    if (sides.empty()) throw InputError("no run finished: see the logs in " + dir.string());
+
+    // The report.
+    std::ostringstream md;
+    md << "# dloco chaos: " << name << "\n\nConfig `" << config_path << "`, plan `" << plan_path << "` ("
+       << resolved.size() << " faults), " << faulted.train.total_tokens << " tokens per run, M = "
+       << faulted.diloco.learners << ".\n\n| | " ;
+    for (const auto& s : sides) md << s.label << " | ";
+    md << "\n|---|";
+    for (size_t i = 0; i < sides.size(); ++i) md << "---|";
+    md << "\n";
+    auto row = [&](const std::string& label, auto value) {
+      md << "| " << label << " | ";
+      for (const auto& s : sides) md << value(s) << " | ";
+      md << "\n";
+    };
+    row("goodput", [](const Side& s) { return fmt("%.1f%%", 100 * s.analysis.goodput); });
+    row("simulated goodput (same learner kills, `dloco sim` model)",
+        [](const Side& s) { return fmt("%.1f%%", 100 * s.simulated.goodput); });
+    row("uptime", [](const Side& s) { return fmt("%.1f%%", 100 * s.analysis.uptime); });
+    row("final val loss (nats/token)", [](const Side& s) { return fmt("%.4f", s.analysis.final_val_loss); });
+    row("window s (learners started → final flush)", [](const Side& s) { return fmt("%.0f", s.analysis.window_s); });
+    row("nominal step s", [](const Side& s) { return fmt("%.3f", s.analysis.nominal_step_s); });
+    auto sum = [](const Side& s, auto field) {
+      double total = 0;
+      for (const auto& l : s.analysis.learners) total += field(l);
+      return total;
+    };
+    row("steps trained / kept / lost", [&](const Side& s) {
+      return fmt("%.0f", sum(s, [](const LearnerTally& l) { return static_cast<double>(l.steps_trained); })) + " / " +
+             fmt("%.0f", sum(s, [](const LearnerTally& l) { return l.steps_kept; })) + " / " +
+             fmt("%.0f", sum(s, [](const LearnerTally& l) { return l.steps_lost; }));
+    });
+    row("faults injected", [](const Side& s) { return std::to_string(s.report.value("faults_injected", 0)); });
+    row("learner restarts / syncer restarts", [](const Side& s) {
+      return std::to_string(s.report.value("learner_restarts", 0)) + " / " + std::to_string(s.report.value("syncer_restarts", 0));
+    });
+    row("MB sent per learner (since the last syncer start)", [](const Side& s) { return fmt("%.1f", sent_per_learner_mb(s.report)); });
+    row("exact data: batches / repeated / skipped", [](const Side& s) {
+      return std::to_string(s.analysis.batches) + " / " + std::to_string(s.analysis.duplicate_batches) + " / " +
+             std::to_string(s.analysis.gaps);
+    });
+    row("versions only increase", [](const Side& s) { return std::string(s.analysis.version_regressions == 0 ? "yes" : "NO"); });
+    row("final copies equal Θ (checked)", [](const Side& s) {
+      return std::to_string(s.analysis.fragments_equal) + "/" + std::to_string(s.analysis.fragments_checked);
+    });
+    row("no NaN", [](const Side& s) { return std::string(s.analysis.nan_free ? "yes" : "NO"); });
+    row("consistency checks", [](const Side& s) { return std::string(s.analysis.consistent() ? "pass" : "FAIL"); });
+
+    const ChaosAnalysis& f = sides[0].analysis;
+    md << "\nPer learner (" << sides[0].label << "):\n\n| learner | steps trained | kept | lost | incarnations | kills |\n"
+       << "|---|---|---|---|---|---|\n";
+    for (const auto& l : f.learners) {
+      md << "| " << l.id << " | " << l.steps_trained << " | " << fmt("%.1f", l.steps_kept) << " | "
+         << fmt("%.1f", l.steps_lost) << " | " << l.incarnations << " | " << l.kills << " |\n";
+    }
+    if (!f.recoveries.empty() || !f.syncer_downtime.empty()) {
+      md << "\nRecoveries (seconds after the kill):\n\n| process | killed at s | back (joined / listening) | "
+            "contributing (first kept answer / first merge) |\n|---|---|---|---|\n";
+      for (const auto& r : f.recoveries) {
+        md << "| learner " << r.learner << " | " << fmt("%.1f", r.killed_at_s) << " | " << seconds(r.back_s) << " | "
+           << seconds(r.contributing_s) << " |\n";
+      }
+      for (const auto& r : f.syncer_downtime) {
+        md << "| syncer | " << fmt("%.1f", r.killed_at_s) << " | " << seconds(r.back_s) << " | "
+           << seconds(r.contributing_s) << " |\n";
+      }
+    }
+    if (sides.size() == 2) {
+      md << "\nLoss difference (faulted − fault-free): "
+         << fmt("%+.4f", sides[0].analysis.final_val_loss - sides[1].analysis.final_val_loss) << " nats/token.\n";
+    }
+    md << "\nDefinitions: src/chaos/chaos_report.h (goodput, uptime, recovery); spec decoupled-diloco.md §7.\n";
+
+    nlohmann::json out = {{"config", config_path}, {"plan", plan.to_json(static_cast<int>(faulted.diloco.learners))},
+                          {"runs", nlohmann::json::array()}};
+    for (const auto& s : sides) {
+      out["runs"].push_back({{"name", s.label}, {"analysis", s.analysis.to_json()}, {"report", s.report},
+                             {"simulated", s.simulated_config}});
+    }
+    write_file_atomically(dir / "chaos.json", out.dump(2) + "\n");
+    write_file_atomically(dir / "chaos.md", md.str());
+    std::printf("\n%s\nwritten: %s, %s\n", md.str().c_str(), (dir / "chaos.md").c_str(), (dir / "chaos.json").c_str());
+    std::fflush(stdout);
+  });
+}
+
+}  // namespace dloco::apps

@@ -1,0 +1,252 @@
+// Analysis of a chaos run; see chaos_report.h.
+#include "chaos/chaos_report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+
+#include "core/check.h"
+#include "data/stream_log.h"
+
+namespace dloco {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<nlohmann::json> read_log(const fs::path& path, bool required) {
+  std::vector<nlohmann::json> out;
+  if (!fs::exists(path)) {
+    if (required) throw InputError("chaos analysis: " + path.string() + " is missing (is this a decoupled run folder?)");
+    return out;
+  }
+  std::ifstream in(path);
+  std::string line;
+  size_t n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.empty()) continue;
+    try {
+      out.push_back(nlohmann::json::parse(line));
+    } catch (const nlohmann::json::exception&) {
+      if (in.peek() == EOF) break;  // a last line cut off by a SIGKILL
+      throw InputError("chaos analysis: " + path.string() + " line " + std::to_string(n) + " is not JSON");
+    }
+  }
+  return out;
+}
+
+std::string name(const nlohmann::json& e) { return e.value("event", ""); }
+double time_of(const nlohmann::json& e) { return e.value("t", 0.0); }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+nlohmann::json ChaosAnalysis::to_json() const {
+  nlohmann::json ls = nlohmann::json::array();
+  for (const auto& l : learners) {
+    ls.push_back({{"id", l.id}, {"steps_trained", l.steps_trained}, {"steps_kept", l.steps_kept},
+                  {"steps_lost", l.steps_lost}, {"incarnations", l.incarnations}, {"kills", l.kills}});
+  }
+  auto recs = [](const std::vector<Recovery>& v) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const auto& r : v) {
+      a.push_back({{"learner", r.learner}, {"killed_at_s", r.killed_at_s}, {"restart_after_s", r.restart_after_s},
+                   {"back_s", r.back_s},
+                   {"contributing_s", r.contributing_s}});
+    }
+    return a;
+  };
+  return {{"window_s", window_s},
+          {"nominal_step_s", nominal_step_s},
+          {"goodput", goodput},
+          {"uptime", uptime},
+          {"learners", ls},
+          {"recoveries", recs(recoveries)},
+          {"syncer_downtime", recs(syncer_downtime)},
+          {"faults", faults},
+          {"exact_data", {{"batches", batches}, {"duplicates", duplicate_batches}, {"gaps", gaps},
+                          {"skipped_tokens", skipped_tokens}}},
+          {"consistency", {{"nan_free", nan_free}, {"version_regressions", version_regressions},
+                           {"fragments_checked", fragments_checked}, {"fragments_equal", fragments_equal},
+                           {"ok", consistent()}}},
+          {"final_val_loss", final_val_loss}};
+}
+
+ChaosAnalysis analyze_chaos_run(const fs::path& run_dir, const ChaosRunShape& shape) {
+  DLOCO_CHECK(shape.learners > 0 && shape.fragments > 0 && shape.inner_steps > 0 && shape.tokens_per_batch > 0);
+  ChaosAnalysis a;
+  const auto launcher = read_log(run_dir / "events" / "launcher.jsonl", true);
+  const auto syncer = read_log(run_dir / "events" / "syncer.jsonl", true);
+  double t0 = -1, t_end = -1, t_finished = -1;
+  for (const auto& e : launcher) {
+    if (name(e) == "started") t0 = time_of(e);  // the last start: a resumed run counts from its own start
+  }
+  if (t0 < 0) throw InputError("chaos analysis: " + run_dir.string() + "/events/launcher.jsonl has no 'started' event");
+  for (const auto& e : syncer) {
+    if (time_of(e) < t0) continue;
+    if (name(e) == "final_flush" && t_end < 0) t_end = time_of(e);
+    if (name(e) == "finished") t_finished = time_of(e);
+  }
+  if (t_end < 0) t_end = t_finished;
+  if (t_end < 0) throw InputError("chaos analysis: the syncer of " + run_dir.string() + " never finished the run");
+  a.window_s = t_end - t0;
+
+  // Faults, in time order.
+  struct Kill {
+    double t;
+    int learner;
+    double restart_after_s;
+  };
+  std::vector<Kill> learner_kills, syncer_kills;
+  for (const auto& e : launcher) {
+    if (name(e) != "fault" || time_of(e) < t0) continue;
+    nlohmann::json f = e;
+    f["t"] = time_of(e) - t0;
+    a.faults.push_back(f);
+    const std::string action = e.value("action", "");
+    const Kill kill{time_of(e), e.value("learner", -1), e.value("restart_after_s", 0.0)};
+    if (action == "kill_learner") learner_kills.push_back(kill);
+    if (action == "kill_syncer") syncer_kills.push_back(kill);
+  }
+
+  // Learners: steps, kept work, incarnations, versions, final copies.
+  std::vector<double> intervals;
+  std::map<std::string, std::string> final_hash;  // "p" -> syncer hash, for the syncer's final versions
+  std::vector<int64_t> final_versions;
+  for (const auto& e : syncer) {
+    if (name(e) == "final_state" && time_of(e) >= t0) {
+      final_versions = e.at("versions").get<std::vector<int64_t>>();
+      const auto hashes = e.at("hashes").get<std::vector<std::string>>();
+      for (size_t p = 0; p < hashes.size(); ++p) final_hash[std::to_string(p)] = hashes[p];
+    }
+  }
+  double kept_total = 0;
+  for (int m = 0; m < shape.learners; ++m) {
+    LearnerTally tally;
+    tally.id = m;
+    const auto events = read_log(run_dir / "events" / ("learner_" + std::to_string(m) + ".jsonl"), false);
+    std::vector<int64_t> held(static_cast<size_t>(shape.fragments), -1);
+    double last_step_t = -1;
+    std::vector<double> bootstraps, kept_times;
+    nlohmann::json last_stop;
+    for (const auto& e : events) {
+      if (time_of(e) < t0) continue;
+      const std::string n = name(e);
+      if (n == "bootstrapped") {
+        ++tally.incarnations;
+        last_step_t = -1;
+        bootstraps.push_back(time_of(e));
+        const auto versions = e.value("versions", std::vector<int64_t>{});
+        for (size_t p = 0; p < versions.size() && p < held.size(); ++p) {
+          if (versions[p] < held[p]) ++a.version_regressions;
+          held[p] = std::max(held[p], versions[p]);
+        }
+      } else if (n == "step") {
+        ++tally.steps_trained;
+        const auto loss = e.find("loss");  // a non-finite loss is written as null
+        if (e.value("skipped", false) || (loss != e.end() && loss->is_null())) a.nan_free = false;
+        if (last_step_t >= 0 && time_of(e) <= t_end) intervals.push_back(time_of(e) - last_step_t);
+        last_step_t = time_of(e);
+      } else if (n == "kept") {
+        tally.steps_kept += e.value("steps", 0.0) / shape.fragments;
+        kept_times.push_back(time_of(e));
+      } else if (n == "applied") {
+        const int p = e.value("fragment", -1);
+        const int64_t v = e.value("version", int64_t{-1});
+        if (p >= 0 && p < shape.fragments) {
+          if (v <= held[p]) ++a.version_regressions;
+          held[p] = std::max(held[p], v);
+        }
+      } else if (n == "stopped") {
+        last_stop = e;
+      }
+    }
+    // The last incarnation's copies against the syncer's final Θ, where both hold the same version.
+    if (!last_stop.is_null() && !final_versions.empty() && last_stop.contains("hashes")) {
+      const auto versions = last_stop.value("versions", std::vector<int64_t>{});
+      const auto hashes = last_stop["hashes"].get<std::vector<std::string>>();
+      for (size_t p = 0; p < versions.size() && p < hashes.size() && p < final_versions.size(); ++p) {
+        if (versions[p] != final_versions[p]) continue;
+        ++a.fragments_checked;
+        if (hashes[p] == final_hash[std::to_string(p)]) ++a.fragments_equal;
+      }
+    }
+    tally.steps_lost = static_cast<double>(tally.steps_trained) - tally.steps_kept;
+    for (const auto& [t, who, restart_after_s] : learner_kills) {
+      if (who != m) continue;
+      ++tally.kills;
+      Recovery r{m, t - t0, restart_after_s, -1, -1};
+      auto b = std::upper_bound(bootstraps.begin(), bootstraps.end(), t);
+      if (b != bootstraps.end()) {
+        r.back_s = *b - t;
+        auto k = std::upper_bound(kept_times.begin(), kept_times.end(), *b);
+        if (k != kept_times.end()) r.contributing_s = *k - t;
+      }
+      a.recoveries.push_back(r);
+    }
+    kept_total += tally.steps_kept;
+    a.learners.push_back(tally);
+  }
+  std::sort(a.recoveries.begin(), a.recoveries.end(),
+            [](const Recovery& x, const Recovery& y) { return x.killed_at_s < y.killed_at_s; });
+
+  // Syncer downtime: kill -> listening again -> first merge.
+  std::vector<double> listening, merges;
+  for (const auto& e : syncer) {
+    if (time_of(e) < t0) continue;
+    if (name(e) == "listening") listening.push_back(time_of(e));
+    if (name(e) == "merged") merges.push_back(time_of(e));
+  }
+  for (const auto& [t, who, restart_after_s] : syncer_kills) {
+    Recovery r{-1, t - t0, restart_after_s, -1, -1};
+    if (auto l = std::upper_bound(listening.begin(), listening.end(), t); l != listening.end()) r.back_s = *l - t;
+    if (auto mg = std::upper_bound(merges.begin(), merges.end(), t); mg != merges.end()) r.contributing_s = *mg - t;
+    a.syncer_downtime.push_back(r);
+  }
+
+  // Goodput and uptime.
+  a.nominal_step_s = median(intervals);
+  if (a.window_s > 0 && a.nominal_step_s > 0) {
+    a.goodput = kept_total * a.nominal_step_s / (shape.learners * a.window_s);
+    const double expected = shape.fragments / (shape.inner_steps * a.nominal_step_s) * shape.bin_s;
+    const int bins = std::max(1, static_cast<int>(std::floor(a.window_s / shape.bin_s)));
+    std::vector<int> count(static_cast<size_t>(bins), 0);
+    for (double t : merges) {
+      const int b = static_cast<int>((t - t0) / shape.bin_s);
+      if (b >= 0 && b < bins) ++count[static_cast<size_t>(b)];
+    }
+    int up = 0;
+    for (int c : count) up += c >= 0.5 * expected ? 1 : 0;
+    a.uptime = static_cast<double>(up) / bins;
+  }
+
+  // Exact data: every stream's log.
+  if (fs::exists(run_dir / "streams")) {
+    for (const auto& entry : fs::directory_iterator(run_dir / "streams")) {
+      if (entry.path().extension() != ".jsonl") continue;
+      const auto check = check_stream_log(read_stream_log(entry.path()), shape.tokens_per_batch);
+      a.batches += check.batches;
+      a.duplicate_batches += check.duplicates;
+      a.gaps += check.gaps;
+      a.skipped_tokens += check.skipped_tokens;
+    }
+  }
+
+  // The final loss, from the launcher's report.
+  if (fs::exists(run_dir / "report.json")) {
+    const auto report = nlohmann::json::parse(std::ifstream(run_dir / "report.json"));
+    const auto loss = report.find("final_val_loss");
+    a.final_val_loss = loss != report.end() && loss->is_number() ? loss->get<double>() : NAN;
+    if (!std::isfinite(a.final_val_loss)) a.nan_free = false;
+  }
+  return a;
+}
+
+}  // namespace dloco

@@ -1,0 +1,84 @@
+// What a chaos run measured (spec decoupled-diloco.md §7, "Goodput of a real run"), computed after the run from
+// the run folder alone: the processes' event logs (events/*.jsonl), the data streams' logs (streams/*.jsonl) and
+// the launcher's report. Nothing here trusts a process's own summary: a SIGKILLed learner writes none.
+//
+// Definitions (times are wall seconds; t = 0 when the launcher started the learners):
+//   window W        from the launcher's "started" to the syncer's "final_flush" (every slot spent its tokens)
+//                   or, failing that, its "finished".
+//   nominal step    the median interval between two consecutive steps of one learner process, over all
+//                   learners (a pause or a restart inside an interval does not move a median).
+//   kept steps      a learner's step earns 1/P for each fragment p whose next answered pull from that learner
+//                   was merged: Σ over the learner's "kept" events of steps / P.
+//   goodput         Σ_m kept_m · nominal step / (M · W): slot-seconds of kept training over slot-seconds
+//                   allocated (dead, paused and restarting time included).
+//   uptime          fraction of W, in bins of `bin_s`, whose merges reach half the expected rate
+//                   P / (H · nominal step) merges per second (one fragment due every H/P global steps).
+//   recovery time   a kill of a learner -> the first "kept" event of its next incarnation (contributing again).
+//   syncer downtime a kill of the syncer -> its first "merged" event afterwards.
+// Deliberately not here: running anything (the launcher, `dloco chaos`), the simulator.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace dloco {
+
+/// What the analysis needs to know about the run (from its resolved config).
+struct ChaosRunShape {
+  int learners = 1;              // M
+  int fragments = 1;             // P
+  int64_t inner_steps = 1;       // H
+  int64_t tokens_per_batch = 1;  // B·T: the step of a stream cursor
+  double bin_s = 5.0;            // uptime bin width
+};
+
+struct LearnerTally {
+  int id = 0;
+  int64_t steps_trained = 0;   // "step" events of every incarnation
+  double steps_kept = 0;       // Σ kept / P
+  double steps_lost = 0;       // trained − kept
+  int incarnations = 0;        // "bootstrapped" events
+  int kills = 0;               // plan kills of this slot
+};
+
+struct Recovery {
+  int learner = -1;            // -1: the syncer
+  double killed_at_s = 0;
+  double restart_after_s = 0;  // the plan's delay before the restart
+  double back_s = -1;          // learner: bootstrapped again; syncer: listening again (-1 = never)
+  double contributing_s = -1;  // learner: first kept answer; syncer: first merge (-1 = never)
+};
+
+struct ChaosAnalysis {
+  double window_s = 0;
+  double nominal_step_s = 0;
+  double goodput = 0;
+  double uptime = 0;
+  std::vector<LearnerTally> learners;
+  std::vector<Recovery> recoveries;      // learner kills, in time order
+  std::vector<Recovery> syncer_downtime; // syncer kills
+  nlohmann::json faults = nlohmann::json::array();  // the launcher's "fault" events
+  // Exact data
+  int64_t batches = 0, duplicate_batches = 0, gaps = 0, skipped_tokens = 0;
+  // Consistency
+  bool nan_free = true;                  // no skipped (non-finite) step, finite final loss
+  int64_t version_regressions = 0;       // an applied/bootstrapped version below one the slot already held
+  int fragments_checked = 0;             // (learner, fragment) pairs whose final version equals the syncer's
+  int fragments_equal = 0;               // ... and whose values hash equals the syncer's Θ_p
+  double final_val_loss = 0;
+  bool consistent() const {
+    return nan_free && version_regressions == 0 && duplicate_batches == 0 && gaps == 0 &&
+           fragments_equal == fragments_checked;
+  }
+  nlohmann::json to_json() const;
+};
+
+/// Analyses the finished run in `run_dir`. Throws InputError if the folder lacks the launcher's or the syncer's
+/// event log, or a log line is not JSON.
+ChaosAnalysis analyze_chaos_run(const std::filesystem::path& run_dir, const ChaosRunShape& shape);
+
+}  // namespace dloco

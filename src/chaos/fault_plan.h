@@ -1,0 +1,123 @@
+// Fault plans for chaos runs (the chaos issue; spec decoupled-diloco.md §7): a list of faults to inject into a
+// real run, each at a time (seconds since the learners were started) or at a global step, written as TOML
+// (plans/*.toml) or built in C++ with FaultPlanBuilder, plus random learner failures drawn from a mean time
+// between failures with a seed. The launcher carries the plan out (launcher.cc); `dloco chaos` reports on it.
+//
+// A plan file:
+//   [plan]
+//   name = "mixed"
+//   [[fault]]                        # one table per fault, in any order
+//   at_s = 60                        # or at_step = 300 (global step); exactly one of the two
+//   action = "kill_learner"          # kill_learner | pause_learner | slow_learner | kill_syncer
+//   learner = 2                      # kill/pause/slow: the learner slot
+//   restart_after_s = 5              # kill_*: restart the process after this delay; < 0 = never
+//   [[fault]]
+//   at_s = 120
+//   action = "pause_learner"         # SIGSTOP, then SIGCONT after duration_s: a straggler that stops dead
+//   learner = 1
+//   duration_s = 20
+//   [[fault]]
+//   at_s = 200
+//   action = "slow_learner"          # every step takes `factor` times as long for duration_s
+//   learner = 3
+//   factor = 2.0
+//   duration_s = 60
+//   [random]                         # optional: learner kills at exponential gaps (a Poisson process)
+//   mtbf_s = 60                      # mean time between two learner failures, whole run (cluster MTBF)
+//   restart_after_s = 5
+//   start_s = 30                     # no random failure before this time ...
+//   end_s = 1100                     # ... or after this one
+//   seed = 1
+// Deliberately not here: signals and processes (the launcher), the analysis (chaos_report.h).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace dloco {
+
+enum class FaultAction { kKillLearner, kPauseLearner, kSlowLearner, kKillSyncer };
+
+/// "kill_learner", "pause_learner", "slow_learner", "kill_syncer".
+const char* to_string(FaultAction action);
+/// Inverse of to_string; throws InputError listing the valid names.
+FaultAction parse_fault_action(std::string_view name);
+
+/// One fault. Exactly one trigger is set: at_s ≥ 0 (seconds since the learners started) or at_step ≥ 0 (the
+/// first moment the syncer's global step reaches it).
+struct FaultEvent {
+  double at_s = -1;
+  int64_t at_step = -1;
+  FaultAction action = FaultAction::kKillLearner;
+  int learner = -1;              // kill/pause/slow_learner: the slot, 0 ≤ learner < M
+  double restart_after_s = 5.0;  // kill_*: seconds until the process is started again; < 0 = never
+  double duration_s = 0;         // pause/slow: seconds the fault lasts
+  double factor = 1.0;           // slow: step-time multiplier (> 1)
+  bool random = false;           // drawn from [random] rather than written out
+
+  nlohmann::json to_json() const;
+  /// "kill learner 2 at 60 s (restart after 5 s)"
+  std::string describe() const;
+};
+
+/// Random learner failures: kills at exponential gaps of mean `mtbf_s` in [start_s, end_s), each of a slot drawn
+/// uniformly, restarted after restart_after_s. Deterministic for a given seed.
+struct RandomFaults {
+  double mtbf_s = 0;  // 0 = no random faults
+  double restart_after_s = 5.0;
+  double start_s = 0;
+  double end_s = 0;
+  uint64_t seed = 1;
+};
+
+struct FaultPlan {
+  std::string name = "plan";
+  std::vector<FaultEvent> events;  // written-out faults
+  RandomFaults random;
+
+  /// Every fault the run will see: the written-out ones plus the random draws for M learners, sorted by time
+  /// (time triggers first by at_s, then step triggers by at_step). Throws InputError if a learner slot is
+  /// outside [0, M).
+  std::vector<FaultEvent> resolve(int learners) const;
+  /// The plan as JSON, random faults drawn for M learners (for the run folder and the simulator).
+  nlohmann::json to_json(int learners) const;
+  /// Throws InputError naming the first bad fault (no trigger or two, missing learner, factor ≤ 1, ...).
+  void validate() const;
+};
+
+/// Reads a plan file (format above). Throws InputError for a missing file, a TOML syntax error, an unknown key
+/// or action, or a bad value, naming the file and the fault.
+FaultPlan load_fault_plan(const std::filesystem::path& path);
+/// Same, from TOML text; `origin` names it in errors.
+FaultPlan parse_fault_plan(std::string_view toml_text, const std::string& origin);
+
+/// A plan in C++ (tests, examples):
+///   FaultPlan plan = FaultPlanBuilder("kill-twice").at_s(10).kill_learner(1, 2.0).at_step(200).kill_syncer(3.0)
+///                        .at_s(30).pause_learner(0, 5.0).build();
+/// Each action uses the trigger set by the last at_s/at_step. build() validates (InputError).
+class FaultPlanBuilder {
+ public:
+  explicit FaultPlanBuilder(std::string name = "plan");
+  FaultPlanBuilder& at_s(double seconds);
+  FaultPlanBuilder& at_step(int64_t global_step);
+  FaultPlanBuilder& kill_learner(int learner, double restart_after_s = 5.0);
+  FaultPlanBuilder& pause_learner(int learner, double duration_s);
+  FaultPlanBuilder& slow_learner(int learner, double factor, double duration_s);
+  FaultPlanBuilder& kill_syncer(double restart_after_s = 5.0);
+  FaultPlanBuilder& random_kills(double mtbf_s, double start_s, double end_s, uint64_t seed,
+                                 double restart_after_s = 5.0);
+  FaultPlan build() const;
+
+ private:
+  FaultPlanBuilder& add(FaultEvent event);
+  FaultPlan plan_;
+  double at_s_ = -1;
+  int64_t at_step_ = -1;
+};
+
+}  // namespace dloco

@@ -1,0 +1,67 @@
+// Exact data across kills and restarts (spec decoupled-diloco.md §7, "Data streams"): an append-only log per data
+// stream of every batch handed to training. A learner records the batch's cursor here, flushed to the kernel,
+// *before* the step that trains it; a restarted learner resumes one batch after the last record. So no batch of a
+// stream is trained twice or skipped, whatever moment a SIGKILL lands; a batch whose step never reached a merge
+// is lost work (reported), never retrained. The log is also the record a chaos run checks afterwards.
+// One line per batch: {"stream":s,"position":…,"epoch":…,"tokens_served":…,"learner":m,"step":t}.
+// Durability: write + fflush, no fsync: it survives the death of the process (the fault plans inject), not a
+// power cut of the machine.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <vector>
+
+#include "data/stream.h"
+
+namespace dloco {
+
+/// Path of stream s's log in a run folder: run_dir/streams/stream_<s>.jsonl.
+std::filesystem::path stream_log_path(const std::filesystem::path& run_dir, int64_t stream);
+
+class StreamLog {
+ public:
+  /// Opens (creating it and its folder) the log at `path`. A last line cut off mid-write (the writer was killed)
+  /// is removed: that batch was never trained. Throws InputError if the file cannot be opened or a complete line
+  /// is not a cursor.
+  explicit StreamLog(const std::filesystem::path& path);
+  ~StreamLog();
+  StreamLog(const StreamLog&) = delete;
+  StreamLog& operator=(const StreamLog&) = delete;
+
+  /// Cursor of the last batch taken (the position it was read from), if any.
+  const std::optional<StreamCursor>& last_taken() const { return last_; }
+  /// Records that the batch at `cursor` (the stream's cursor before reading it) is about to be trained by
+  /// `learner` at its step `step`. Returns once the line is in the kernel. Throws InputError on a write error.
+  void take(const StreamCursor& cursor, int learner, int64_t step);
+
+ private:
+  std::filesystem::path path_;
+  FILE* file_ = nullptr;
+  std::optional<StreamCursor> last_;
+};
+
+/// One record of a stream log.
+struct StreamRecord {
+  StreamCursor cursor;
+  int learner = -1;
+  int64_t step = 0;
+};
+
+/// Every complete record of a log, in order (a torn last line is ignored). Throws InputError on a malformed line.
+std::vector<StreamRecord> read_stream_log(const std::filesystem::path& path);
+
+/// Exactly-once check of one stream's log: batches must follow each other by `tokens_per_batch` from
+/// tokens_served 0, with no repeat and no gap.
+struct ExactDataCheck {
+  int64_t batches = 0;     // records
+  int64_t duplicates = 0;  // records whose tokens_served did not move forward (a batch taken twice)
+  int64_t gaps = 0;        // records that jumped over at least one batch (tokens skipped)
+  int64_t skipped_tokens = 0;
+  bool ok() const { return duplicates == 0 && gaps == 0; }
+};
+ExactDataCheck check_stream_log(const std::vector<StreamRecord>& records, int64_t tokens_per_batch);
+
+}  // namespace dloco

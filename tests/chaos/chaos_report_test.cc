@@ -1,0 +1,189 @@
+// Exact-data stream logs and the chaos analysis, on run folders written by hand (the process-level chaos test is
+// tests/launcher/chaos_test.cc).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "chaos/chaos_report.h"
+#include "chaos/sim_replay.h"
+#include "core/check.h"
+#include "data/stream_log.h"
+#include "sim/goodput_sim.h"
+
+namespace dloco {
+namespace {
+
+namespace fs = std::filesystem;
+
+class ChaosReportTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("dloco_chaos_report_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "events");
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  void write(const std::string& file, const std::vector<nlohmann::json>& lines) {
+    std::ofstream out(dir_ / file, std::ios::app);
+    for (const auto& l : lines) out << l.dump() << "\n";
+  }
+  fs::path dir_;
+};
+
+StreamCursor at(int64_t batch, int64_t per_batch = 100) { return {0, batch * per_batch, 0, batch * per_batch}; }
+
+TEST_F(ChaosReportTest, StreamLogResumesAfterATornLineAndCountsRepeatsAndGaps) {
+  const fs::path path = stream_log_path(dir_, 0);
+  {
+    StreamLog log(path);
+    EXPECT_FALSE(log.last_taken().has_value());
+    for (int b = 0; b < 3; ++b) log.take(at(b), 0, b);
+  }
+  {  // a writer killed mid-line: the torn record is dropped, the last complete one is the cursor
+    std::ofstream out(path, std::ios::app);
+    out << "{\"stream\":0,\"posi";
+  }
+  {
+    StreamLog log(path);
+    ASSERT_TRUE(log.last_taken().has_value());
+    EXPECT_EQ(log.last_taken()->tokens_served, 200);
+    log.take(at(3), 0, 3);
+  }
+  auto records = read_stream_log(path);
+  ASSERT_EQ(records.size(), 4u);
+  auto check = check_stream_log(records, 100);
+  EXPECT_TRUE(check.ok());
+  EXPECT_EQ(check.batches, 4);
+  records.push_back({at(3), 1, 4});  // the same batch again
+  records.push_back({at(6), 1, 5});  // two batches skipped
+  check = check_stream_log(records, 100);
+  EXPECT_EQ(check.duplicates, 1);
+  EXPECT_EQ(check.gaps, 1);
+  EXPECT_EQ(check.skipped_tokens, 200);
+}
+
+TEST_F(ChaosReportTest, GoodputRecoveriesAndChecksFromTheEventLogs) {
+  // M = 2, P = 2, H = 2; steps every 0.1 s; learner 1 is killed at t0 + 1.0 and rejoins at t0 + 1.5.
+  const double t0 = 1000.0;
+  write("events/launcher.jsonl", {{{"t", t0}, {"event", "started"}},
+                                  {{"t", t0 + 1.0}, {"event", "fault"}, {"action", "kill_learner"}, {"learner", 1}},
+                                  {{"t", t0 + 1.2}, {"event", "fault"}, {"action", "kill_syncer"}}});
+  std::vector<nlohmann::json> syncer = {{{"t", t0 + 0.05}, {"event", "listening"}}};
+  for (int i = 0; i < 20; ++i) {
+    if (i >= 12 && i < 15) continue;  // the syncer is away from 1.2 s to 1.5 s
+    syncer.push_back({{"t", t0 + 0.1 * i}, {"event", "merged"}});
+  }
+  syncer.push_back({{"t", t0 + 1.4}, {"event", "listening"}});
+  syncer.push_back({{"t", t0 + 2.0}, {"event", "final_flush"}});
+  syncer.push_back({{"t", t0 + 2.1},
+                    {"event", "final_state"},
+                    {"versions", {9, 9}},
+                    {"hashes", {"aaaa", "bbbb"}}});
+  write("events/syncer.jsonl", syncer);
+  // Learner 0: 20 steps, all kept; its final copies equal Θ.
+  std::vector<nlohmann::json> l0 = {{{"t", t0}, {"event", "bootstrapped"}, {"versions", {0, 0}}}};
+  for (int i = 1; i <= 20; ++i) l0.push_back({{"t", t0 + 0.1 * i}, {"event", "step"}, {"loss", 5.0}});
+  for (int p = 0; p < 2; ++p) l0.push_back({{"t", t0 + 2.0}, {"event", "kept"}, {"fragment", p}, {"steps", 20}});
+  l0.push_back({{"t", t0 + 2.2}, {"event", "stopped"}, {"versions", {9, 9}}, {"hashes", {"aaaa", "bbbb"}}});
+  write("events/learner_0.jsonl", l0);
+  // Learner 1: 9 steps, half of them kept for fragment 0 only; killed; back at 1.5 (versions never regress),
+  // 4 more steps kept for both fragments from 1.9; one final copy differs.
+  std::vector<nlohmann::json> l1 = {{{"t", t0}, {"event", "bootstrapped"}, {"versions", {0, 0}}}};
+  for (int i = 1; i <= 9; ++i) l1.push_back({{"t", t0 + 0.1 * i}, {"event", "step"}, {"loss", 5.0}});
+  l1.push_back({{"t", t0 + 0.5}, {"event", "kept"}, {"fragment", 0}, {"steps", 4}});
+  l1.push_back({{"t", t0 + 0.6}, {"event", "applied"}, {"fragment", 0}, {"version", 3}});
+  l1.push_back({{"t", t0 + 1.5}, {"event", "bootstrapped"}, {"versions", {5, 5}}});
+  for (int i = 1; i <= 4; ++i) l1.push_back({{"t", t0 + 1.5 + 0.1 * i}, {"event", "step"}, {"loss", 5.0}});
+  for (int p = 0; p < 2; ++p) l1.push_back({{"t", t0 + 1.9}, {"event", "kept"}, {"fragment", p}, {"steps", 4}});
+  l1.push_back({{"t", t0 + 2.2}, {"event", "stopped"}, {"versions", {9, 8}}, {"hashes", {"aaaa", "cccc"}}});
+  write("events/learner_1.jsonl", l1);
+  {
+    StreamLog log(stream_log_path(dir_, 0));
+    for (int b = 0; b < 3; ++b) log.take(at(b), 0, b);
+  }
+  write("report.json", {{{"final_val_loss", 5.1}}});
+
+  const ChaosAnalysis a = analyze_chaos_run(dir_, {2, 2, 2, 100, 0.5});
+  EXPECT_DOUBLE_EQ(a.window_s, 2.0);
+  EXPECT_NEAR(a.nominal_step_s, 0.1, 1e-9);
+  ASSERT_EQ(a.learners.size(), 2u);
+  EXPECT_EQ(a.learners[0].steps_trained, 20);
+  EXPECT_DOUBLE_EQ(a.learners[0].steps_kept, 20);
+  EXPECT_EQ(a.learners[1].steps_trained, 13);
+  EXPECT_DOUBLE_EQ(a.learners[1].steps_kept, 2 + 4);  // 4 steps × 1/2, then 4 steps × 2/2
+  EXPECT_DOUBLE_EQ(a.learners[1].steps_lost, 7);
+  EXPECT_EQ(a.learners[1].incarnations, 2);
+  EXPECT_EQ(a.learners[1].kills, 1);
+  EXPECT_NEAR(a.goodput, (20 + 6) * 0.1 / (2 * 2.0), 1e-9);
+  ASSERT_EQ(a.recoveries.size(), 1u);
+  EXPECT_NEAR(a.recoveries[0].back_s, 0.5, 1e-9);
+  EXPECT_NEAR(a.recoveries[0].contributing_s, 0.9, 1e-9);
+  ASSERT_EQ(a.syncer_downtime.size(), 1u);
+  EXPECT_NEAR(a.syncer_downtime[0].back_s, 0.2, 1e-9);
+  EXPECT_NEAR(a.syncer_downtime[0].contributing_s, 0.3, 1e-9);
+  // Expected merges: P / (H · 0.1 s) = 10/s, 5 per 0.5 s bin; the bin [1.0, 1.5) has 2 merges: down.
+  EXPECT_NEAR(a.uptime, 0.75, 1e-9);
+  EXPECT_EQ(a.version_regressions, 0);
+  EXPECT_EQ(a.fragments_checked, 3);  // learner 1's fragment 1 holds version 8, not the final 9
+  EXPECT_EQ(a.fragments_equal, 3);
+  EXPECT_EQ(a.batches, 3);
+  EXPECT_TRUE(a.consistent());
+  EXPECT_DOUBLE_EQ(a.final_val_loss, 5.1);
+}
+
+TEST_F(ChaosReportTest, RegressedVersionsRepeatedBatchesAndNaNFailTheChecks) {
+  const double t0 = 50.0;
+  write("events/launcher.jsonl", {{{"t", t0}, {"event", "started"}}});
+  write("events/syncer.jsonl", {{{"t", t0 + 1}, {"event", "final_flush"}},
+                                {{"t", t0 + 1}, {"event", "final_state"}, {"versions", {4}}, {"hashes", {"aa"}}}});
+  write("events/learner_0.jsonl", {{{"t", t0}, {"event", "bootstrapped"}, {"versions", {0}}},
+                                   {{"t", t0 + 0.1}, {"event", "step"}, {"loss", nullptr}},
+                                   {{"t", t0 + 0.2}, {"event", "applied"}, {"fragment", 0}, {"version", 4}},
+                                   {{"t", t0 + 0.3}, {"event", "bootstrapped"}, {"versions", {3}}},
+                                   {{"t", t0 + 0.9}, {"event", "stopped"}, {"versions", {4}}, {"hashes", {"ab"}}}});
+  {
+    StreamLog log(stream_log_path(dir_, 0));
+    log.take(at(0), 0, 0);
+    log.take(at(0), 0, 1);
+  }
+  const ChaosAnalysis a = analyze_chaos_run(dir_, {1, 1, 1, 100, 1.0});
+  EXPECT_FALSE(a.nan_free);
+  EXPECT_EQ(a.version_regressions, 1);
+  EXPECT_EQ(a.duplicate_batches, 1);
+  EXPECT_EQ(a.fragments_checked, 1);
+  EXPECT_EQ(a.fragments_equal, 0);
+  EXPECT_FALSE(a.consistent());
+  EXPECT_THROW(analyze_chaos_run(dir_ / "nowhere", {1, 1, 1, 100, 1.0}), InputError);
+}
+
+TEST(SimReplay, ReplaysKillsPausesAndSlowdownsOfTheRun) {
+  ChaosAnalysis a;
+  a.window_s = 100;
+  a.nominal_step_s = 1.0;
+  a.recoveries = {{1, 50.0, 10.0, 12.0, 13.0}};  // killed at 50 s, restarted after 10 s, bootstrapped 2 s later
+  a.faults = nlohmann::json::array({
+      {{"t", 50.0}, {"action", "kill_learner"}, {"learner", 1}, {"restart_after_s", 10.0}},
+      {{"t", 20.0}, {"action", "pause_learner"}, {"learner", 0}, {"duration_s", 5.0}},
+      {{"t", 70.0}, {"action", "slow_learner"}, {"learner", 0}, {"factor", 2.0}, {"duration_s", 10.0}},
+      {{"t", 80.0}, {"action", "kill_syncer"}},
+  });
+  const sim::GoodputConfig c = replay_config(a, {2, 1, 2, 2, 1});
+  EXPECT_EQ(c.chips, 2);
+  EXPECT_EQ(c.learners, 2);
+  EXPECT_DOUBLE_EQ(c.step_s, 1.0);
+  EXPECT_DOUBLE_EQ(c.rejoin_s, 2.0);
+  ASSERT_EQ(c.trace.size(), 3u);  // the syncer kill is not replayed
+  EXPECT_DOUBLE_EQ(c.trace[0].t_s, 20.0);
+  EXPECT_TRUE(c.trace[0].keeps_state);
+  EXPECT_DOUBLE_EQ(c.trace[1].away_s, 10.0);
+  EXPECT_FALSE(c.trace[1].keeps_state);
+  EXPECT_DOUBLE_EQ(c.trace[2].away_s, 5.0);  // 10 s at half speed lose 5 s
+  // Lost: pause 5 + slowdown 5 + kill (10 away + 2 rejoin + H/2 = 1 unmerged step) = 23 of 200 slot-seconds.
+  EXPECT_NEAR(sim::simulate_goodput(c).goodput, 177.0 / 200.0, 1e-9);
+  a.nominal_step_s = 0;
+  EXPECT_THROW(replay_config(a, {2, 1, 2, 2, 1}), InputError);
+}
+
+}  // namespace
+}  // namespace dloco

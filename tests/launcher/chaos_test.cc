@@ -1,0 +1,171 @@
+// Chaos on real processes (the chaos issue): `dloco train --plan` carries out a fault plan against a tiny decoupled
+// run, and the run folder alone must show that nothing broke: every token of every stream trained at most once
+// and none skipped, fragment versions only increase, every learner's final copy equals Θ, no NaN; and a paused
+// (SIGSTOPped) learner never makes the other one wait.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "chaos/chaos_report.h"
+#include "support/tiny_corpus.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace testing_support = dloco::testing_support;
+using nlohmann::json;
+
+const std::string kDloco = std::string(DLOCO_BINARY_DIR) + "/bin/dloco";
+const std::string kDataTool = std::string(DLOCO_BINARY_DIR) + "/bin/dloco-data";
+
+std::vector<json> read_events(const fs::path& path) {
+  std::vector<json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty()) out.push_back(json::parse(line));
+  }
+  return out;
+}
+
+class ChaosTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = testing_support::make_tiny_corpus("dloco_chaos", kDataTool);
+    ASSERT_FALSE(root_.empty()) << "dloco-data prepare failed on the tiny corpus";
+  }
+  static void TearDownTestSuite() { testing_support::remove_unless_kept(root_); }
+
+  // Runs `dloco train --config CFG --plan PLAN` to the end; returns its report.
+  static json train_under_plan(const fs::path& cfg, const std::string& plan_toml, const std::string& name) {
+    const fs::path plan = root_ / (name + "-plan.toml");
+    std::ofstream(plan) << plan_toml;
+    const fs::path log = root_ / (name + ".log");
+    const std::string cmd = kDloco + " train --config " + cfg.string() + " --plan " + plan.string() + " > " +
+                            log.string() + " 2>&1";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << "see " << log;
+    const fs::path report = root_ / name / "report.json";
+    if (!fs::exists(report)) return nullptr;
+    return json::parse(std::ifstream(report));
+  }
+
+  static fs::path root_;
+};
+fs::path ChaosTest::root_;
+
+TEST_F(ChaosTest, KillsSyncerKillAndPauseLoseNoTokenAndKeepEveryCopyConsistent) {
+  // M = 2 learners, steps of ~0.1 s, ~25 s of training. Learner 0 is killed 5 times, the syncer once, learner 1
+  // is paused for 1.5 s.
+  const auto cfg = testing_support::write_decoupled_config(root_, "chaos", 2 * 200 * 32 * 32, "", 32, 96, 2, 0);
+  const json report = train_under_plan(cfg, R"(
+[plan]
+name = "test"
+[[fault]]
+at_s = 3
+action = "kill_learner"
+learner = 0
+restart_after_s = 0.2
+[[fault]]
+at_s = 5
+action = "pause_learner"
+learner = 1
+duration_s = 1.5
+[[fault]]
+at_s = 7
+action = "kill_learner"
+learner = 0
+restart_after_s = 0.2
+[[fault]]
+at_s = 9
+action = "kill_syncer"
+restart_after_s = 1.0
+[[fault]]
+at_s = 11
+action = "kill_learner"
+learner = 0
+restart_after_s = 0.2
+[[fault]]
+at_s = 14
+action = "kill_learner"
+learner = 0
+restart_after_s = 0.2
+[[fault]]
+at_s = 17
+action = "kill_learner"
+learner = 0
+restart_after_s = 0.2
+)", "chaos");
+  ASSERT_FALSE(report.is_null());
+  EXPECT_EQ(report["status"], "finished");
+  EXPECT_EQ(report["faults_injected"], 7);
+  EXPECT_EQ(report["learner_restarts"], 5);
+  EXPECT_EQ(report["syncer_restarts"], 1);
+
+  const dloco::ChaosAnalysis a = dloco::analyze_chaos_run(root_ / "chaos", {2, 4, 4, 32 * 32, 2.0});
+  std::printf("%s\n", a.to_json().dump(1).c_str());
+  // Exactly once: both streams' batches follow each other with no repeat and no gap, across 6 incarnations.
+  EXPECT_GT(a.batches, 150);
+  EXPECT_EQ(a.duplicate_batches, 0);
+  EXPECT_EQ(a.gaps, 0);
+  // Versions only increase, through 5 learner restarts and a syncer restart (persist before broadcast).
+  EXPECT_EQ(a.version_regressions, 0);
+  // At the end every learner's copy of each fragment equals Θ at that version; no NaN anywhere.
+  EXPECT_EQ(a.fragments_checked, 2 * 4);
+  EXPECT_EQ(a.fragments_equal, a.fragments_checked);
+  EXPECT_TRUE(a.nan_free);
+  ASSERT_EQ(a.learners.size(), 2u);
+  EXPECT_EQ(a.learners[0].incarnations, 6);
+  EXPECT_EQ(a.learners[0].kills, 5);
+  ASSERT_EQ(a.recoveries.size(), 5u);
+  for (const auto& r : a.recoveries) {
+    EXPECT_GT(r.back_s, 0) << "learner 0 never rejoined after the kill at " << r.killed_at_s << " s";
+    EXPECT_GT(r.contributing_s, 0) << "learner 0 never contributed after the kill at " << r.killed_at_s << " s";
+  }
+  ASSERT_EQ(a.syncer_downtime.size(), 1u);
+  EXPECT_GT(a.syncer_downtime[0].back_s, 0.9);  // restarted after its 1 s delay
+  EXPECT_GT(a.syncer_downtime[0].contributing_s, 0);
+  // The learner that was never killed kept most of what it trained.
+  EXPECT_GT(a.learners[1].steps_kept, 0.7 * a.learners[1].steps_trained);
+  EXPECT_GT(a.goodput, 0.3);
+  EXPECT_TRUE(std::isfinite(a.final_val_loss));
+}
+
+TEST_F(ChaosTest, PausedLearnerNeverMakesTheOtherWait) {
+  // SIGSTOP learner 1 for 4 s: learner 0's training thread must not notice (largest gap between its steps
+  // ≤ 2× its median), and the run finishes once learner 1 is continued.
+  const auto cfg = testing_support::write_decoupled_config(root_, "pause", 2 * 120 * 32 * 32, "", 32, 96, 2, 0);
+  const json report = train_under_plan(cfg, "[[fault]]\nat_s = 4\naction = \"pause_learner\"\nlearner = 1\n"
+                                            "duration_s = 4\n", "pause");
+  ASSERT_FALSE(report.is_null());
+  EXPECT_EQ(report["status"], "finished");
+  double paused_at = 0;
+  for (const auto& e : read_events(root_ / "pause" / "events" / "launcher.jsonl")) {
+    if (e["event"] == "fault") paused_at = e["t"];
+  }
+  ASSERT_GT(paused_at, 0) << "the pause was never injected";
+  std::vector<double> times;
+  int during_pause = 0;
+  for (const auto& e : read_events(root_ / "pause" / "events" / "learner_0.jsonl")) {
+    if (e["event"] != "step") continue;
+    times.push_back(e["t"]);
+    during_pause += times.back() > paused_at && times.back() < paused_at + 4;
+  }
+  ASSERT_GT(times.size(), 80u);
+  EXPECT_GT(during_pause, 10) << "learner 0 stopped training while learner 1 was paused";
+  std::vector<double> gaps;
+  for (size_t i = 6; i < times.size(); ++i) gaps.push_back(times[i] - times[i - 1]);
+  std::vector<double> sorted = gaps;
+  std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+  const double median = sorted[sorted.size() / 2];
+  const double largest = *std::max_element(gaps.begin(), gaps.end());
+  EXPECT_LE(largest, 2.0 * median) << "learner 0 waited: largest gap " << largest << " s, median " << median << " s";
+}
+
+}  // namespace
