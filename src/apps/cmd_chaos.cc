@@ -77,12 +77,14 @@ void add_chaos_command(CLI::App& app) {
                                           "report goodput, uptime, recoveries and consistency checks");
   static std::string config_path, plan_path, name = "chaos";
   static std::vector<std::string> overrides;
-  static bool no_reference = false;
+  static bool no_reference = false, report_only = false;
   cmd->add_option("--config", config_path, "TOML config of a decoupled run (e.g. configs/demo.toml)")->required();
   cmd->add_option("--plan", plan_path, "Fault plan (e.g. plans/smoke.toml; format in src/chaos/fault_plan.h)")->required();
   cmd->add_option("--set", overrides, "Override a config field in both runs (repeatable)");
   cmd->add_option("--name", name, "Folder under run.out_dir for both runs and the report")->capture_default_str();
   cmd->add_flag("--no-reference", no_reference, "Skip the fault-free run (no loss comparison)");
+  cmd->add_flag("--report-only", report_only,
+                "Train nothing: analyse the runs already in the folder again (faulted/, fault-free/)");
   cmd->callback([] {
     Config faulted = load_config(config_path, overrides);
     if (faulted.diloco.mode != "decoupled") {
@@ -92,9 +94,17 @@ void add_chaos_command(CLI::App& app) {
     const FaultPlan plan = load_fault_plan(plan_path);
     const auto resolved = plan.resolve(static_cast<int>(faulted.diloco.learners));  // bad slots fail now
     const fs::path dir = fs::path(faulted.run.out_dir) / name;
-    if (fs::exists(dir / "chaos.json")) throw InputError("'" + dir.string() + "' already holds a chaos report: pick another --name");
-    fs::create_directories(dir);
-    fs::copy_file(plan_path, dir / "plan.toml", fs::copy_options::overwrite_existing);
+    if (report_only) {
+      if (!fs::exists(dir / "faulted" / "report.json")) {
+        throw InputError("--report-only: '" + (dir / "faulted").string() + "' holds no finished run");
+      }
+    } else {
+      if (fs::exists(dir / "chaos.json")) {
+        throw InputError("'" + dir.string() + "' already holds a chaos report: pick another --name (or --report-only)");
+      }
+      fs::create_directories(dir);
+      fs::copy_file(plan_path, dir / "plan.toml", fs::copy_options::overwrite_existing);
+    }
     faulted.run.out_dir = dir.string();
     faulted.run.name = "faulted";
     Config reference = faulted;
@@ -117,7 +127,13 @@ void add_chaos_command(CLI::App& app) {
     std::vector<Side> sides;
     for (const Config* c : {&faulted, &reference}) {
       if (c == &reference && no_reference) break;
-      Side side{c->run.name, train_child(*c, dir, c == &faulted ? fs::absolute(dir / "plan.toml") : fs::path()), {}, {}, {}};
+      nlohmann::json report;
+      if (report_only) {
+        if (fs::exists(c->run_dir() / "report.json")) report = nlohmann::json::parse(std::ifstream(c->run_dir() / "report.json"));
+      } else {
+        report = train_child(*c, dir, c == &faulted ? fs::absolute(dir / "plan.toml") : fs::path());
+      }
+      Side side{c->run.name, report, {}, {}, {}};
       if (side.report.is_null()) continue;
       side.analysis = analyze_chaos_run(c->run_dir(), shape);
       const sim::GoodputConfig replay = replay_config(

@@ -46,6 +46,21 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Mean of the intervals no longer than 3× their median: a step's time while training, without the intervals
+// that contain a pause, a restart or a wait (the median alone overstates it when most steps are a bit shorter).
+double trimmed_mean(const std::vector<double>& v) {
+  const double cut = 3.0 * median(v);
+  double sum = 0;
+  int n = 0;
+  for (double x : v) {
+    if (x <= cut) {
+      sum += x;
+      ++n;
+    }
+  }
+  return n > 0 ? sum / n : 0;
+}
+
 }  // namespace
 
 nlohmann::json ChaosAnalysis::to_json() const {
@@ -212,7 +227,7 @@ ChaosAnalysis analyze_chaos_run(const fs::path& run_dir, const ChaosRunShape& sh
   }
 
   // Goodput and uptime.
-  a.nominal_step_s = median(intervals);
+  a.nominal_step_s = trimmed_mean(intervals);
   if (a.window_s > 0 && a.nominal_step_s > 0) {
     a.goodput = kept_total * a.nominal_step_s / (shape.learners * a.window_s);
     const double expected = shape.fragments / (shape.inner_steps * a.nominal_step_s) * shape.bin_s;

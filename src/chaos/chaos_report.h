@@ -5,8 +5,8 @@
 // Definitions (times are wall seconds; t = 0 when the launcher started the learners):
 //   window W        from the launcher's "started" to the syncer's "final_flush" (every slot spent its tokens)
 //                   or, failing that, its "finished".
-//   nominal step    the median interval between two consecutive steps of one learner process, over all
-//                   learners (a pause or a restart inside an interval does not move a median).
+//   nominal step    the mean interval between two consecutive steps of one learner process, over all
+//                   learners, leaving out intervals longer than 3× the median (those hold a pause or a wait).
 //   kept steps      a learner's step earns 1/P for each fragment p whose next answered pull from that learner
 //                   was merged: Σ over the learner's "kept" events of steps / P.
 //   goodput         Σ_m kept_m · nominal step / (M · W): slot-seconds of kept training over slot-seconds

@@ -25,15 +25,7 @@ using nlohmann::json;
 const std::string kDloco = std::string(DLOCO_BINARY_DIR) + "/bin/dloco";
 const std::string kDataTool = std::string(DLOCO_BINARY_DIR) + "/bin/dloco-data";
 
-std::vector<json> read_events(const fs::path& path) {
-  std::vector<json> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (!line.empty()) out.push_back(json::parse(line));
-  }
-  return out;
-}
+using testing_support::read_events;
 
 class ChaosTest : public ::testing::Test {
  protected:
@@ -61,9 +53,11 @@ class ChaosTest : public ::testing::Test {
 fs::path ChaosTest::root_;
 
 TEST_F(ChaosTest, KillsSyncerKillAndPauseLoseNoTokenAndKeepEveryCopyConsistent) {
-  // M = 2 learners, steps of ~0.1 s, ~25 s of training. Learner 0 is killed 5 times, the syncer once, learner 1
-  // is paused for 1.5 s.
-  const auto cfg = testing_support::write_decoupled_config(root_, "chaos", 2 * 200 * 32 * 32, "", 32, 96, 2, 0);
+  // M = 2 learners sharing the token budget, steps of ~0.1 s, ~25 s of training. Learner 0 is killed 5 times,
+  // the syncer once, learner 1 is paused for 1.5 s.
+  const int64_t budget = 2 * 200 * 32 * 32;
+  const auto cfg = testing_support::write_decoupled_config(root_, "chaos", budget, "", 32, 96, 2, 0,
+                                                           "shared_budget = true\n");
   const json report = train_under_plan(cfg, R"(
 [plan]
 name = "test"
@@ -114,6 +108,16 @@ restart_after_s = 0.2
   EXPECT_GT(a.batches, 150);
   EXPECT_EQ(a.duplicate_batches, 0);
   EXPECT_EQ(a.gaps, 0);
+  // The shared budget: the learners together took the budget (a few steps in flight past it), and the one that
+  // was never killed took more of it than the one killed 5 times.
+  int64_t batches[2] = {0, 0};
+  for (int s = 0; s < 2; ++s) {
+    std::ifstream in(root_ / "chaos" / "streams" / ("stream_" + std::to_string(s) + ".jsonl"));
+    for (std::string line; std::getline(in, line);) batches[s] += !line.empty();
+  }
+  EXPECT_GE((batches[0] + batches[1]) * 32 * 32, budget);
+  EXPECT_LE((batches[0] + batches[1]) * 32 * 32, budget + 3 * 2 * 32 * 32);
+  EXPECT_GT(batches[1], batches[0]);
   // Versions only increase, through 5 learner restarts and a syncer restart (persist before broadcast).
   EXPECT_EQ(a.version_regressions, 0);
   // At the end every learner's copy of each fragment equals Θ at that version; no NaN anywhere.

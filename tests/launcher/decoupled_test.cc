@@ -31,15 +31,7 @@ using nlohmann::json;
 const std::string kDloco = std::string(DLOCO_BINARY_DIR) + "/bin/dloco";
 const std::string kDataTool = std::string(DLOCO_BINARY_DIR) + "/bin/dloco-data";
 
-std::vector<json> read_events(const fs::path& path) {
-  std::vector<json> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (!line.empty()) out.push_back(json::parse(line));
-  }
-  return out;
-}
+using testing_support::read_events;
 
 class DecoupledTest : public ::testing::Test {
  protected:

@@ -1,5 +1,5 @@
 // Shared by the process tests: a scratch folder with a tiny tokenized corpus (vocabulary 400) made by the real
-// dloco-data tool, so `dloco train` runs on it in seconds.
+// dloco-data tool, so `dloco train` runs on it in seconds; a tiny decoupled config; reading event logs.
 #pragma once
 
 #include <unistd.h>
@@ -9,6 +9,9 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace dloco::testing_support {
 
@@ -30,23 +33,35 @@ inline std::filesystem::path make_tiny_corpus(const std::string& prefix, const s
 }
 
 /// Writes root/<name>.toml: a tiny decoupled run on the tiny corpus (M learners, P = 4 fragments, H = 4, τ = 1,
-/// K = 1), run folder root/<name>. `extra` is appended under [run] (e.g. "restart_delay_s = -1.0\n").
+/// K = 1), run folder root/<name>. `extra` is appended under [run] (e.g. "restart_delay_s = -1.0\n"),
+/// `train_extra` under [train].
 inline std::filesystem::path write_decoupled_config(const std::filesystem::path& root, const std::string& name,
                                                     int64_t total_tokens, const std::string& extra = "",
                                                     int batch_size = 8, int d_model = 32, int learners = 3,
-                                                    int eval_interval = 10) {
+                                                    int eval_interval = 10, const std::string& train_extra = "") {
   const std::filesystem::path path = root / (name + ".toml");
   std::ofstream(path) << "[model]\npreset = \"tiny\"\nvocab_size = 400\nd_model = " << d_model << "\n"
                       << "[data]\ndir = \"" << (root / "data").string() << "\"\n"
                       << "[train]\nbatch_size = " << batch_size << "\ntotal_tokens = " << total_tokens
                       << "\nlr = 3e-3\nwarmup_steps = 5\neval_interval = " << eval_interval << "\neval_tokens = 4096\n"
-                      << "checkpoint_interval = 0\n"
+                      << "checkpoint_interval = 0\n" << train_extra
                       << "[diloco]\nmode = \"decoupled\"\nlearners = " << learners
                       << "\ninner_steps = 4\nfragments = 4\noverlap = 1\nquorum = 1\n"
                       << "[run]\nname = \"" << name << "\"\nout_dir = \"" << root.string()
                       << "\"\nthreads = 2\nreport_interval_s = 1.0\n"
                       << extra;
   return path;
+}
+
+/// Every line of a JSON-lines event log (events/<role>.jsonl); empty if the file does not exist yet.
+inline std::vector<nlohmann::json> read_events(const std::filesystem::path& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  }
+  return out;
 }
 
 /// Removes the folder unless DLOCO_KEEP_TEST_RUNS is set (to inspect a failed run).
