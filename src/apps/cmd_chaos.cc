@@ -91,9 +91,11 @@ void add_chaos_command(CLI::App& app) {
       throw InputError("dloco chaos needs diloco.mode = \"decoupled\" (got \"" + faulted.diloco.mode +
                        "\"): fault plans for the baselines (elastic data parallel) are not built yet");
     }
-    const FaultPlan plan = load_fault_plan(plan_path);
-    const auto resolved = plan.resolve(static_cast<int>(faulted.diloco.learners));  // bad slots fail now
     const fs::path dir = fs::path(faulted.run.out_dir) / name;
+    // --report-only describes the plan that ran (the folder's copy), not whatever --plan holds now.
+    const fs::path plan_file = report_only && fs::exists(dir / "plan.toml") ? dir / "plan.toml" : fs::path(plan_path);
+    const FaultPlan plan = load_fault_plan(plan_file);
+    const auto resolved = plan.resolve(static_cast<int>(faulted.diloco.learners));  // bad slots fail now
     if (report_only) {
       if (!fs::exists(dir / "faulted" / "report.json")) {
         throw InputError("--report-only: '" + (dir / "faulted").string() + "' holds no finished run");
@@ -101,6 +103,12 @@ void add_chaos_command(CLI::App& app) {
     } else {
       if (fs::exists(dir / "chaos.json")) {
         throw InputError("'" + dir.string() + "' already holds a chaos report: pick another --name (or --report-only)");
+      }
+      for (const char* run : {"faulted", "fault-free"}) {
+        if (fs::exists(dir / run)) {
+          throw InputError("'" + (dir / run).string() + "' is left from an earlier attempt: pick another --name, "
+                           "or remove it");
+        }
       }
       fs::create_directories(dir);
       fs::copy_file(plan_path, dir / "plan.toml", fs::copy_options::overwrite_existing);
@@ -135,14 +143,19 @@ void add_chaos_command(CLI::App& app) {
       }
       Side side{c->run.name, report, {}, {}, {}};
       if (side.report.is_null()) continue;
-      side.analysis = analyze_chaos_run(c->run_dir(), shape);
-      const sim::GoodputConfig replay = replay_config(
-          side.analysis, {static_cast<int>(c->diloco.learners), static_cast<int>(c->diloco.quorum), c->diloco.inner_steps,
-                          static_cast<int>(c->diloco.fragments), c->diloco.overlap});
-      side.simulated = sim::simulate_goodput(replay);
-      side.simulated_config = sim::to_json(replay);
-      side.simulated_config["trace_failures"] = replay.trace.size();
-      side.simulated_config["result"] = sim::to_json(side.simulated, replay);
+      try {  // one run's broken folder must not throw away the other's report
+        side.analysis = analyze_chaos_run(c->run_dir(), shape);
+        const sim::GoodputConfig replay = replay_config(
+            side.analysis, {static_cast<int>(c->diloco.learners), static_cast<int>(c->diloco.quorum),
+                            c->diloco.inner_steps, static_cast<int>(c->diloco.fragments), c->diloco.overlap});
+        side.simulated = sim::simulate_goodput(replay);
+        side.simulated_config = sim::to_json(replay);
+        side.simulated_config["trace_failures"] = replay.trace.size();
+        side.simulated_config["result"] = sim::to_json(side.simulated, replay);
+      } catch (const InputError& e) {
+        std::printf("[chaos] %s: cannot analyse the run: %s\n", c->run.name.c_str(), e.what());
+        continue;
+      }
       sides.push_back(std::move(side));
     }
     if (sides.empty()) throw InputError("no run finished: see the logs in " + dir.string());
@@ -183,7 +196,7 @@ void add_chaos_command(CLI::App& app) {
       return std::to_string(s.report.value("learner_restarts", 0)) + " / " + std::to_string(s.report.value("syncer_restarts", 0));
     });
     row("MB sent per learner (since the last syncer start)", [](const Side& s) { return fmt("%.1f", sent_per_learner_mb(s.report)); });
-    row("exact data: batches / repeated / skipped", [](const Side& s) {
+    row("exact data: batches / repeated / gaps (jumps over batches)", [](const Side& s) {
       return std::to_string(s.analysis.batches) + " / " + std::to_string(s.analysis.duplicate_batches) + " / " +
              std::to_string(s.analysis.gaps);
     });

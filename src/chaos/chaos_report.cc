@@ -15,7 +15,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::vector<nlohmann::json> read_log(const fs::path& path, bool required) {
+std::vector<nlohmann::json> read_log(const fs::path& path, bool required, int64_t* torn) {
   std::vector<nlohmann::json> out;
   if (!fs::exists(path)) {
     if (required) throw InputError("chaos analysis: " + path.string() + " is missing (is this a decoupled run folder?)");
@@ -23,15 +23,14 @@ std::vector<nlohmann::json> read_log(const fs::path& path, bool required) {
   }
   std::ifstream in(path);
   std::string line;
-  size_t n = 0;
   while (std::getline(in, line)) {
-    ++n;
     if (line.empty()) continue;
     try {
       out.push_back(nlohmann::json::parse(line));
     } catch (const nlohmann::json::exception&) {
-      if (in.peek() == EOF) break;  // a last line cut off by a SIGKILL
-      throw InputError("chaos analysis: " + path.string() + " line " + std::to_string(n) + " is not JSON");
+      // A line cut off by a SIGKILL: at the end of the log, or in its middle once a restarted process appended
+      // after it. Skipped (and counted by the caller through `torn`).
+      ++*torn;
     }
   }
   return out;
@@ -91,14 +90,15 @@ nlohmann::json ChaosAnalysis::to_json() const {
           {"consistency", {{"nan_free", nan_free}, {"version_regressions", version_regressions},
                            {"fragments_checked", fragments_checked}, {"fragments_equal", fragments_equal},
                            {"ok", consistent()}}},
-          {"final_val_loss", final_val_loss}};
+          {"final_val_loss", final_val_loss},
+          {"torn_event_lines", torn_event_lines}};
 }
 
 ChaosAnalysis analyze_chaos_run(const fs::path& run_dir, const ChaosRunShape& shape) {
   DLOCO_CHECK(shape.learners > 0 && shape.fragments > 0 && shape.inner_steps > 0 && shape.tokens_per_batch > 0);
   ChaosAnalysis a;
-  const auto launcher = read_log(run_dir / "events" / "launcher.jsonl", true);
-  const auto syncer = read_log(run_dir / "events" / "syncer.jsonl", true);
+  const auto launcher = read_log(run_dir / "events" / "launcher.jsonl", true, &a.torn_event_lines);
+  const auto syncer = read_log(run_dir / "events" / "syncer.jsonl", true, &a.torn_event_lines);
   double t0 = -1, t_end = -1, t_finished = -1;
   for (const auto& e : launcher) {
     if (name(e) == "started") t0 = time_of(e);  // the last start: a resumed run counts from its own start
@@ -137,8 +137,8 @@ ChaosAnalysis analyze_chaos_run(const fs::path& run_dir, const ChaosRunShape& sh
   std::vector<int64_t> final_versions;
   for (const auto& e : syncer) {
     if (name(e) == "final_state" && time_of(e) >= t0) {
-      final_versions = e.at("versions").get<std::vector<int64_t>>();
-      const auto hashes = e.at("hashes").get<std::vector<std::string>>();
+      final_versions = e.value("versions", std::vector<int64_t>{});
+      const auto hashes = e.value("hashes", std::vector<std::string>{});
       for (size_t p = 0; p < hashes.size(); ++p) final_hash[std::to_string(p)] = hashes[p];
     }
   }
@@ -146,7 +146,7 @@ ChaosAnalysis analyze_chaos_run(const fs::path& run_dir, const ChaosRunShape& sh
   for (int m = 0; m < shape.learners; ++m) {
     LearnerTally tally;
     tally.id = m;
-    const auto events = read_log(run_dir / "events" / ("learner_" + std::to_string(m) + ".jsonl"), false);
+    const auto events = read_log(run_dir / "events" / ("learner_" + std::to_string(m) + ".jsonl"), false, &a.torn_event_lines);
     std::vector<int64_t> held(static_cast<size_t>(shape.fragments), -1);
     double last_step_t = -1;
     std::vector<double> bootstraps, kept_times;
@@ -186,7 +186,7 @@ ChaosAnalysis analyze_chaos_run(const fs::path& run_dir, const ChaosRunShape& sh
     // The last incarnation's copies against the syncer's final Θ, where both hold the same version.
     if (!last_stop.is_null() && !final_versions.empty() && last_stop.contains("hashes")) {
       const auto versions = last_stop.value("versions", std::vector<int64_t>{});
-      const auto hashes = last_stop["hashes"].get<std::vector<std::string>>();
+      const auto hashes = last_stop.value("hashes", std::vector<std::string>{});
       for (size_t p = 0; p < versions.size() && p < hashes.size() && p < final_versions.size(); ++p) {
         if (versions[p] != final_versions[p]) continue;
         ++a.fragments_checked;
@@ -256,7 +256,7 @@ ChaosAnalysis analyze_chaos_run(const fs::path& run_dir, const ChaosRunShape& sh
 
   // The final loss, from the launcher's report.
   if (fs::exists(run_dir / "report.json")) {
-    const auto report = nlohmann::json::parse(std::ifstream(run_dir / "report.json"));
+    const auto report = nlohmann::json::parse(std::ifstream(run_dir / "report.json"), nullptr, false);
     const auto loss = report.find("final_val_loss");
     a.final_val_loss = loss != report.end() && loss->is_number() ? loss->get<double>() : NAN;
     if (!std::isfinite(a.final_val_loss)) a.nan_free = false;

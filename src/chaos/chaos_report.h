@@ -32,7 +32,7 @@ struct ChaosRunShape {
   int learners = 1;              // M
   int fragments = 1;             // P
   int64_t inner_steps = 1;       // H
-  int64_t tokens_per_batch = 1;  // B·T: the step of a stream cursor
+  int64_t tokens_per_batch = 1;  // B·T·grad_accum: how far a stream's cursor moves per step (one log record)
   double bin_s = 5.0;            // uptime bin width
 };
 
@@ -70,8 +70,10 @@ struct ChaosAnalysis {
   int fragments_checked = 0;             // (learner, fragment) pairs whose final version equals the syncer's
   int fragments_equal = 0;               // ... and whose values hash equals the syncer's Θ_p
   double final_val_loss = 0;
+  int64_t torn_event_lines = 0;          // event-log lines cut off by a SIGKILL (skipped)
+  /// Every check passed, and at least one final copy was compared.
   bool consistent() const {
-    return nan_free && version_regressions == 0 && duplicate_batches == 0 && gaps == 0 &&
+    return nan_free && version_regressions == 0 && duplicate_batches == 0 && gaps == 0 && fragments_checked > 0 &&
            fragments_equal == fragments_checked;
   }
   nlohmann::json to_json() const;

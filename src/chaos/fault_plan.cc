@@ -26,7 +26,10 @@ std::string fmt(double v) {
 }
 
 double number(const toml::node& node, const std::string& where) {
-  if (auto v = node.value<double>()) return *v;
+  if (auto v = node.value<double>()) {
+    if (std::isfinite(*v)) return *v;
+    throw InputError(where + " must be a finite number (got " + fmt(*v) + ")");
+  }
   throw InputError(where + " must be a number");
 }
 
@@ -93,10 +96,17 @@ void FaultPlan::validate() const {
       throw InputError(where + ": factor must be a finite number > 1 (the step-time multiplier)");
     }
     if (!std::isfinite(e.restart_after_s)) throw InputError(where + ": restart_after_s must be finite");
+    if (e.action == FaultAction::kKillSyncer && e.restart_after_s < 0) {
+      throw InputError(where + ": restart_after_s must be ≥ 0 (a decoupled run cannot finish without its syncer)");
+    }
   }
   if (random.mtbf_s < 0 || !std::isfinite(random.mtbf_s)) throw InputError("plan '" + name + "': random.mtbf_s must be ≥ 0");
   if (random.mtbf_s > 0 && !(random.end_s > random.start_s && random.start_s >= 0)) {
     throw InputError("plan '" + name + "': random faults need 0 ≤ start_s < end_s (seconds since the learners started)");
+  }
+  if (random.mtbf_s > 0 && (random.end_s - random.start_s) / random.mtbf_s > 1e5) {
+    throw InputError("plan '" + name + "': random faults would draw ~" + fmt((random.end_s - random.start_s) / random.mtbf_s) +
+                     " kills (end_s − start_s)/mtbf_s; at most 100000 are allowed");
   }
 }
 
@@ -188,7 +198,7 @@ FaultPlan parse_fault_plan(std::string_view toml_text, const std::string& origin
             e.at_step = *v;
           } else if (f == "learner") {
             const auto v = fv.value<int64_t>();
-            if (!v || *v < 0) throw InputError(at + " must be a learner slot ≥ 0");
+            if (!v || *v < 0 || *v > 1'000'000) throw InputError(at + " must be a learner slot in [0, 1000000]");
             e.learner = static_cast<int>(*v);
           } else if (f == "restart_after_s") {
             e.restart_after_s = number(fv, at);

@@ -61,26 +61,32 @@ double unix_now() {
 class FaultInjector {
  public:
   FaultInjector(std::vector<FaultEvent> faults, const fs::path& run_dir, EventLog& events)
-      : faults_(std::move(faults)), run_dir_(run_dir), events_(events) {}
+      : faults_(std::move(faults)), fired_(faults_.size(), false), run_dir_(run_dir), events_(events) {}
 
-  /// Fires every fault that is due at `elapsed_s` since the learners started / at `global_step`.
-  void tick(double elapsed_s, int64_t global_step, std::vector<Child>& children) {
+  /// Ends pauses that are over (always, also once training is done) and, unless `finished`, fires every fault
+  /// due at `elapsed_s` since the learners started or at `global_step` (time and step triggers independently).
+  void tick(double elapsed_s, int64_t global_step, bool finished, std::vector<Child>& children) {
     for (auto it = ends_.begin(); it != ends_.end();) {  // SIGCONT paused learners whose pause is over
       if (elapsed_s < it->first) {
         ++it;
         continue;
       }
-      Child& c = children[it->second];
-      if (!c.exited && c.pid > 0) ::kill(c.pid, SIGCONT);
-      events_.emit("fault_ended", {{"action", "pause_learner"}, {"learner", c.learner}, {"at_s", elapsed_s}});
+      resume(children[it->second], elapsed_s);
       it = ends_.erase(it);
     }
-    while (next_ < faults_.size()) {
-      const FaultEvent& f = faults_[next_];
-      if (f.at_s >= 0 ? elapsed_s < f.at_s : global_step < f.at_step) break;
-      ++next_;
+    if (finished) return;
+    for (size_t i = 0; i < faults_.size(); ++i) {
+      const FaultEvent& f = faults_[i];
+      if (fired_[i] || (f.at_s >= 0 ? elapsed_s < f.at_s : global_step < f.at_step)) continue;
+      fired_[i] = true;
       fire(f, elapsed_s, global_step, children);
     }
+  }
+
+  /// SIGCONTs every learner still paused (the run is stopping: a stopped process cannot exit cleanly).
+  void release(std::vector<Child>& children, double elapsed_s) {
+    for (const auto& [end, index] : ends_) resume(children[index], elapsed_s);
+    ends_.clear();
   }
 
   /// Delay before restarting `child` after its death: the planned one if this plan killed it, else `dflt`.
@@ -143,8 +149,13 @@ class FaultInjector {
     std::fflush(stdout);
   }
 
+  void resume(Child& c, double elapsed_s) {
+    if (!c.exited && c.pid > 0) ::kill(c.pid, SIGCONT);
+    events_.emit("fault_ended", {{"action", "pause_learner"}, {"learner", c.learner}, {"at_s", elapsed_s}});
+  }
+
   std::vector<FaultEvent> faults_;
-  size_t next_ = 0;
+  std::vector<bool> fired_;
   fs::path run_dir_;
   EventLog& events_;
   std::multimap<double, size_t> ends_;           // elapsed_s at which to SIGCONT -> child index
@@ -219,7 +230,7 @@ nlohmann::json run_launcher(const Config& config, bool resume, const FaultPlan* 
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     reap(children);
     const double elapsed = std::chrono::duration<double>(Clock::now() - plan_started).count();
-    if (!finished) injector.tick(elapsed, last.global_step(), children);
+    injector.tick(elapsed, last.global_step(), finished, children);
     Child& syncer = children[0];
     if (syncer.exited && !injector.syncer_restart_pending()) break;  // the syncer is gone (finished or failed)
     if (syncer.exited) {  // killed by the plan: restart it on the same address, from its persisted state
@@ -282,6 +293,7 @@ nlohmann::json run_launcher(const Config& config, bool resume, const FaultPlan* 
     std::fflush(stdout);
   }
   link.stop();
+  injector.release(children, std::chrono::duration<double>(Clock::now() - plan_started).count());
   // Children: learners and the evaluator exit on the syncer's stop; anything left gets SIGTERM, then SIGKILL.
   const auto wait_until = Clock::now() + std::chrono::seconds(interrupted ? 1 : 20);
   while (Clock::now() < wait_until) {

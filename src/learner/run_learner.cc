@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <thread>
 
 #include "core/bf16.h"
 #include "core/decisions.h"
@@ -102,14 +103,31 @@ int run_learner(const Config& config, const LearnerOptions& options) {
   const auto params = layout_parameters(model, layout);
   const int P = static_cast<int>(layout.fragments.size());
   LearnerLink link(options.syncer, make_handshake(config, layout), id, hostname());
-  const v1::JoinReply joined = link.join(options.bootstrap_timeout_s);
   std::vector<std::vector<float>> base(P);  // Θ_p at the version last applied: deltas are taken against it
   std::vector<int64_t> version(P, 0);
-  for (int p = 0; p < P; ++p) {
-    const v1::Fragment f = link.fetch_fragment(p);
-    base[p] = fragment_values(f);
-    version[p] = f.version();
-    scatter_parameters(params, layout, p, base[p]);
+  // Bootstrap as a whole (join, then every fragment) until the deadline: a syncer that dies halfway (chaos plans
+  // kill it) is retried, not fatal. A refused handshake is final.
+  v1::JoinReply joined;
+  const auto bootstrap_deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(options.bootstrap_timeout_s);
+  for (;;) {
+    try {
+      const double left = std::chrono::duration<double>(bootstrap_deadline - std::chrono::steady_clock::now()).count();
+      joined = link.join(std::max(1.0, left));
+      for (int p = 0; p < P; ++p) {
+        const v1::Fragment f = link.fetch_fragment(p);
+        base[p] = fragment_values(f);
+        version[p] = f.version();
+        scatter_parameters(params, layout, p, base[p]);
+      }
+      break;
+    } catch (const HandshakeRefused&) {
+      throw;
+    } catch (const InputError& e) {
+      if (std::chrono::steady_clock::now() >= bootstrap_deadline) throw;
+      events.emit("bootstrap_retry", {{"reason", e.what()}});
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
   }
   int64_t step = joined.global_step();  // adopt the global step: the lr schedule is global
   StreamCursor cursor{joined.stream_index(), 0, 0, 0};
@@ -118,7 +136,7 @@ int run_learner(const Config& config, const LearnerOptions& options) {
   }
   const int64_t budget = joined.tokens_budget();
   // Exact data: the stream's own log is at least as new as the syncer's copy of the cursor (which lags by up to a
-  // second, or more after a syncer restart). Resume one batch after the last batch taken: that one was trained,
+  // second, or more after a syncer restart). Resume one step's batches after the last record: they were trained,
   // or lost when the previous incarnation died, but never retrained.
   StreamLog stream_log(stream_log_path(options.run_dir, joined.stream_index()));
   const auto& taken = stream_log.last_taken();
@@ -126,7 +144,9 @@ int run_learner(const Config& config, const LearnerOptions& options) {
   if (from_log) cursor = *taken;
   DataStream stream(train_split, joined.stream_index(), config.data.streams > 0 ? config.data.streams : config.diloco.learners,
                     config.train.batch_size, config.model.seq_len, cursor);
-  if (from_log) stream.skip();
+  if (from_log) {
+    for (int64_t i = 0; i < config.train.grad_accum; ++i) stream.skip();  // a step reads grad_accum batches
+  }
   cursor = stream.cursor();
   InnerTrainer trainer(model, config.train, make_schedule(config), device);
   events.emit("bootstrapped", {{"pid", ::getpid()}, {"global_step", step}, {"versions", version}, {"cursor", cursor.to_json()},

@@ -67,6 +67,9 @@ TEST(FaultPlan, BadPlansSayWhatIsWrong) {
   expect_error("[chaos]\nx = 1\n", "unknown section 'chaos'");
   expect_error("[random]\nmtbf_s = 60\n", "start_s < end_s");
   expect_error("[[fault]\n", "TOML syntax error");
+  expect_error("[[fault]]\nat_s = inf\naction = \"kill_syncer\"\n", "finite");
+  expect_error("[[fault]]\nat_s = 1\naction = \"kill_syncer\"\nrestart_after_s = -1\n", "cannot finish without its syncer");
+  expect_error("[random]\nmtbf_s = 0.001\nstart_s = 0\nend_s = 1000\n", "at most 100000");
   const FaultPlan plan = parse_fault_plan("[[fault]]\nat_s = 1\naction = \"kill_learner\"\nlearner = 7\n", "p");
   try {
     plan.resolve(4);
@@ -115,7 +118,9 @@ TEST(FaultPlan, RandomFailuresAreSeededPoissonInTheirWindow) {
     EXPECT_TRUE(a[i].random);
     EXPECT_GE(a[i].at_s, 30);
     EXPECT_LT(a[i].at_s, 30 + 60 * 400);
-    if (i > 0) EXPECT_GE(a[i].at_s, a[i - 1].at_s);
+    if (i > 0) {
+      EXPECT_GE(a[i].at_s, a[i - 1].at_s);
+    }
     ++per_slot[a[i].learner];
   }
   for (int n : per_slot) EXPECT_GT(n, 60);

@@ -53,9 +53,10 @@ class ChaosTest : public ::testing::Test {
 fs::path ChaosTest::root_;
 
 TEST_F(ChaosTest, KillsSyncerKillAndPauseLoseNoTokenAndKeepEveryCopyConsistent) {
-  // M = 2 learners sharing the token budget, steps of ~0.1 s, ~25 s of training. Learner 0 is killed 5 times,
-  // the syncer once, learner 1 is paused for 1.5 s.
-  const int64_t budget = 2 * 200 * 32 * 32;
+  // M = 2 learners sharing the token budget, steps of ~0.1 s, ~30 s of training (the last kill, at 17 s, must
+  // leave the restarted learner budget to contribute). Learner 0 is killed 5 times,
+  // the syncer once (at a global step: step and time triggers fire independently), learner 1 is paused for 1.5 s.
+  const int64_t budget = 2 * 300 * 32 * 32;
   const auto cfg = testing_support::write_decoupled_config(root_, "chaos", budget, "", 32, 96, 2, 0,
                                                            "shared_budget = true\n");
   const json report = train_under_plan(cfg, R"(
@@ -77,7 +78,7 @@ action = "kill_learner"
 learner = 0
 restart_after_s = 0.2
 [[fault]]
-at_s = 9
+at_step = 40
 action = "kill_syncer"
 restart_after_s = 1.0
 [[fault]]
@@ -108,15 +109,16 @@ restart_after_s = 0.2
   EXPECT_GT(a.batches, 150);
   EXPECT_EQ(a.duplicate_batches, 0);
   EXPECT_EQ(a.gaps, 0);
-  // The shared budget: the learners together took the budget (a few steps in flight past it), and the one that
-  // was never killed took more of it than the one killed 5 times.
+  // The shared budget: the learners together took the budget, and the one that was never killed took more of it
+  // than the one killed 5 times. Past the budget: the steps in flight when the syncer's notice went out, and
+  // whatever a learner trains while its session to the syncer is being re-established (bounded here by 10%).
   int64_t batches[2] = {0, 0};
   for (int s = 0; s < 2; ++s) {
     std::ifstream in(root_ / "chaos" / "streams" / ("stream_" + std::to_string(s) + ".jsonl"));
     for (std::string line; std::getline(in, line);) batches[s] += !line.empty();
   }
   EXPECT_GE((batches[0] + batches[1]) * 32 * 32, budget);
-  EXPECT_LE((batches[0] + batches[1]) * 32 * 32, budget + 3 * 2 * 32 * 32);
+  EXPECT_LE((batches[0] + batches[1]) * 32 * 32, budget + budget / 10);
   EXPECT_GT(batches[1], batches[0]);
   // Versions only increase, through 5 learner restarts and a syncer restart (persist before broadcast).
   EXPECT_EQ(a.version_regressions, 0);
@@ -125,7 +127,9 @@ restart_after_s = 0.2
   EXPECT_EQ(a.fragments_equal, a.fragments_checked);
   EXPECT_TRUE(a.nan_free);
   ASSERT_EQ(a.learners.size(), 2u);
-  EXPECT_EQ(a.learners[0].incarnations, 6);
+  // 6 processes; one may be killed before it bootstraps (the syncer kill can land in its bootstrap, which then
+  // waits for the syncer's restart), so 5 or 6 of them bootstrapped.
+  EXPECT_GE(a.learners[0].incarnations, 5);
   EXPECT_EQ(a.learners[0].kills, 5);
   ASSERT_EQ(a.recoveries.size(), 5u);
   for (const auto& r : a.recoveries) {
@@ -134,6 +138,7 @@ restart_after_s = 0.2
   }
   ASSERT_EQ(a.syncer_downtime.size(), 1u);
   EXPECT_GT(a.syncer_downtime[0].back_s, 0.9);  // restarted after its 1 s delay
+  EXPECT_LT(a.syncer_downtime[0].killed_at_s, 16.0) << "the step-triggered kill waited for the time-triggered ones";
   EXPECT_GT(a.syncer_downtime[0].contributing_s, 0);
   // The learner that was never killed kept most of what it trained.
   EXPECT_GT(a.learners[1].steps_kept, 0.7 * a.learners[1].steps_trained);
