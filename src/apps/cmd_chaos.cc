@@ -78,45 +78,84 @@ void add_chaos_command(CLI::App& app) {
   static std::string config_path, plan_path, name = "chaos";
   static std::vector<std::string> overrides;
   static bool no_reference = false, report_only = false;
+  static std::vector<std::string> baselines, dp_overrides;
+  static bool reuse = false;
   cmd->add_option("--config", config_path, "TOML config of a decoupled run (e.g. configs/demo.toml)")->required();
   cmd->add_option("--plan", plan_path, "Fault plan (e.g. plans/smoke.toml; format in src/chaos/fault_plan.h)")->required();
   cmd->add_option("--set", overrides, "Override a config field in both runs (repeatable)");
   cmd->add_option("--name", name, "Folder under run.out_dir for both runs and the report")->capture_default_str();
   cmd->add_flag("--no-reference", no_reference, "Skip the fault-free run (no loss comparison)");
+  cmd->add_option("--baselines", baselines,
+                  "Also run data parallel under the same plan: elastic-dp (run.recovery = elastic: the survivors "
+                  "re-form at once) and/or dp-restart (run.recovery = restart: all wait and restart from the last "
+                  "checkpoint); comma-separated")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"elastic-dp", "dp-restart"}));
+  cmd->add_option("--dp-set", dp_overrides,
+                  "Override a config field in the baseline runs only, e.g. train.checkpoint_interval=8 (repeatable)");
+  cmd->add_flag("--reuse", reuse,
+                "Keep the runs that already finished in the folder (same plan) and train only the missing ones");
   cmd->add_flag("--report-only", report_only,
                 "Train nothing: analyse the runs already in the folder again (faulted/, fault-free/)");
   cmd->callback([] {
     Config faulted = load_config(config_path, overrides);
     if (faulted.diloco.mode != "decoupled") {
       throw InputError("dloco chaos needs diloco.mode = \"decoupled\" (got \"" + faulted.diloco.mode +
-                       "\"): fault plans for the baselines (elastic data parallel) are not built yet");
+                       "\"); --baselines elastic-dp,dp-restart adds data parallel under the same plan");
     }
     const fs::path dir = fs::path(faulted.run.out_dir) / name;
     // --report-only describes the plan that ran (the folder's copy), not whatever --plan holds now.
     const fs::path plan_file = report_only && fs::exists(dir / "plan.toml") ? dir / "plan.toml" : fs::path(plan_path);
     const FaultPlan plan = load_fault_plan(plan_file);
     const auto resolved = plan.resolve(static_cast<int>(faulted.diloco.learners));  // bad slots fail now
+    if (reuse && !report_only && fs::exists(dir / "plan.toml")) {
+      const auto slurp = [](const fs::path& p) {
+        std::ifstream in(p);
+        return std::string(std::istreambuf_iterator<char>(in), {});
+      };
+      if (slurp(dir / "plan.toml") != slurp(plan_path)) {
+        throw InputError("--reuse: the runs in '" + dir.string() + "' were trained under another plan than " + plan_path);
+      }
+    }
     if (report_only) {
       if (!fs::exists(dir / "faulted" / "report.json")) {
         throw InputError("--report-only: '" + (dir / "faulted").string() + "' holds no finished run");
       }
     } else {
-      if (fs::exists(dir / "chaos.json")) {
-        throw InputError("'" + dir.string() + "' already holds a chaos report: pick another --name (or --report-only)");
+      if (fs::exists(dir / "chaos.json") && !reuse) {
+        throw InputError("'" + dir.string() + "' already holds a chaos report: pick another --name (or --report-only, "
+                         "or --reuse to add runs)");
       }
       for (const char* run : {"faulted", "fault-free"}) {
-        if (fs::exists(dir / run)) {
+        if (fs::exists(dir / run) && !(reuse && fs::exists(dir / run / "report.json"))) {
           throw InputError("'" + (dir / run).string() + "' is left from an earlier attempt: pick another --name, "
                            "or remove it");
         }
       }
       fs::create_directories(dir);
-      fs::copy_file(plan_path, dir / "plan.toml", fs::copy_options::overwrite_existing);
+      if (!(reuse && fs::exists(dir / "plan.toml"))) {
+        fs::copy_file(plan_path, dir / "plan.toml", fs::copy_options::overwrite_existing);
+      }
     }
     faulted.run.out_dir = dir.string();
     faulted.run.name = "faulted";
     Config reference = faulted;
     reference.run.name = "fault-free";
+    std::vector<Config> dp_runs;  // the baselines under the same plan: the same config, diloco.mode = dp
+    for (const auto& b : baselines) {
+      std::vector<std::string> o = overrides;
+      o.push_back("diloco.mode=dp");
+      o.push_back(std::string("run.recovery=") + (b == "elastic-dp" ? "elastic" : "restart"));
+      o.insert(o.end(), dp_overrides.begin(), dp_overrides.end());
+      Config c = load_config(config_path, o);
+      c.run.out_dir = dir.string();
+      c.run.name = b;
+      if (!report_only && fs::exists(c.run_dir()) && !(reuse && fs::exists(c.run_dir() / "report.json"))) {
+        throw InputError("'" + c.run_dir().string() + "' is left from an earlier attempt: pick another --name, or "
+                         "remove it");
+      }
+      dp_runs.push_back(c);
+    }
     std::printf("[chaos] plan '%s': %zu faults over a run of %lld tokens, M = %lld; folder %s\n", plan.name.c_str(),
                 resolved.size(), static_cast<long long>(faulted.train.total_tokens),
                 static_cast<long long>(faulted.diloco.learners), dir.c_str());
@@ -133,17 +172,25 @@ void add_chaos_command(CLI::App& app) {
       nlohmann::json simulated_config;
     };
     std::vector<Side> sides;
-    for (const Config* c : {&faulted, &reference}) {
-      if (c == &reference && no_reference) break;
+    std::vector<const Config*> runs{&faulted};
+    if (!no_reference) runs.push_back(&reference);
+    for (const auto& c : dp_runs) runs.push_back(&c);
+    for (const Config* c : runs) {
+      const bool dp = c->diloco.mode == "dp";
       nlohmann::json report;
-      if (report_only) {
+      if (report_only || (reuse && fs::exists(c->run_dir() / "report.json"))) {
         if (fs::exists(c->run_dir() / "report.json")) report = nlohmann::json::parse(std::ifstream(c->run_dir() / "report.json"));
       } else {
-        report = train_child(*c, dir, c == &faulted ? fs::absolute(dir / "plan.toml") : fs::path());
+        report = train_child(*c, dir, c != &reference ? fs::absolute(dir / "plan.toml") : fs::path());
       }
       Side side{c->run.name, report, {}, {}, {}};
       if (side.report.is_null()) continue;
       try {  // one run's broken folder must not throw away the other's report
+        if (dp) {
+          side.analysis = analyze_dp_chaos_run(c->run_dir(), shape);
+          sides.push_back(std::move(side));
+          continue;
+        }
         side.analysis = analyze_chaos_run(c->run_dir(), shape);
         const sim::GoodputConfig replay = replay_config(
             side.analysis, {static_cast<int>(c->diloco.learners), static_cast<int>(c->diloco.quorum),
@@ -164,7 +211,14 @@ void add_chaos_command(CLI::App& app) {
     std::ostringstream md;
     md << "# dloco chaos: " << name << "\n\nConfig `" << config_path << "`, plan `" << plan_path << "` ("
        << resolved.size() << " faults), " << faulted.train.total_tokens << " tokens per run, M = "
-       << faulted.diloco.learners << ".\n\n| | " ;
+       << faulted.diloco.learners << ".\n";
+    if (!dp_runs.empty()) {
+      md << "Baselines: the same config with diloco.mode = dp, run.recovery = elastic (elastic-dp) or restart "
+            "(dp-restart)";
+      for (const auto& o : dp_overrides) md << ", " << o;
+      md << "; train.checkpoint_interval = " << dp_runs[0].train.checkpoint_interval << " steps.\n";
+    }
+    md << "\n| | ";
     for (const auto& s : sides) md << s.label << " | ";
     md << "\n|---|";
     for (size_t i = 0; i < sides.size(); ++i) md << "---|";
@@ -174,12 +228,14 @@ void add_chaos_command(CLI::App& app) {
       for (const auto& s : sides) md << value(s) << " | ";
       md << "\n";
     };
+    auto is_dp = [](const Side& s) { return s.analysis.mode == "dp"; };
+    const std::string na = "n/a";
     row("goodput", [](const Side& s) { return fmt("%.1f%%", 100 * s.analysis.goodput); });
     row("simulated goodput (same learner kills, `dloco sim` model)",
-        [](const Side& s) { return fmt("%.1f%%", 100 * s.simulated.goodput); });
+        [&](const Side& s) { return is_dp(s) ? na : fmt("%.1f%%", 100 * s.simulated.goodput); });
     row("uptime", [](const Side& s) { return fmt("%.1f%%", 100 * s.analysis.uptime); });
     row("final val loss (nats/token)", [](const Side& s) { return fmt("%.4f", s.analysis.final_val_loss); });
-    row("window s (learners started → final flush)", [](const Side& s) { return fmt("%.0f", s.analysis.window_s); });
+    row("window s (started → final flush; dp: → last step)", [](const Side& s) { return fmt("%.0f", s.analysis.window_s); });
     row("nominal step s", [](const Side& s) { return fmt("%.3f", s.analysis.nominal_step_s); });
     auto sum = [](const Side& s, auto field) {
       double total = 0;
@@ -192,43 +248,82 @@ void add_chaos_command(CLI::App& app) {
              fmt("%.0f", sum(s, [](const LearnerTally& l) { return l.steps_lost; }));
     });
     row("faults injected", [](const Side& s) { return std::to_string(s.report.value("faults_injected", 0)); });
-    row("learner restarts / syncer restarts", [](const Side& s) {
+    row("learner restarts / syncer restarts (dp: worker restarts)", [&](const Side& s) {
+      if (is_dp(s)) return std::to_string(s.report.value("worker_restarts", 0));
       return std::to_string(s.report.value("learner_restarts", 0)) + " / " + std::to_string(s.report.value("syncer_restarts", 0));
     });
-    row("MB sent per learner (since the last syncer start)", [](const Side& s) { return fmt("%.1f", sent_per_learner_mb(s.report)); });
-    row("exact data: batches / repeated / gaps (jumps over batches)", [](const Side& s) {
+    row("dp: group formations / pauses for failures, for returns", [&](const Side& s) {
+      if (!is_dp(s)) return na;
+      int failures = 0, grows = 0;
+      for (const auto& p : s.analysis.pauses) (p.reason == "grow" ? grows : failures) += 1;
+      return std::to_string(s.analysis.generations) + " / " + std::to_string(failures) + ", " + std::to_string(grows);
+    });
+    row("dp: mean pause s (failure; return) / steps rolled back", [&](const Side& s) {
+      if (!is_dp(s)) return na;
+      double pf = 0, pg = 0;
+      int nf = 0, ng = 0;
+      int64_t rolled = 0;
+      for (const auto& p : s.analysis.pauses) {
+        rolled += p.rolled_back_steps;
+        if (p.pause_s < 0) continue;
+        (p.reason == "grow" ? pg : pf) += p.pause_s;
+        (p.reason == "grow" ? ng : nf) += 1;
+      }
+      return fmt("%.1f", nf ? pf / nf : 0.0) + "; " + fmt("%.1f", ng ? pg / ng : 0.0) + " / " + std::to_string(rolled);
+    });
+    row("MB sent per learner (since the last syncer start)", [&](const Side& s) {
+      return is_dp(s) ? na : fmt("%.1f", sent_per_learner_mb(s.report));
+    });
+    row("exact data: batches / repeated / gaps (jumps over batches)", [&](const Side& s) {
+      if (is_dp(s)) return std::string("n/a (rolled-back batches are retrained)");
       return std::to_string(s.analysis.batches) + " / " + std::to_string(s.analysis.duplicate_batches) + " / " +
              std::to_string(s.analysis.gaps);
     });
-    row("versions only increase", [](const Side& s) { return std::string(s.analysis.version_regressions == 0 ? "yes" : "NO"); });
-    row("final copies equal Θ (checked)", [](const Side& s) {
+    row("versions only increase (dp: steps count up from a reached checkpoint)", [&](const Side& s) {
+      if (is_dp(s)) return std::string(s.analysis.lineage_ok ? "yes" : "NO");
+      return std::string(s.analysis.version_regressions == 0 ? "yes" : "NO");
+    });
+    row("final copies equal Θ (checked)", [&](const Side& s) {
+      if (is_dp(s)) return na;
       return std::to_string(s.analysis.fragments_equal) + "/" + std::to_string(s.analysis.fragments_checked);
     });
     row("no NaN", [](const Side& s) { return std::string(s.analysis.nan_free ? "yes" : "NO"); });
     row("consistency checks", [](const Side& s) { return std::string(s.analysis.consistent() ? "pass" : "FAIL"); });
 
-    const ChaosAnalysis& f = sides[0].analysis;
-    md << "\nPer learner (" << sides[0].label << "):\n\n| learner | steps trained | kept | lost | incarnations | kills |\n"
-       << "|---|---|---|---|---|---|\n";
-    for (const auto& l : f.learners) {
-      md << "| " << l.id << " | " << l.steps_trained << " | " << fmt("%.1f", l.steps_kept) << " | "
-         << fmt("%.1f", l.steps_lost) << " | " << l.incarnations << " | " << l.kills << " |\n";
-    }
-    if (!f.recoveries.empty() || !f.syncer_downtime.empty()) {
-      md << "\nRecoveries (seconds after the kill):\n\n| process | killed at s | back (joined / listening) | "
-            "contributing (first kept answer / first merge) |\n|---|---|---|---|\n";
-      for (const auto& r : f.recoveries) {
-        md << "| learner " << r.learner << " | " << fmt("%.1f", r.killed_at_s) << " | " << seconds(r.back_s) << " | "
-           << seconds(r.contributing_s) << " |\n";
+    for (const auto& side : sides) {
+      if (side.label == "fault-free") continue;
+      const ChaosAnalysis& f = side.analysis;
+      md << "\nPer learner (" << side.label << "):\n\n| learner | steps trained | kept | lost | incarnations | kills |\n"
+         << "|---|---|---|---|---|---|\n";
+      for (const auto& l : f.learners) {
+        md << "| " << l.id << " | " << l.steps_trained << " | " << fmt("%.1f", l.steps_kept) << " | "
+           << fmt("%.1f", l.steps_lost) << " | " << l.incarnations << " | " << l.kills << " |\n";
       }
-      for (const auto& r : f.syncer_downtime) {
-        md << "| syncer | " << fmt("%.1f", r.killed_at_s) << " | " << seconds(r.back_s) << " | "
-           << seconds(r.contributing_s) << " |\n";
+      if (!f.recoveries.empty() || !f.syncer_downtime.empty()) {
+        md << "\nRecoveries of " << side.label << " (seconds after the kill):\n\n| process | killed at s | back (joined / "
+              "listening) | contributing (first kept answer / first merge; dp: first step) |\n|---|---|---|---|\n";
+        for (const auto& r : f.recoveries) {
+          md << "| learner " << r.learner << " | " << fmt("%.1f", r.killed_at_s) << " | " << seconds(r.back_s) << " | "
+             << seconds(r.contributing_s) << " |\n";
+        }
+        for (const auto& r : f.syncer_downtime) {
+          md << "| syncer | " << fmt("%.1f", r.killed_at_s) << " | " << seconds(r.back_s) << " | "
+             << seconds(r.contributing_s) << " |\n";
+        }
       }
     }
-    if (sides.size() == 2) {
+    if (sides.size() >= 2 && sides[1].label == "fault-free") {
       md << "\nLoss difference (faulted − fault-free): "
          << fmt("%+.4f", sides[0].analysis.final_val_loss - sides[1].analysis.final_val_loss) << " nats/token.\n";
+    }
+    for (const auto& s : sides) {
+      if (!is_dp(s) || s.analysis.pauses.empty()) continue;
+      md << "\nGroup stops of " << s.label << " (pause = its last step → the next generation's first step):\n\n"
+         << "| generation | reason | at s | pause s | steps rolled back | workers after |\n|---|---|---|---|---|---|\n";
+      for (const auto& p : s.analysis.pauses) {
+        md << "| " << p.generation << " | " << p.reason << " | " << fmt("%.1f", p.stopped_at_s) << " | "
+           << seconds(p.pause_s) << " | " << p.rolled_back_steps << " | " << p.world_after << " |\n";
+      }
     }
     md << "\nDefinitions: src/chaos/chaos_report.h (goodput, uptime, recovery); spec decoupled-diloco.md §7.\n";
 

@@ -51,7 +51,7 @@ void add_train_commands(CLI::App& app) {
   static std::string plan_path;
   train->add_option("--config", config_path, "TOML config (e.g. configs/demo.toml)");
   train->add_option("--plan", plan_path,
-                    "Fault plan to carry out during the run (plans/*.toml; decoupled mode). `dloco chaos` adds the "
+                    "Fault plan to carry out during the run (plans/*.toml; decoupled, or dp with run.recovery). `dloco chaos` adds the "
                     "goodput report and a fault-free reference");
   train->add_option("--resume", resume_dir, "Continue a stopped run from its folder (uses its saved config.toml)");
   train->add_option("--set", overrides, "Override a config field, e.g. --set train.lr=1e-3 (repeatable)");
@@ -75,16 +75,16 @@ void add_train_commands(CLI::App& app) {
     }
     std::optional<FaultPlan> plan;
     if (!plan_path.empty()) {
-      if (config.diloco.mode != "decoupled") {
-        throw InputError("--plan needs diloco.mode = \"decoupled\" (got \"" + config.diloco.mode +
-                         "\"): fault plans for the baselines (elastic data parallel) are not built yet");
+      if (config.diloco.mode != "decoupled" && config.diloco.mode != "dp") {
+        throw InputError("--plan needs diloco.mode = \"decoupled\" or \"dp\" (got \"" + config.diloco.mode +
+                         "\"): the diloco and streaming baselines cannot re-form their group after a failure");
       }
       plan = load_fault_plan(plan_path);
     }
     if (config.diloco.mode != "local") {
       if (stop_after_steps > 0) throw InputError("--stop-after-steps applies to diloco.mode = \"local\" only");
       const auto report = is_collective_mode(config.diloco.mode)
-                              ? run_collective_launcher(config, options.resume)
+                              ? run_collective_launcher(config, options.resume, plan ? &*plan : nullptr)
                               : run_launcher(config, options.resume, plan ? &*plan : nullptr);
       print_report(report);
       g_exit_code = report.value("signal", 0) ? 128 + report.value("signal", 0) : 0;
@@ -118,10 +118,20 @@ void add_train_commands(CLI::App& app) {
   worker->add_option("--store", role_store, "Gloo rendezvous file (c10d FileStore), the same for every rank")->required();
   worker->add_option("--run-dir", role_run_dir, "Run folder (default: run.out_dir/run.name)");
   worker->add_option("--set", role_overrides, "Override a config field (repeatable)");
+  static std::vector<int> role_slots;
+  static int64_t role_generation = 0;
+  static std::string role_resume_from;
+  worker->add_option("--slots", role_slots, "dp: learner slot of each rank of this group, e.g. 0,1,3 (default 0…M−1)")
+      ->delimiter(',');
+  worker->add_option("--generation", role_generation, "dp: how many times the group was formed before this one");
+  worker->add_option("--resume-from", role_resume_from, "dp: checkpoint folder (or run folder) to start from");
   worker->callback([] {
     const Config c = load_config(role_config, role_overrides);
     WorkerOptions o{role_run_dir.empty() ? c.run_dir() : std::filesystem::path(role_run_dir), role_id, role_store};
-    if (int rc = run_worker(c, o); rc != 0) throw InputError("worker exited with " + std::to_string(rc));
+    o.slots = role_slots;
+    o.generation = role_generation;
+    o.resume_from = role_resume_from;
+    g_exit_code = run_worker(c, o);  // kPeerFailedExit when the group failed under it
   });
   for (const char* name : {"learner", "evaluator"}) {
     const bool is_learner = std::string(name) == "learner";

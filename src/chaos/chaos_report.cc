@@ -77,7 +77,13 @@ nlohmann::json ChaosAnalysis::to_json() const {
     }
     return a;
   };
-  return {{"window_s", window_s},
+  nlohmann::json ps = nlohmann::json::array();
+  for (const auto& p : pauses) {
+    ps.push_back({{"generation", p.generation}, {"reason", p.reason}, {"stopped_at_s", p.stopped_at_s},
+                  {"pause_s", p.pause_s}, {"rolled_back_steps", p.rolled_back_steps}, {"world_after", p.world_after}});
+  }
+  nlohmann::json out = {{"mode", mode},
+          {"window_s", window_s},
           {"nominal_step_s", nominal_step_s},
           {"goodput", goodput},
           {"uptime", uptime},
@@ -92,6 +98,12 @@ nlohmann::json ChaosAnalysis::to_json() const {
                            {"ok", consistent()}}},
           {"final_val_loss", final_val_loss},
           {"torn_event_lines", torn_event_lines}};
+  if (mode == "dp") {
+    out["generations"] = generations;
+    out["pauses"] = ps;
+    out["consistency"]["lineage_ok"] = lineage_ok;
+  }
+  return out;
 }
 
 ChaosAnalysis analyze_chaos_run(const fs::path& run_dir, const ChaosRunShape& shape) {
@@ -255,6 +267,164 @@ ChaosAnalysis analyze_chaos_run(const fs::path& run_dir, const ChaosRunShape& sh
   }
 
   // The final loss, from the launcher's report.
+  if (fs::exists(run_dir / "report.json")) {
+    const auto report = nlohmann::json::parse(std::ifstream(run_dir / "report.json"), nullptr, false);
+    const auto loss = report.find("final_val_loss");
+    a.final_val_loss = loss != report.end() && loss->is_number() ? loss->get<double>() : NAN;
+    if (!std::isfinite(a.final_val_loss)) a.nan_free = false;
+  }
+  return a;
+}
+
+ChaosAnalysis analyze_dp_chaos_run(const fs::path& run_dir, const ChaosRunShape& shape) {
+  DLOCO_CHECK(shape.learners > 0 && shape.bin_s > 0);
+  ChaosAnalysis a;
+  a.mode = "dp";
+  const int M = shape.learners;
+  const auto launcher = read_log(run_dir / "events" / "launcher.jsonl", true, &a.torn_event_lines);
+  double t0 = -1;
+  for (const auto& e : launcher) {
+    if (name(e) == "started") t0 = time_of(e);
+  }
+  if (t0 < 0) throw InputError("chaos analysis: " + run_dir.string() + "/events/launcher.jsonl has no 'started' event");
+  struct Generation {
+    int64_t from_step = 0;
+    int world = 0;
+    std::string stop_reason;
+    double first_t = -1, last_t = -1;
+    int64_t last_step = -1;
+  };
+  std::map<int64_t, Generation> gens;
+  struct Kill {
+    double t;
+    int slot;
+    double restart_after_s;
+  };
+  std::vector<Kill> kills;
+  for (const auto& e : launcher) {
+    const std::string n = name(e);
+    if (n == "group_formed") {
+      Generation& g = gens[e.value("generation", int64_t{0})];
+      g.from_step = e.value("from_step", int64_t{0});
+      g.world = e.value("world", 0);
+    } else if (n == "group_stopped") {
+      gens[e.value("generation", int64_t{0})].stop_reason = e.value("reason", "");
+    } else if (n == "fault" && time_of(e) >= t0) {
+      nlohmann::json f = e;
+      f["t"] = time_of(e) - t0;
+      a.faults.push_back(f);
+      if (e.value("action", "") == "kill_learner") {
+        kills.push_back({time_of(e), e.value("learner", -1), e.value("restart_after_s", 0.0)});
+      }
+    }
+  }
+  a.generations = static_cast<int>(gens.size());
+
+  // Every step of every slot, with its generation (from the "joined" before it).
+  struct StepRec {
+    int slot;
+    int64_t gen, step;
+    double t;
+  };
+  std::vector<StepRec> steps;
+  std::vector<std::vector<double>> joins(static_cast<size_t>(M));
+  std::vector<double> intervals;
+  for (int s = 0; s < M; ++s) {
+    LearnerTally tally;
+    tally.id = s;
+    const auto events = read_log(run_dir / "events" / ("worker_" + std::to_string(s) + ".jsonl"), false,
+                                 &a.torn_event_lines);
+    int64_t gen = -1, expected = -1;
+    double last_t = -1;
+    for (const auto& e : events) {
+      if (time_of(e) < t0) continue;
+      const std::string n = name(e);
+      if (n == "joined") {
+        gen = e.value("generation", int64_t{0});
+        expected = e.value("from_step", int64_t{0}) + 1;
+        last_t = -1;
+        ++tally.incarnations;
+        joins[s].push_back(time_of(e));
+      } else if (n == "step" && gen >= 0) {
+        const int64_t step = e.value("step", int64_t{0});
+        if (step != expected) a.lineage_ok = false;  // every slot counts up one by one from the checkpoint
+        expected = step + 1;
+        const auto loss = e.find("loss");
+        if (e.value("skipped", false) || (loss != e.end() && loss->is_null())) a.nan_free = false;
+        if (last_t >= 0 && gens.count(gen) && gens[gen].world == M) intervals.push_back(time_of(e) - last_t);
+        last_t = time_of(e);
+        steps.push_back({s, gen, step, time_of(e)});
+        ++tally.steps_trained;
+      }
+    }
+    a.learners.push_back(tally);
+  }
+  if (steps.empty()) throw InputError("chaos analysis: no worker of " + run_dir.string() + " trained a step");
+  double t_end = t0;
+  for (const auto& r : steps) {
+    Generation& g = gens[r.gen];
+    t_end = std::max(t_end, r.t);
+    g.first_t = g.first_t < 0 ? r.t : std::min(g.first_t, r.t);
+    g.last_t = std::max(g.last_t, r.t);
+    g.last_step = std::max(g.last_step, r.step);
+  }
+  a.window_s = t_end - t0;
+  // A step n of generation g survives unless a later generation resumed from a checkpoint before n.
+  std::map<int64_t, int64_t> resumed_after;  // g -> min from_step of the generations after g
+  int64_t min_from = INT64_MAX, reached = 0;
+  for (auto it = gens.rbegin(); it != gens.rend(); ++it) {
+    resumed_after[it->first] = min_from;
+    min_from = std::min(min_from, it->second.from_step);
+  }
+  for (const auto& [g, gen] : gens) {  // lineage: a generation resumes from a step already reached
+    if (gen.from_step > reached) a.lineage_ok = false;
+    reached = std::max(reached, gen.last_step);
+  }
+  a.nominal_step_s = trimmed_mean(intervals);
+  const int bins = std::max(1, static_cast<int>(std::floor(a.window_s / shape.bin_s)));
+  std::vector<double> group_steps(static_cast<size_t>(bins), 0.0);
+  double kept_total = 0;
+  std::vector<std::vector<double>> slot_steps(static_cast<size_t>(M));
+  for (const auto& r : steps) {
+    slot_steps[r.slot].push_back(r.t);
+    if (r.step > resumed_after[r.gen]) continue;  // rolled back
+    a.learners[r.slot].steps_kept += 1;
+    kept_total += 1;
+    const int b = static_cast<int>((r.t - t0) / shape.bin_s);
+    if (b >= 0 && b < bins) group_steps[static_cast<size_t>(b)] += 1.0 / std::max(1, gens[r.gen].world);
+  }
+  for (auto& l : a.learners) l.steps_lost = static_cast<double>(l.steps_trained) - l.steps_kept;
+  if (a.window_s > 0 && a.nominal_step_s > 0) {
+    a.goodput = kept_total * a.nominal_step_s / (M * a.window_s);
+    int up = 0;
+    for (double c : group_steps) up += c >= 0.5 * shape.bin_s / a.nominal_step_s ? 1 : 0;
+    a.uptime = static_cast<double>(up) / bins;
+  }
+  for (auto it = gens.begin(); it != gens.end(); ++it) {
+    auto next = std::next(it);
+    if (next == gens.end()) break;
+    const Generation& g = it->second;
+    GroupPause p;
+    p.generation = it->first;
+    p.reason = g.stop_reason.empty() ? "failure" : g.stop_reason;
+    p.stopped_at_s = (g.last_t >= 0 ? g.last_t : t0) - t0;
+    p.pause_s = next->second.first_t >= 0 && g.last_t >= 0 ? next->second.first_t - g.last_t : -1;
+    p.rolled_back_steps = std::max<int64_t>(0, (g.last_step >= 0 ? g.last_step : g.from_step) - next->second.from_step);
+    p.world_after = next->second.world;
+    a.pauses.push_back(p);
+  }
+  for (const auto& [t, slot, restart_after_s] : kills) {
+    if (slot < 0 || slot >= M) continue;
+    ++a.learners[slot].kills;
+    Recovery r{slot, t - t0, restart_after_s, -1, -1};
+    const auto& j = joins[slot];
+    if (auto b = std::upper_bound(j.begin(), j.end(), t); b != j.end()) {
+      r.back_s = *b - t;
+      const auto& st = slot_steps[slot];
+      if (auto k = std::upper_bound(st.begin(), st.end(), *b); k != st.end()) r.contributing_s = *k - t;
+    }
+    a.recoveries.push_back(r);
+  }
   if (fs::exists(run_dir / "report.json")) {
     const auto report = nlohmann::json::parse(std::ifstream(run_dir / "report.json"), nullptr, false);
     const auto loss = report.find("final_val_loss");

@@ -53,7 +53,18 @@ struct Recovery {
   double contributing_s = -1;  // learner: first kept answer; syncer: first merge (-1 = never)
 };
 
+/// One stop of a synchronous dp group (run.recovery = restart | elastic) and how long training stood still.
+struct GroupPause {
+  int64_t generation = 0;         // the generation that stopped
+  std::string reason;             // "failure" (a worker died) | "grow" (a worker came back)
+  double stopped_at_s = 0;        // its last step, seconds since the start
+  double pause_s = -1;            // its last step -> the next generation's first step (-1 = never resumed)
+  int64_t rolled_back_steps = 0;  // its last step − the checkpoint step the next generation resumed from
+  int world_after = 0;            // workers in the next generation
+};
+
 struct ChaosAnalysis {
+  std::string mode = "decoupled";  // "decoupled" (analyze_chaos_run) | "dp" (analyze_dp_chaos_run)
   double window_s = 0;
   double nominal_step_s = 0;
   double goodput = 0;
@@ -71,8 +82,14 @@ struct ChaosAnalysis {
   int fragments_equal = 0;               // ... and whose values hash equals the syncer's Θ_p
   double final_val_loss = 0;
   int64_t torn_event_lines = 0;          // event-log lines cut off by a SIGKILL (skipped)
-  /// Every check passed, and at least one final copy was compared.
+  // dp only
+  int generations = 0;                   // times the group was formed
+  std::vector<GroupPause> pauses;        // every stop of the group, in order
+  bool lineage_ok = true;                // every generation resumed from a step already reached and then counted
+                                         // its steps up from there one by one on every slot
+  /// Every check passed: decoupled, and at least one final copy was compared; dp, no NaN and a sound lineage.
   bool consistent() const {
+    if (mode == "dp") return nan_free && lineage_ok;
     return nan_free && version_regressions == 0 && duplicate_batches == 0 && gaps == 0 && fragments_checked > 0 &&
            fragments_equal == fragments_checked;
   }
@@ -82,5 +99,18 @@ struct ChaosAnalysis {
 /// Analyses the finished run in `run_dir`. Throws InputError if the folder lacks the launcher's or the syncer's
 /// event log, or a log line is not JSON.
 ChaosAnalysis analyze_chaos_run(const std::filesystem::path& run_dir, const ChaosRunShape& shape);
+
+/// The same measures for a dp run under a plan (run.recovery = restart | elastic), from events/launcher.jsonl
+/// ("group_formed" with each generation's checkpoint step) and events/worker_<slot>.jsonl ("joined", "step"):
+///   window        launcher "started" -> the last step of any worker
+///   nominal step  trimmed mean of step intervals within generations of all M workers
+///   kept steps    a slot's step n of generation g is kept unless a later generation resumed from a checkpoint
+///                 before n (the work was rolled back); goodput = Σ kept · nominal step / (M · window)
+///   uptime        fraction of 5 s bins in which kept group steps reach half of bin / nominal step
+///   recovery      a kill -> the slot's next "joined" (back) -> its first step after that (contributing)
+///   pauses        GroupPause per stop of the group
+/// Exact-data and fragment checks do not apply (rolled-back batches are trained again by design).
+/// Throws InputError if the launcher's log or its "started" event is missing.
+ChaosAnalysis analyze_dp_chaos_run(const std::filesystem::path& run_dir, const ChaosRunShape& shape);
 
 }  // namespace dloco

@@ -15,11 +15,13 @@
 #include <cmath>
 #include <csignal>
 #include <deque>
+#include <optional>
 #include <thread>
 
 #include "collective/dp.h"
 #include "collective/process_group.h"
 #include "core/atomic_file.h"
+#include "core/control_file.h"
 #include "core/events.h"
 #include "core/fragments.h"
 #include "core/merge.h"
@@ -71,16 +73,21 @@ void unflatten_into(GPT& model, const torch::Tensor& flat, bool grads) {
 
 }  // namespace
 
-InnerTrainer::GradientHook dp_gradient_hook(GPT model, Collective& group, double* wait_s, int64_t* syncs) {
-  return [model, &group, wait_s, syncs](double loss) mutable {
+InnerTrainer::GradientHook dp_gradient_hook(GPT model, Collective& group, double* wait_s, int64_t* syncs,
+                                            double* stop_votes) {
+  return [model, &group, wait_s, syncs, stop_votes](double loss) mutable {
     const auto t0 = Clock::now();
-    auto flat = torch::cat({flatten_parameters(model, /*grads=*/true), torch::full({1}, loss, torch::kFloat)});
+    const int64_t extra = stop_votes ? 2 : 1;  // the loss, then the stop votes
+    std::vector<torch::Tensor> parts{flatten_parameters(model, /*grads=*/true), torch::full({1}, loss, torch::kFloat)};
+    if (stop_votes) parts.push_back(torch::full({1}, *stop_votes, torch::kFloat));
+    auto flat = torch::cat(parts);
     group.allreduce_sum(flat);
+    if (stop_votes) *stop_votes = flat[flat.numel() - 1].item<double>();
     flat.div_(static_cast<double>(group.world()));
-    unflatten_into(model, flat.narrow(0, 0, flat.numel() - 1), /*grads=*/true);
+    unflatten_into(model, flat.narrow(0, 0, flat.numel() - extra), /*grads=*/true);
     if (wait_s) *wait_s += seconds_since(t0);
     if (syncs) ++*syncs;
-    return flat[flat.numel() - 1].item<double>();
+    return flat[flat.numel() - extra].item<double>();
   };
 }
 
@@ -97,19 +104,55 @@ struct InFlight {
 
 }  // namespace
 
+namespace {
+int run_worker_group(const Config& config, const WorkerOptions& options);
+}  // namespace
+
 int run_worker(const Config& config, const WorkerOptions& options) {
+  try {
+    return run_worker_group(config, options);
+  } catch (const CollectiveError& e) {
+    std::fprintf(stderr, "[worker %d] the group failed: %s\n", options.rank, e.what());
+    return kPeerFailedExit;
+  }
+}
+
+namespace {
+
+int run_worker_group(const Config& config, const WorkerOptions& options) {
   const std::string& mode = config.diloco.mode;
   if (!is_collective_mode(mode)) {
     throw InputError("dloco worker runs the baselines (diloco.mode = dp, diloco or streaming), not \"" + mode + "\"");
   }
   const int M = static_cast<int>(config.diloco.learners), rank = options.rank;
-  if (rank < 0 || rank >= M) {
-    throw InputError("worker rank " + std::to_string(rank) + " is outside [0, M = " + std::to_string(M) + ")");
-  }
   const bool outer = mode != "dp";
+  std::vector<int> slots = options.slots;  // learner slot (data stream) of each rank of this group
+  if (slots.empty()) {
+    for (int s = 0; s < M; ++s) slots.push_back(s);
+  } else if (outer) {
+    throw InputError("--slots (a group without every worker) applies to diloco.mode = \"dp\" only");
+  }
+  const int W = static_cast<int>(slots.size());
+  if (rank < 0 || rank >= W) {
+    throw InputError("worker rank " + std::to_string(rank) + " is outside [0, world = " + std::to_string(W) + ")");
+  }
+  std::vector<bool> seen(M, false);
+  for (int s : slots) {
+    if (s < 0 || s >= M || seen[s]) {
+      throw InputError("--slots: slot " + std::to_string(s) + " is outside [0, M = " + std::to_string(M) +
+                       ") or listed twice");
+    }
+    seen[s] = true;
+  }
+  const int slot = slots[rank];
   apply_thread_budget(thread_budget(static_cast<int>(config.run.threads)));
   fs::create_directories(options.run_dir / "events");
-  EventLog events(options.run_dir / "events" / ("worker_" + std::to_string(rank) + ".jsonl"), Role::kLearner, rank);
+  EventLog events(options.run_dir / "events" / ("worker_" + std::to_string(slot) + ".jsonl"), Role::kLearner, slot);
+  std::optional<CheckpointInfo> resumed;
+  if (!options.resume_from.empty()) {
+    if (outer) throw InputError("--resume-from applies to diloco.mode = \"dp\" only");
+    resumed = resolve_checkpoint(options.resume_from);
+  }
   const torch::Device device(config.run.device);
   const fs::path data_dir(config.data.dir);
   auto train_split = std::make_shared<TokenSplit>(split_shards(data_dir, "train"));
@@ -120,14 +163,19 @@ int run_worker(const Config& config, const WorkerOptions& options) {
   torch::manual_seed(config.run.seed);
   GPT model(config.model);
   model->to(device);
-  Collective group({options.store_file, rank, M, options.hostname, config.run.collective_timeout_s});
-  {
+  if (resumed) load_model_weights(*resumed, model);  // every rank reads the same file: no broadcast needed
+  Collective group({options.store_file, rank, W, options.hostname, config.run.collective_timeout_s});
+  if (!resumed) {
     auto flat = flatten_parameters(model, /*grads=*/false);
     group.broadcast(flat, 0);
     unflatten_into(model, flat, /*grads=*/false);
   }
-  events.emit("joined", {{"pid", ::getpid()}, {"mode", mode}, {"world", M}});
-  std::printf("[worker %d] %s: joined the Gloo group of %d\n", rank, mode.c_str(), M);
+  const int64_t start_step = resumed ? resumed->step : 0;
+  events.emit("joined", {{"pid", ::getpid()}, {"mode", mode}, {"world", W}, {"rank", rank}, {"slots", slots},
+                         {"generation", options.generation}, {"from_step", start_step},
+                         {"checkpoint", resumed ? resumed->dir.string() : std::string()}});
+  std::printf("[worker %d] %s: joined the Gloo group of %d (slot %d, generation %lld, from step %lld)\n", rank,
+              mode.c_str(), W, slot, static_cast<long long>(options.generation), static_cast<long long>(start_step));
   std::fflush(stdout);
 
   const FragmentLayout layout = model_layout(model, config.diloco);
@@ -142,16 +190,48 @@ int run_worker(const Config& config, const WorkerOptions& options) {
   }
   std::vector<int64_t> version(P, 0), steps_since(P, 0), tokens_since(P, 0);
 
+  // Every slot's data cursor at start_step (from the checkpoint when resuming): rank 0 writes them all into its
+  // checkpoints, each slot of the group advanced by the steps trained since (all ranks step together).
   const int64_t S = config.data.streams > 0 ? config.data.streams : M;
-  DataStream stream(train_split, rank, S, config.train.batch_size, config.model.seq_len, StreamCursor{rank, 0, 0, 0});
+  std::vector<StreamCursor> start_cursors;
+  for (int s = 0; s < M; ++s) start_cursors.push_back(StreamCursor{s, 0, 0, 0});
+  int64_t tokens_total = 0;  // dp: tokens trained by the whole group since the run began (every generation)
+  if (resumed) {
+    const auto& m = resumed->manifest;
+    if (!m.contains("cursors") || !m["cursors"].is_array() || static_cast<int>(m["cursors"].size()) != M) {
+      throw InputError("checkpoint " + resumed->dir.string() + " has no data cursor per slot (written by another mode?)");
+    }
+    for (int s = 0; s < M; ++s) start_cursors[s] = StreamCursor::from_json(m["cursors"][s]);
+    tokens_total = m.value("tokens_trained", int64_t{0});
+  }
+  DataStream stream(train_split, slot, S, config.train.batch_size, config.model.seq_len, start_cursors[slot]);
   InnerTrainer trainer(model, config.train, make_schedule(config), device);
+  if (resumed && !load_optimizer_state(*resumed, trainer.optimizer())) {
+    throw InputError("checkpoint " + resumed->dir.string() + " has no optimizer state: dp cannot resume from it");
+  }
   const int64_t tokens_per_step = config.train.tokens_per_step(config.model);
   const int64_t budget = config.train.total_tokens / M;
-  const double slowdown = slowdown_factor(config.run, rank, M);
+  const double slowdown = slowdown_factor(config.run, slot, M);
+  ControlFile control(options.run_dir / "control" / ("learner_" + std::to_string(slot) + ".json"));
   double wait_s = 0;  // time this rank spent blocked in collectives
   int64_t syncs = 0;
+  double stop_votes = 0;  // dp: this rank's vote to stop after the current step, then the group's sum
 
-  if (mode == "dp") trainer.set_gradient_hook(dp_gradient_hook(model, group, &wait_s, &syncs));
+  if (mode == "dp") trainer.set_gradient_hook(dp_gradient_hook(model, group, &wait_s, &syncs, &stop_votes));
+  auto cursors_at = [&](int64_t step) {  // every slot's cursor after `step` (slots outside the group stand still)
+    nlohmann::json out = nlohmann::json::array();
+    for (int s = 0; s < M; ++s) {
+      StreamCursor c = start_cursors[s];
+      if (seen[s]) {
+        DataStream shadow(train_split, s, S, config.train.batch_size, config.model.seq_len, c);
+        for (int64_t i = 0; i < (step - start_step) * config.train.grad_accum; ++i) shadow.skip();
+        c = shadow.cursor();
+      }
+      out.push_back(c.to_json());
+    }
+    return out;
+  };
+  auto tokens_trained = [&] { return outer ? stream.cursor().tokens_served * M : tokens_total; };
 
   std::deque<InFlight> in_flight;
   auto start_sync = [&](int p, int64_t round, int64_t apply_at) {
@@ -219,7 +299,12 @@ int run_worker(const Config& config, const WorkerOptions& options) {
     m["mode"] = mode;
     m["global_step"] = step;
     m["fragment_versions"] = version;
-    m["tokens_trained"] = stream.cursor().tokens_served * M;
+    m["tokens_trained"] = tokens_trained();
+    if (!outer) {
+      m["cursors"] = cursors_at(step);
+      m["slots"] = slots;
+      m["generation"] = options.generation;
+    }
     m["tokenizer"] = {{"path", (data_dir / "tokenizer.model").string()},
                       {"hash", tokenizer_file_hash(data_dir / "tokenizer.model")}};
     m["wall_seconds"] = seconds_since(started);
@@ -229,27 +314,39 @@ int run_worker(const Config& config, const WorkerOptions& options) {
   auto write_status = [&](int64_t step, bool finished) {
     const double secs = seconds_since(started);
     const nlohmann::json status = {
-        {"mode", mode}, {"global_step", step}, {"tokens_trained", stream.cursor().tokens_served * M},
+        {"mode", mode}, {"global_step", step}, {"tokens_trained", tokens_trained()}, {"world", W},
+        {"generation", options.generation},
         {"tokens_budget", budget * M}, {"val_loss", std::isfinite(last_val) ? nlohmann::json(last_val) : nlohmann::json()},
         {"last_eval_step", last_eval_step}, {"loss", std::isfinite(loss_ema) ? nlohmann::json(loss_ema) : nlohmann::json()},
-        {"syncs", syncs}, {"tokens_per_s", stream.cursor().tokens_served / std::max(secs, 1e-9)},
+        {"syncs", syncs}, {"tokens_per_s", (stream.cursor().tokens_served - start_cursors[slot].tokens_served) / std::max(secs, 1e-9)},
         {"wait_s", wait_s}, {"eval_s", eval_s}, {"bytes_sent", group.bytes_sent()}, {"finished", finished}};
     write_file_atomically(options.run_dir / "status.json", status.dump() + "\n");
   };
 
   std::signal(SIGTERM, on_worker_signal);
   std::signal(SIGINT, on_worker_signal);
-  int64_t step = 0;
+  int64_t step = start_step;
   auto last_status = Clock::now();
-  while (stream.cursor().tokens_served + tokens_per_step <= budget && g_worker_signal.load() == 0) {
+  bool voted_stop = false;  // dp: the group agreed to stop after this step
+  auto more = [&] {
+    if (outer) return stream.cursor().tokens_served + tokens_per_step <= budget && g_worker_signal.load() == 0;
+    return !voted_stop && tokens_total + W * tokens_per_step <= config.train.total_tokens;
+  };
+  while (more()) {
     const auto t0 = Clock::now();
     const double wait_before = wait_s;
+    stop_votes = g_worker_signal.load() != 0 ? 1.0 : 0.0;
     const StepResult r = trainer.step(stream, step);  // dp: the all-reduce runs inside, through the hook
     const double step_s = seconds_since(t0);
-    if (slowdown > 1.0) {  // heterogeneous hardware: this worker is `slowdown` times slower
-      std::this_thread::sleep_for(std::chrono::duration<double>((slowdown - 1.0) * (step_s - (wait_s - wait_before))));
+    // heterogeneous hardware (run.slowdown) or a fault plan's slow_learner: this worker is `factor` times slower
+    if (const double factor = std::max(slowdown, control.slowdown()); factor > 1.0) {
+      std::this_thread::sleep_for(std::chrono::duration<double>((factor - 1.0) * (step_s - (wait_s - wait_before))));
     }
     ++step;
+    if (!outer) {
+      tokens_total += W * r.tokens;
+      voted_stop = stop_votes > 0;
+    }
     for (int p = 0; p < P; ++p) {
       steps_since[p] += 1;
       tokens_since[p] += r.tokens;
@@ -272,17 +369,19 @@ int run_worker(const Config& config, const WorkerOptions& options) {
       last_val = evaluate_loss(evaluated_model(), *val_split, config.train.eval_tokens, config.train.batch_size, device);
       eval_s += seconds_since(e0);
       last_eval_step = step;
-      events.emit("eval", {{"step", step}, {"val_loss", last_val}, {"tokens", stream.cursor().tokens_served * M}});
+      events.emit("eval", {{"step", step}, {"val_loss", last_val}, {"tokens", tokens_trained()}});
     }
     if (config.train.checkpoint_interval > 0 && step % config.train.checkpoint_interval == 0) {
-      save_checkpoint(options.run_dir, step, evaluated_model(), nullptr, manifest(step));
+      const auto c0 = Clock::now();
+      save_checkpoint(options.run_dir, step, evaluated_model(), outer ? nullptr : &trainer.optimizer(), manifest(step));
+      events.emit("checkpoint", {{"step", step}, {"seconds", seconds_since(c0)}});
     }
     if (seconds_since(last_status) > 0.5 || last_eval_step == step) {
       write_status(step, false);
       last_status = Clock::now();
     }
   }
-  const bool interrupted = g_worker_signal.load() != 0;
+  const bool interrupted = g_worker_signal.load() != 0 || voted_stop;
   if (outer && !interrupted) {  // land what is in flight, then the final flush of every fragment trained on
     while (!in_flight.empty()) {
       finish_sync(in_flight.front(), step);
@@ -298,7 +397,9 @@ int run_worker(const Config& config, const WorkerOptions& options) {
   events.emit("stopped", {{"step", step}, {"signal", g_worker_signal.load()}, {"syncs", syncs}, {"wait_s", wait_s},
                           {"bytes_sent", group.bytes_sent()}, {"versions", version}});
   if (rank == 0) {
-    save_checkpoint(options.run_dir, step, evaluated_model(), nullptr, manifest(step));  // also when interrupted
+    // also when interrupted; dp: with the AdamW state and every cursor, so a re-formed group continues from here
+    save_checkpoint(options.run_dir, step, evaluated_model(), outer ? nullptr : &trainer.optimizer(), manifest(step));
+    events.emit("checkpoint", {{"step", step}, {"final", !interrupted}});
     write_status(step, !interrupted);
   }
   std::printf("[worker %d] %s at step %lld: %lld syncs, %.1f s waiting in collectives\n", rank,
@@ -306,5 +407,7 @@ int run_worker(const Config& config, const WorkerOptions& options) {
   std::fflush(stdout);
   return 0;
 }
+
+}  // namespace
 
 }  // namespace dloco

@@ -77,6 +77,7 @@ void for_each_field(C& c, F&& f) {
   f("run", "report_interval_s", c.run.report_interval_s);
   f("run", "slowdown", c.run.slowdown);
   f("run", "collective_timeout_s", c.run.collective_timeout_s);
+  f("run", "recovery", c.run.recovery);
 }
 
 std::string where(const std::string& source, const toml::node& node) {
@@ -271,6 +272,11 @@ void Config::validate() const {
   require(run.threads >= 0, "run.threads", "must be ≥ 0 (0 = all cores)");
   require(run.report_interval_s > 0, "run.report_interval_s", "must be > 0");
   require(run.collective_timeout_s > 0, "run.collective_timeout_s", "must be > 0");
+  require(run.recovery == "stop" || run.recovery == "restart" || run.recovery == "elastic", "run.recovery",
+          "must be \"stop\", \"restart\" or \"elastic\" (got \"" + run.recovery + "\")");
+  require(run.recovery == "stop" || d.mode == "dp", "run.recovery",
+          "\"" + run.recovery + "\" applies to diloco.mode = \"dp\" only (got mode \"" + d.mode +
+              "\"; decoupled learners are restarted on their own)");
   for (int id = 0; id < d.learners; ++id) (void)slowdown_factor(run, id, d.learners);  // throws on a bad list
 }
 

@@ -121,6 +121,11 @@ struct RunSettings {
   std::string slowdown = "";       // heterogeneous learners: "ID:FACTOR,…", e.g. "3:1.18" makes learner/worker 3
                                    // sleep 0.18× its step time after every step (emulates slower hardware)
   double collective_timeout_s = 120;  // baselines: deadline of the Gloo rendezvous and of every collective, s
+  std::string recovery = "stop";   // dp only: what the launcher does when a worker dies. "stop": the run ends;
+                                   // "restart": every worker stops and the full group restarts from the last
+                                   // checkpoint once the dead worker is back; "elastic" (torchelastic): the
+                                   // survivors re-form at once without it from the last checkpoint, and the group
+                                   // re-forms again with it when it is back (spec decoupled-diloco.md §11, chaos)
 };
 
 /// The slowdown factor of learner `id` from run.slowdown (1 when not listed). Throws InputError on a malformed

@@ -5,7 +5,9 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <chrono>
+#include <optional>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -16,6 +18,7 @@
 #include "core/console.h"
 #include "core/events.h"
 #include "launcher/children.h"
+#include "launcher/fault_injector.h"
 #include "launcher/roles.h"
 #include "train/checkpoint.h"
 
@@ -62,7 +65,25 @@ nlohmann::json worker_summaries(const fs::path& run_dir, int M) {
 
 }  // namespace
 
-nlohmann::json run_collective_launcher(const Config& config, bool resume) {
+namespace {
+
+bool exited_cleanly(const Child& c) { return WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0; }
+
+std::string describe_exit(const Child& c) {
+  if (WIFSIGNALED(c.status)) return "killed by signal " + std::to_string(WTERMSIG(c.status));
+  if (WIFEXITED(c.status)) return "exit status " + std::to_string(WEXITSTATUS(c.status));
+  return "status " + std::to_string(c.status);
+}
+
+std::string join_slots(const std::vector<int>& slots) {
+  std::string out;
+  for (int s : slots) out += (out.empty() ? "" : ",") + std::to_string(s);
+  return out;
+}
+
+}  // namespace
+
+nlohmann::json run_collective_launcher(const Config& config, bool resume, const FaultPlan* plan) {
   const auto started = Clock::now();
   const fs::path run_dir = config.run_dir();
   if (resume) {
@@ -72,47 +93,191 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume) {
   if (latest_checkpoint(run_dir) || fs::exists(run_dir / "status.json")) {
     throw InputError("run folder '" + run_dir.string() + "' already holds a run: pick another run.name");
   }
+  if (plan != nullptr && config.diloco.mode != "dp") {
+    throw InputError("a fault plan needs diloco.mode = \"dp\" among the baselines (got \"" + config.diloco.mode + "\")");
+  }
   const RunFolder folder = prepare_run_folder(config);
   const int M = folder.learners, cores = folder.cores, worker_threads = folder.child_threads;
+  const std::string& recovery = config.run.recovery;
   EventLog events(run_dir / "events" / "launcher.jsonl", Role::kLauncher, 0);
-  const fs::path store = run_dir / "gloo.store";
   std::error_code ec;
-  fs::remove(store, ec);
+  fs::remove_all(run_dir / "gloo", ec);
+  fs::create_directories(run_dir / "gloo");
+  std::vector<FaultEvent> faults;
+  if (plan != nullptr) {
+    faults = plan->resolve(M);
+    write_file_atomically(run_dir / "plan.json", plan->to_json(M).dump(2) + "\n");
+  }
+  FaultInjector injector(faults, run_dir, events);
 
   const std::string& cfg = folder.config_path;
-  std::vector<Child> children;
-  for (int rank = 0; rank < M; ++rank) {
-    children.push_back({"worker " + std::to_string(rank), rank,
-                        spawn({"worker", "--config", cfg, "--rank", std::to_string(rank), "--run-dir", run_dir.string(),
-                               "--store", store.string(), "--set", "run.threads=" + std::to_string(worker_threads)},
-                              run_dir / "logs" / ("worker_" + std::to_string(rank) + ".log"), worker_threads)});
-  }
-  events.emit("started", {{"mode", config.diloco.mode}, {"workers", M}, {"worker_threads", worker_threads}});
-  std::printf("[launcher] run %s: %s with %d workers × %d BLAS threads (Gloo); logs in %s\n", config.run.name.c_str(),
-              config.diloco.mode.c_str(), M, worker_threads, (run_dir / "logs").c_str());
+  std::vector<Child> children;  // one per slot; a slot outside the current group has exited = true
+  for (int s = 0; s < M; ++s) children.push_back({"worker " + std::to_string(s), s, -1, true, 0, Clock::now(), 0});
+  std::vector<bool> down(M, false);                 // dead and not yet due back
+  std::vector<Clock::time_point> back_at(M, Clock::time_point::max());
+  std::vector<int> group;                            // slots of the running group, rank order
+  int64_t generation = -1;
+  const auto plan_started = Clock::now();  // a fault plan's clock: seconds since the first group was started
+  auto elapsed_s = [&] { return std::chrono::duration<double>(Clock::now() - plan_started).count(); };
+  nlohmann::json last;
+  auto form = [&](const std::string& reason) {
+    group.clear();
+    for (int s = 0; s < M; ++s) {
+      if (!down[s]) group.push_back(s);
+    }
+    ++generation;
+    const fs::path store = run_dir / "gloo" / ("store_" + std::to_string(generation));
+    const auto checkpoint = generation > 0 ? latest_checkpoint(run_dir) : std::nullopt;
+    for (size_t rank = 0; rank < group.size(); ++rank) {
+      const int s = group[rank];
+      std::vector<std::string> args{"worker", "--config", cfg, "--rank", std::to_string(rank), "--run-dir",
+                                    run_dir.string(), "--store", store.string(), "--set",
+                                    "run.threads=" + std::to_string(worker_threads)};
+      if (recovery != "stop") {
+        args.insert(args.end(), {"--slots", join_slots(group), "--generation", std::to_string(generation)});
+        if (checkpoint) args.insert(args.end(), {"--resume-from", checkpoint->dir.string()});
+      }
+      Child& c = children[s];
+      c.pid = spawn(args, run_dir / "logs" / ("worker_" + std::to_string(s) + ".log"), worker_threads);
+      c.exited = false;
+      c.status = 0;
+      if (generation > 0) ++c.restarts;
+    }
+    events.emit("group_formed", {{"generation", generation}, {"slots", group}, {"world", group.size()},
+                                 {"from_step", checkpoint ? checkpoint->step : 0}, {"reason", reason},
+                                 {"at_s", elapsed_s()}});
+    std::printf("[launcher] generation %lld: %zu workers (slots %s) from step %lld (%s)\n",
+                static_cast<long long>(generation), group.size(), join_slots(group).c_str(),
+                static_cast<long long>(checkpoint ? checkpoint->step : 0), reason.c_str());
+    std::fflush(stdout);
+  };
+  auto wait_group = [&](std::chrono::seconds grace) {  // every group member exits (SIGKILL after `grace`)
+    std::vector<Child> members;
+    for (int s : group) members.push_back(children[s]);
+    const auto deadline = Clock::now() + grace;
+    while (Clock::now() < deadline &&
+           !std::all_of(members.begin(), members.end(), [](const Child& c) { return c.exited; })) {
+      reap(members);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    for (auto& c : members) {
+      if (!c.exited && c.pid > 0) {
+        ::kill(c.pid, SIGCONT);
+        ::kill(c.pid, SIGKILL);
+        ::waitpid(c.pid, &c.status, 0);
+        c.exited = true;
+        c.died_at = Clock::now();
+      }
+    }
+    for (const auto& c : members) children[c.learner] = c;
+    group.clear();
+  };
+
+  form("start");
+  events.emit("started", {{"mode", config.diloco.mode}, {"workers", M}, {"worker_threads", worker_threads},
+                          {"recovery", recovery}, {"faults_planned", faults.size()}});
+  std::printf("[launcher] run %s: %s with %d workers × %d BLAS threads (Gloo), recovery \"%s\"; logs in %s\n",
+              config.run.name.c_str(), config.diloco.mode.c_str(), M, worker_threads, recovery.c_str(),
+              (run_dir / "logs").c_str());
   std::fflush(stdout);
 
   std::signal(SIGINT, on_collective_signal);
   std::signal(SIGTERM, on_collective_signal);
-  nlohmann::json last;
   auto last_row = Clock::now() - std::chrono::hours(1);
   int64_t last_eval_printed = -1;
   std::string failure;
+  int failures = 0;
+  bool run_finished = false;
   while (g_collective_signal.load() == 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     reap(children);
-    bool all_exited = true;
-    for (const auto& c : children) {
-      all_exited &= c.exited;
-      if (c.exited && failure.empty() && !(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0)) {
-        failure = c.role + " exited with status " + std::to_string(c.status) + " (see logs/worker_" +
-                  std::to_string(c.learner) + ".log)";
-      }
+    if (auto status = read_status(run_dir / "status.json"); !status.is_null()) last = status;
+    run_finished = last.is_object() && last.value("finished", false);
+    injector.tick(elapsed_s(), last.is_object() ? last.value("global_step", int64_t{0}) : 0, run_finished, children);
+    // A member that died (not by a clean exit) takes the group down with it.
+    // Casualties (kPeerFailedExit: their collective failed because of another) re-form at once; the others are
+    // the failure, held out until their restart delay has passed.
+    std::vector<int> dead;
+    bool all_exited = !group.empty(), casualties = false;
+    for (int s : group) {
+      all_exited &= children[s].exited;
+      if (!children[s].exited || exited_cleanly(children[s])) continue;
+      const bool casualty = WIFEXITED(children[s].status) && WEXITSTATUS(children[s].status) == kPeerFailedExit;
+      casualties |= casualty;
+      if (!casualty) dead.push_back(s);
     }
-    if (!failure.empty() || all_exited) break;
-    auto status = read_status(run_dir / "status.json");
-    if (status.is_null()) continue;
-    last = status;
+    if (!group.empty() && all_exited && dead.empty() && !casualties) break;  // finished (or every rank voted to stop)
+    if ((!dead.empty() || casualties) && !run_finished) {
+      for (int s : dead) {
+        events.emit("worker_failed", {{"slot", s}, {"exit", describe_exit(children[s])},
+                                      {"planned", injector.planned_kill(children[s])}, {"generation", generation},
+                                      {"at_s", elapsed_s()}});
+      }
+      const int64_t at_step = last.is_object() ? last.value("global_step", int64_t{0}) : 0;
+      for (int s : group) {
+        if (!children[s].exited) ::kill(children[s].pid, SIGKILL);  // Gloo groups do not recover: stop them all
+      }
+      wait_group(std::chrono::seconds(10));
+      events.emit("group_stopped", {{"generation", generation}, {"reason", "failure"}, {"at_step", at_step},
+                                    {"at_s", elapsed_s()}});
+      failures += static_cast<int>(dead.size());
+      if (recovery == "stop") {
+        const int s = dead.empty() ? 0 : dead[0];
+        failure = dead.empty() ? std::string("a collective failed (a worker hung or passed run.collective_timeout_s)")
+                               : children[s].role + " " + describe_exit(children[s]) + " (see logs/worker_" +
+                                     std::to_string(s) + ".log)";
+        break;
+      }
+      for (int s : dead) {
+        down[s] = true;
+        const double delay = injector.restart_delay(children[s], config.run.restart_delay_s);
+        back_at[s] = delay < 0 ? Clock::time_point::max()
+                               : children[s].died_at + std::chrono::duration_cast<Clock::duration>(
+                                                           std::chrono::duration<double>(delay));
+        std::printf("[launcher] worker %d died (%s) at step %lld: %s\n", s, describe_exit(children[s]).c_str(),
+                    static_cast<long long>(at_step),
+                    recovery == "elastic" ? "the others re-form without it from the newest checkpoint"
+                                          : "every worker waits for it, then all restart from the newest checkpoint");
+        std::fflush(stdout);
+      }
+    } else if (!dead.empty() || casualties) {
+      break;  // a worker died after the run finished: nothing to recover
+    }
+    if (run_finished) continue;
+    // Slots due back.
+    std::vector<int> returning;
+    for (int s = 0; s < M; ++s) {
+      if (down[s] && Clock::now() >= back_at[s]) returning.push_back(s);
+    }
+    const bool any_down = std::count(down.begin(), down.end(), true) > static_cast<long>(returning.size());
+    if (group.empty()) {  // no group runs: form one when the policy allows
+      const bool ready = recovery == "elastic" ? (std::count(down.begin(), down.end(), false) > 0 || !returning.empty())
+                                               : !any_down;
+      if (!ready) continue;
+      for (int s : returning) {
+        down[s] = false;
+        injector.restarted(children[s]);
+      }
+      if (std::count(down.begin(), down.end(), false) == 0) continue;
+      form(returning.empty() ? "failure" : "rejoin");
+    } else if (recovery == "elastic" && !returning.empty()) {
+      // Grow: the group stops after a step all ranks voted for, rank 0 checkpoints it, and it re-forms with them.
+      const int64_t at_step = last.is_object() ? last.value("global_step", int64_t{0}) : 0;
+      for (int s : group) {
+        if (!children[s].exited) ::kill(children[s].pid, SIGTERM);
+      }
+      wait_group(std::chrono::seconds(static_cast<int64_t>(config.run.collective_timeout_s) + 30));
+      events.emit("group_stopped", {{"generation", generation}, {"reason", "grow"}, {"at_step", at_step},
+                                    {"at_s", elapsed_s()}});
+      if (auto status = read_status(run_dir / "status.json"); !status.is_null()) last = status;
+      if (last.is_object() && last.value("finished", false)) break;
+      for (int s : returning) {
+        down[s] = false;
+        injector.restarted(children[s]);
+      }
+      form("rejoin");
+    }
+    if (last.is_null()) continue;
     const int64_t eval_step = last.value("last_eval_step", int64_t{-1});
     if (Clock::now() - last_row > std::chrono::duration<double>(config.run.report_interval_s) ||
         eval_step > last_eval_printed) {
@@ -122,18 +287,20 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume) {
       char val[32] = "  -  ";
       if (last["val_loss"].is_number()) std::snprintf(val, sizeof(val), "%.3f", last["val_loss"].get<double>());
       const double elapsed = std::chrono::duration<double>(Clock::now() - started).count();
-      std::printf("%s %3.0f%% t %5lld | val %s | syncs %5lld | waiting %5.1fs | tok/s per worker %.0f | %4.0fs\n",
+      std::printf("%s %3.0f%% t %5lld | val %s | syncs %5lld | waiting %5.1fs | workers %zu/%d | tok/s per worker %.0f | %4.0fs\n",
                   progress_bar(frac).c_str(), 100 * frac, static_cast<long long>(last.value("global_step", 0)), val,
-                  static_cast<long long>(last.value("syncs", 0)), last.value("wait_s", 0.0),
+                  static_cast<long long>(last.value("syncs", 0)), last.value("wait_s", 0.0), group.size(), M,
                   last.value("tokens_per_s", 0.0), elapsed);
       std::fflush(stdout);
       events.emit("progress", {{"global_step", last.value("global_step", 0)}, {"tokens", last.value("tokens_trained", 0)},
-                               {"syncs", last.value("syncs", 0)}, {"val_loss", last["val_loss"]}});
+                               {"syncs", last.value("syncs", 0)}, {"val_loss", last["val_loss"]},
+                               {"world", group.size()}});
     }
   }
+  injector.release(children, elapsed_s());
   if (!failure.empty()) {
-    std::printf("[launcher] %s: stopping the other workers (synchronous training needs all %d)\n", failure.c_str(), M);
-    events.emit("worker_failed", {{"reason", failure}});
+    std::printf("[launcher] %s: stopped the other workers (synchronous training needs all %d; run.recovery = "
+                "\"restart\" or \"elastic\" re-forms the group)\n", failure.c_str(), M);
   }
   if (g_collective_signal.load() != 0) {
     std::printf("[launcher] signal %d: stopping every worker; rank 0 writes a checkpoint\n", g_collective_signal.load());
@@ -185,6 +352,13 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume) {
       {"signal", g_collective_signal.load()},
   };
   if (!failure.empty()) report["failure"] = failure;
+  report["recovery"] = recovery;
+  report["generations"] = generation + 1;
+  report["worker_failures"] = failures;
+  report["faults_injected"] = injector.injected();
+  int restarts = 0;
+  for (const auto& c : children) restarts += c.restarts;
+  report["worker_restarts"] = restarts;
   write_file_atomically(run_dir / "report.json", report.dump(2) + "\n");
   events.emit("finished", {{"status", report["status"]}, {"val_loss", report["final_val_loss"]}});
   return report;

@@ -23,6 +23,7 @@
 #include "core/events.h"
 #include "chaos/fault_plan.h"
 #include "launcher/children.h"
+#include "launcher/fault_injector.h"
 #include "launcher/roles.h"
 #include "learner/link.h"
 #include "syncer/handshake.h"
@@ -51,117 +52,6 @@ std::string read_address(const fs::path& file, Child& syncer, std::vector<Child>
   }
   throw InputError("the syncer did not start (see " + (file.parent_path() / "logs" / "syncer.log").string() + ")");
 }
-
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-// Carries out a fault plan against the launcher's children (fault_plan.h). Every fault it injects, ends or
-// skips is an event in events/launcher.jsonl: that log, not this class, is what the chaos report reads.
-class FaultInjector {
- public:
-  FaultInjector(std::vector<FaultEvent> faults, const fs::path& run_dir, EventLog& events)
-      : faults_(std::move(faults)), fired_(faults_.size(), false), run_dir_(run_dir), events_(events) {}
-
-  /// Ends pauses that are over (always, also once training is done) and, unless `finished`, fires every fault
-  /// due at `elapsed_s` since the learners started or at `global_step` (time and step triggers independently).
-  void tick(double elapsed_s, int64_t global_step, bool finished, std::vector<Child>& children) {
-    for (auto it = ends_.begin(); it != ends_.end();) {  // SIGCONT paused learners whose pause is over
-      if (elapsed_s < it->first) {
-        ++it;
-        continue;
-      }
-      resume(children[it->second], elapsed_s);
-      it = ends_.erase(it);
-    }
-    if (finished) return;
-    for (size_t i = 0; i < faults_.size(); ++i) {
-      const FaultEvent& f = faults_[i];
-      if (fired_[i] || (f.at_s >= 0 ? elapsed_s < f.at_s : global_step < f.at_step)) continue;
-      fired_[i] = true;
-      fire(f, elapsed_s, global_step, children);
-    }
-  }
-
-  /// SIGCONTs every learner still paused (the run is stopping: a stopped process cannot exit cleanly).
-  void release(std::vector<Child>& children, double elapsed_s) {
-    for (const auto& [end, index] : ends_) resume(children[index], elapsed_s);
-    ends_.clear();
-  }
-
-  /// Delay before restarting `child` after its death: the planned one if this plan killed it, else `dflt`.
-  double restart_delay(const Child& child, double dflt) {
-    auto it = planned_restart_.find(child.role);
-    if (it == planned_restart_.end()) return dflt;
-    return it->second;
-  }
-  void restarted(const Child& child) { planned_restart_.erase(child.role); }
-  /// True while the syncer is down because the plan killed it and will restart it.
-  bool syncer_restart_pending() const { return planned_restart_.count("syncer") > 0; }
-  int injected() const { return injected_; }
-
- private:
-  void fire(const FaultEvent& f, double elapsed_s, int64_t global_step, std::vector<Child>& children) {
-    nlohmann::json fields = f.to_json();
-    fields["at_s"] = elapsed_s;
-    fields["planned_at_s"] = f.at_s;
-    fields["global_step"] = global_step;
-    fields["description"] = f.describe();
-    Child* target = nullptr;
-    size_t index = 0;
-    for (size_t i = 0; i < children.size(); ++i) {
-      const bool match = f.action == FaultAction::kKillSyncer ? children[i].role == "syncer"
-                                                              : children[i].learner == f.learner;
-      if (match) {
-        target = &children[i];
-        index = i;
-      }
-    }
-    if (target == nullptr || target->exited || target->pid <= 0) {
-      fields["reason"] = "the process is not running (already down)";
-      events_.emit("fault_skipped", fields);
-      std::printf("[chaos] skipped: %s (already down)\n", f.describe().c_str());
-      return;
-    }
-    fields["pid"] = target->pid;
-    switch (f.action) {
-      case FaultAction::kKillLearner:
-      case FaultAction::kKillSyncer:
-        ::kill(target->pid, SIGCONT);  // a paused process dies as well, and its pause ends with it
-        ::kill(target->pid, SIGKILL);
-        planned_restart_[target->role] = f.restart_after_s;
-        break;
-      case FaultAction::kPauseLearner:
-        ::kill(target->pid, SIGSTOP);
-        ends_.emplace(elapsed_s + f.duration_s, index);
-        break;
-      case FaultAction::kSlowLearner: {
-        fs::create_directories(run_dir_ / "control");
-        const nlohmann::json control = {{"factor", f.factor}, {"until_unix", unix_now() + f.duration_s}};
-        write_file_atomically(run_dir_ / "control" / ("learner_" + std::to_string(f.learner) + ".json"),
-                              control.dump() + "\n");
-        break;
-      }
-    }
-    ++injected_;
-    events_.emit("fault", fields);
-    std::printf("[chaos] %s\n", f.describe().c_str());
-    std::fflush(stdout);
-  }
-
-  void resume(Child& c, double elapsed_s) {
-    if (!c.exited && c.pid > 0) ::kill(c.pid, SIGCONT);
-    events_.emit("fault_ended", {{"action", "pause_learner"}, {"learner", c.learner}, {"at_s", elapsed_s}});
-  }
-
-  std::vector<FaultEvent> faults_;
-  std::vector<bool> fired_;
-  fs::path run_dir_;
-  EventLog& events_;
-  std::multimap<double, size_t> ends_;           // elapsed_s at which to SIGCONT -> child index
-  std::map<std::string, double> planned_restart_;  // role -> restart delay of a process the plan killed
-  int injected_ = 0;
-};
 
 }  // namespace
 

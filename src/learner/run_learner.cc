@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "core/bf16.h"
+#include "core/control_file.h"
 #include "core/decisions.h"
 #include "core/events.h"
 #include "core/fragments.h"
@@ -41,35 +42,6 @@ std::string hostname() {
   ::gethostname(buf, sizeof(buf) - 1);
   return buf;
 }
-
-// A slowdown the launcher asks for while the run goes on (fault plans: slow_learner), from
-// run_dir/control/learner_<id>.json = {"factor": f, "until_unix": t}; re-read only when the file changes.
-class ControlFile {
- public:
-  explicit ControlFile(fs::path path) : path_(std::move(path)) {}
-  double slowdown() {
-    std::error_code ec;
-    const auto mtime = fs::last_write_time(path_, ec);
-    if (!ec && mtime != mtime_) {
-      mtime_ = mtime;
-      try {
-        std::ifstream in(path_);
-        const auto j = nlohmann::json::parse(in);
-        factor_ = j.at("factor").get<double>();
-        until_ = j.at("until_unix").get<double>();
-      } catch (const std::exception&) {
-        factor_ = 1.0;  // a half-written or foreign file: ignore it (the launcher writes atomically)
-      }
-    }
-    const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-    return now < until_ && factor_ > 1.0 ? factor_ : 1.0;
-  }
-
- private:
-  fs::path path_;
-  fs::file_time_type mtime_{};
-  double factor_ = 1.0, until_ = 0;
-};
 
 // A merged fragment waiting for its apply step (spec §3 step 6).
 struct PendingMerge {

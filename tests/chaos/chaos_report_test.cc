@@ -157,6 +157,67 @@ TEST_F(ChaosReportTest, RegressedVersionsRepeatedBatchesAndNaNFailTheChecks) {
   EXPECT_THROW(analyze_chaos_run(dir_ / "nowhere", {1, 1, 1, 100, 1.0}), InputError);
 }
 
+TEST_F(ChaosReportTest, DpRollbacksPausesAndLineageFromTheEventLogs) {
+  // Elastic dp, M = 2, a step every 1 s. Generation 0 (slots 0, 1) trains steps 1–8; slot 1 is killed at t0 + 8.5;
+  // generation 1 (slot 0 alone) resumes from the checkpoint at step 5 and trains 6–10 from t0 + 10; slot 1 is
+  // back and generation 2 resumes from step 10 (the voted stop) and trains 11–12 from t0 + 17.
+  const double t0 = 1000.0;
+  write("events/launcher.jsonl",
+        {{{"t", t0}, {"event", "group_formed"}, {"generation", 0}, {"world", 2}, {"from_step", 0}},
+         {{"t", t0}, {"event", "started"}},
+         {{"t", t0 + 8.5}, {"event", "fault"}, {"action", "kill_learner"}, {"learner", 1}, {"restart_after_s", 5.0}},
+         {{"t", t0 + 8.7}, {"event", "group_stopped"}, {"generation", 0}, {"reason", "failure"}},
+         {{"t", t0 + 8.8}, {"event", "group_formed"}, {"generation", 1}, {"world", 1}, {"from_step", 5}},
+         {{"t", t0 + 15.5}, {"event", "group_stopped"}, {"generation", 1}, {"reason", "grow"}},
+         {{"t", t0 + 15.6}, {"event", "group_formed"}, {"generation", 2}, {"world", 2}, {"from_step", 10}}});
+  std::vector<nlohmann::json> w0, w1;
+  w0.push_back({{"t", t0}, {"event", "joined"}, {"generation", 0}, {"from_step", 0}});
+  w1.push_back({{"t", t0}, {"event", "joined"}, {"generation", 0}, {"from_step", 0}});
+  for (int n = 1; n <= 8; ++n) {
+    w0.push_back({{"t", t0 + n}, {"event", "step"}, {"step", n}, {"loss", 5.0}});
+    w1.push_back({{"t", t0 + n}, {"event", "step"}, {"step", n}, {"loss", 5.0}});
+  }
+  w0.push_back({{"t", t0 + 9}, {"event", "joined"}, {"generation", 1}, {"from_step", 5}});
+  for (int n = 6; n <= 10; ++n) w0.push_back({{"t", t0 + 4 + n}, {"event", "step"}, {"step", n}, {"loss", 5.0}});
+  for (auto* w : {&w0, &w1}) {
+    w->push_back({{"t", t0 + 16}, {"event", "joined"}, {"generation", 2}, {"from_step", 10}});
+    for (int n = 11; n <= 12; ++n) w->push_back({{"t", t0 + 6 + n}, {"event", "step"}, {"step", n}, {"loss", 5.0}});
+  }
+  write("events/worker_0.jsonl", w0);
+  write("events/worker_1.jsonl", w1);
+  write("report.json", {{{"final_val_loss", 4.5}}});
+
+  const ChaosAnalysis a = analyze_dp_chaos_run(dir_, {2, 1, 1, 100, 2.0});
+  EXPECT_EQ(a.mode, "dp");
+  EXPECT_EQ(a.generations, 3);
+  EXPECT_DOUBLE_EQ(a.window_s, 18.0);
+  EXPECT_DOUBLE_EQ(a.nominal_step_s, 1.0);  // intervals of the 2-worker generations only
+  ASSERT_EQ(a.learners.size(), 2u);
+  EXPECT_EQ(a.learners[0].steps_trained, 15);
+  EXPECT_DOUBLE_EQ(a.learners[0].steps_kept, 12);  // 1–5, 6–10 (generation 1), 11–12
+  EXPECT_DOUBLE_EQ(a.learners[1].steps_kept, 7);   // 1–5, 11–12
+  EXPECT_DOUBLE_EQ(a.learners[1].steps_lost, 3);   // 6–8, rolled back
+  EXPECT_DOUBLE_EQ(a.goodput, 19.0 * 1.0 / (2 * 18.0));
+  ASSERT_EQ(a.pauses.size(), 2u);
+  EXPECT_EQ(a.pauses[0].reason, "failure");
+  EXPECT_DOUBLE_EQ(a.pauses[0].pause_s, 2.0);  // last step at 8, first of generation 1 at 10
+  EXPECT_EQ(a.pauses[0].rolled_back_steps, 3);
+  EXPECT_EQ(a.pauses[0].world_after, 1);
+  EXPECT_EQ(a.pauses[1].reason, "grow");
+  EXPECT_DOUBLE_EQ(a.pauses[1].pause_s, 3.0);
+  EXPECT_EQ(a.pauses[1].rolled_back_steps, 0);
+  ASSERT_EQ(a.recoveries.size(), 1u);
+  EXPECT_DOUBLE_EQ(a.recoveries[0].back_s, 7.5);          // joined at 16
+  EXPECT_DOUBLE_EQ(a.recoveries[0].contributing_s, 8.5);  // first step at 17
+  EXPECT_TRUE(a.lineage_ok);
+  EXPECT_TRUE(a.consistent());
+
+  // A generation that resumes from a step nobody reached, or a slot that skips a step, breaks the lineage.
+  write("events/worker_0.jsonl", {{{"t", t0 + 19}, {"event", "joined"}, {"generation", 3}, {"from_step", 12}},
+                                  {{"t", t0 + 20}, {"event", "step"}, {"step", 14}, {"loss", 5.0}}});
+  EXPECT_FALSE(analyze_dp_chaos_run(dir_, {2, 1, 1, 100, 2.0}).lineage_ok);
+}
+
 TEST(SimReplay, ReplaysKillsPausesAndSlowdownsOfTheRun) {
   ChaosAnalysis a;
   a.window_s = 100;
