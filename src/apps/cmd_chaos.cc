@@ -215,8 +215,9 @@ void add_chaos_command(CLI::App& app) {
     if (!dp_runs.empty()) {
       md << "Baselines: the same config with diloco.mode = dp, run.recovery = elastic (elastic-dp) or restart "
             "(dp-restart)";
-      for (const auto& o : dp_overrides) md << ", " << o;
-      md << "; train.checkpoint_interval = " << dp_runs[0].train.checkpoint_interval << " steps.\n";
+      if (!dp_overrides.empty()) md << "; --dp-set";
+      for (const auto& o : dp_overrides) md << " " << o;
+      md << "; rank 0 checkpoints every " << dp_runs[0].train.checkpoint_interval << " steps.\n";
     }
     md << "\n| | ";
     for (const auto& s : sides) md << s.label << " | ";
@@ -309,6 +310,14 @@ void add_chaos_command(CLI::App& app) {
         for (const auto& r : f.syncer_downtime) {
           md << "| syncer | " << fmt("%.1f", r.killed_at_s) << " | " << seconds(r.back_s) << " | "
              << seconds(r.contributing_s) << " |\n";
+        }
+      }
+      if (!f.link_faults.empty()) {
+        md << "\nLink faults of " << side.label << ":\n\n| learner | fault | at s | lasting s | its steps meanwhile | "
+              "end → first kept answer s |\n|---|---|---|---|---|---|\n";
+        for (const auto& l : f.link_faults) {
+          md << "| " << l.learner << " | " << l.action << " | " << fmt("%.1f", l.at_s) << " | "
+             << fmt("%.1f", l.duration_s) << " | " << l.steps_during << " | " << seconds(l.contributing_s) << " |\n";
         }
       }
     }

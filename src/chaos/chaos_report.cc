@@ -82,7 +82,13 @@ nlohmann::json ChaosAnalysis::to_json() const {
     ps.push_back({{"generation", p.generation}, {"reason", p.reason}, {"stopped_at_s", p.stopped_at_s},
                   {"pause_s", p.pause_s}, {"rolled_back_steps", p.rolled_back_steps}, {"world_after", p.world_after}});
   }
+  nlohmann::json lfs = nlohmann::json::array();
+  for (const auto& l : link_faults) {
+    lfs.push_back({{"learner", l.learner}, {"action", l.action}, {"at_s", l.at_s}, {"duration_s", l.duration_s},
+                   {"steps_during", l.steps_during}, {"contributing_s", l.contributing_s}});
+  }
   nlohmann::json out = {{"mode", mode},
+          {"link_faults", lfs},
           {"window_s", window_s},
           {"nominal_step_s", nominal_step_s},
           {"goodput", goodput},
@@ -138,6 +144,9 @@ ChaosAnalysis analyze_chaos_run(const fs::path& run_dir, const ChaosRunShape& sh
     f["t"] = time_of(e) - t0;
     a.faults.push_back(f);
     const std::string action = e.value("action", "");
+    if (action == "cut_link" || action == "delay_link") {
+      a.link_faults.push_back({e.value("learner", -1), action, time_of(e) - t0, e.value("duration_s", 0.0), 0, -1});
+    }
     const Kill kill{time_of(e), e.value("learner", -1), e.value("restart_after_s", 0.0)};
     if (action == "kill_learner") learner_kills.push_back(kill);
     if (action == "kill_syncer") syncer_kills.push_back(kill);
@@ -177,6 +186,10 @@ ChaosAnalysis analyze_chaos_run(const fs::path& run_dir, const ChaosRunShape& sh
         }
       } else if (n == "step") {
         ++tally.steps_trained;
+        for (auto& lf : a.link_faults) {
+          const double t = time_of(e) - t0;
+          if (lf.learner == m && t >= lf.at_s && t < lf.at_s + lf.duration_s) ++lf.steps_during;
+        }
         const auto loss = e.find("loss");  // a non-finite loss is written as null
         if (e.value("skipped", false) || (loss != e.end() && loss->is_null())) a.nan_free = false;
         if (last_step_t >= 0 && time_of(e) <= t_end) intervals.push_back(time_of(e) - last_step_t);
@@ -217,6 +230,11 @@ ChaosAnalysis analyze_chaos_run(const fs::path& run_dir, const ChaosRunShape& sh
         if (k != kept_times.end()) r.contributing_s = *k - t;
       }
       a.recoveries.push_back(r);
+    }
+    for (auto& lf : a.link_faults) {
+      if (lf.learner != m) continue;
+      auto k = std::upper_bound(kept_times.begin(), kept_times.end(), t0 + lf.at_s + lf.duration_s);
+      if (k != kept_times.end()) lf.contributing_s = *k - (t0 + lf.at_s + lf.duration_s);
     }
     kept_total += tally.steps_kept;
     a.learners.push_back(tally);

@@ -53,6 +53,16 @@ struct Recovery {
   double contributing_s = -1;  // learner: first kept answer; syncer: first merge (-1 = never)
 };
 
+/// A cut or delayed link (cut_link, delay_link): did the learner keep training, and when did its work count again.
+struct LinkFault {
+  int learner = 0;
+  std::string action;          // "cut_link" | "delay_link"
+  double at_s = 0;             // seconds since the start
+  double duration_s = 0;
+  int64_t steps_during = 0;    // the learner's steps while the fault lasted (it never waits on the network)
+  double contributing_s = -1;  // the end of the fault -> the learner's first kept answer after it (-1 = never)
+};
+
 /// One stop of a synchronous dp group (run.recovery = restart | elastic) and how long training stood still.
 struct GroupPause {
   int64_t generation = 0;         // the generation that stopped
@@ -72,6 +82,7 @@ struct ChaosAnalysis {
   std::vector<LearnerTally> learners;
   std::vector<Recovery> recoveries;      // learner kills, in time order
   std::vector<Recovery> syncer_downtime; // syncer kills
+  std::vector<LinkFault> link_faults;    // cut and delayed links, in time order
   nlohmann::json faults = nlohmann::json::array();  // the launcher's "fault" events
   // Exact data
   int64_t batches = 0, duplicate_batches = 0, gaps = 0, skipped_tokens = 0;

@@ -15,7 +15,12 @@ namespace dloco {
 namespace {
 
 constexpr FaultAction kActions[] = {FaultAction::kKillLearner, FaultAction::kPauseLearner, FaultAction::kSlowLearner,
-                                    FaultAction::kKillSyncer};
+                                    FaultAction::kKillSyncer,  FaultAction::kCutLink,      FaultAction::kDelayLink};
+
+bool has_duration(FaultAction a) {
+  return a == FaultAction::kPauseLearner || a == FaultAction::kSlowLearner || a == FaultAction::kCutLink ||
+         a == FaultAction::kDelayLink;
+}
 
 bool targets_learner(FaultAction a) { return a != FaultAction::kKillSyncer; }
 
@@ -41,6 +46,8 @@ const char* to_string(FaultAction action) {
     case FaultAction::kPauseLearner: return "pause_learner";
     case FaultAction::kSlowLearner: return "slow_learner";
     case FaultAction::kKillSyncer: return "kill_syncer";
+    case FaultAction::kCutLink: return "cut_link";
+    case FaultAction::kDelayLink: return "delay_link";
   }
   return "unknown";
 }
@@ -50,7 +57,7 @@ FaultAction parse_fault_action(std::string_view name) {
     if (name == to_string(a)) return a;
   }
   throw InputError("unknown fault action '" + std::string(name) +
-                   "': expected kill_learner, pause_learner, slow_learner or kill_syncer");
+                   "': expected kill_learner, pause_learner, slow_learner, kill_syncer, cut_link or delay_link");
 }
 
 nlohmann::json FaultEvent::to_json() const {
@@ -60,8 +67,9 @@ nlohmann::json FaultEvent::to_json() const {
   j["action"] = to_string(action);
   if (targets_learner(action)) j["learner"] = learner;
   if (action == FaultAction::kKillLearner || action == FaultAction::kKillSyncer) j["restart_after_s"] = restart_after_s;
-  if (action == FaultAction::kPauseLearner || action == FaultAction::kSlowLearner) j["duration_s"] = duration_s;
+  if (has_duration(action)) j["duration_s"] = duration_s;
   if (action == FaultAction::kSlowLearner) j["factor"] = factor;
+  if (action == FaultAction::kDelayLink) j["delay_ms"] = delay_ms;
   if (random) j["random"] = true;
   return j;
 }
@@ -75,6 +83,10 @@ std::string FaultEvent::describe() const {
       s = "slow learner " + std::to_string(learner) + " " + fmt(factor) + "× for " + fmt(duration_s) + " s";
       break;
     case FaultAction::kKillSyncer: s = "kill the syncer"; break;
+    case FaultAction::kCutLink: s = "cut learner " + std::to_string(learner) + "'s link for " + fmt(duration_s) + " s"; break;
+    case FaultAction::kDelayLink:
+      s = "delay learner " + std::to_string(learner) + "'s link by " + fmt(delay_ms) + " ms for " + fmt(duration_s) + " s";
+      break;
   }
   s += at_s >= 0 ? " at " + fmt(at_s) + " s" : " at global step " + std::to_string(at_step);
   if (action == FaultAction::kKillLearner || action == FaultAction::kKillSyncer) {
@@ -89,8 +101,11 @@ void FaultPlan::validate() const {
     const std::string where = "plan '" + name + "', fault " + std::to_string(i + 1) + " (" + to_string(e.action) + ")";
     if ((e.at_s >= 0) == (e.at_step >= 0)) throw InputError(where + ": give exactly one of at_s and at_step");
     if (targets_learner(e.action) && e.learner < 0) throw InputError(where + ": needs learner = <slot ≥ 0>");
-    if ((e.action == FaultAction::kPauseLearner || e.action == FaultAction::kSlowLearner) && !(e.duration_s > 0)) {
+    if (has_duration(e.action) && !(e.duration_s > 0 && std::isfinite(e.duration_s))) {
       throw InputError(where + ": needs duration_s > 0");
+    }
+    if (e.action == FaultAction::kDelayLink && !(e.delay_ms > 0 && e.delay_ms <= 60'000)) {
+      throw InputError(where + ": needs delay_ms in (0, 60000] (the latency added each way)");
     }
     if (e.action == FaultAction::kSlowLearner && !(e.factor > 1.0 && std::isfinite(e.factor))) {
       throw InputError(where + ": factor must be a finite number > 1 (the step-time multiplier)");
@@ -206,9 +221,11 @@ FaultPlan parse_fault_plan(std::string_view toml_text, const std::string& origin
             e.duration_s = number(fv, at);
           } else if (f == "factor") {
             e.factor = number(fv, at);
+          } else if (f == "delay_ms") {
+            e.delay_ms = number(fv, at);
           } else {
             throw InputError(where + ": unknown key '" + f +
-                             "' (known: at_s, at_step, action, learner, restart_after_s, duration_s, factor)");
+                             "' (known: at_s, at_step, action, learner, restart_after_s, duration_s, factor, delay_ms)");
           }
         }
         if (!has_action) throw InputError(where + ": needs action = \"kill_learner\" (or another action)");
@@ -294,6 +311,23 @@ FaultPlanBuilder& FaultPlanBuilder::slow_learner(int learner, double factor, dou
   e.action = FaultAction::kSlowLearner;
   e.learner = learner;
   e.factor = factor;
+  e.duration_s = duration_s;
+  return add(e);
+}
+
+FaultPlanBuilder& FaultPlanBuilder::cut_link(int learner, double duration_s) {
+  FaultEvent e;
+  e.action = FaultAction::kCutLink;
+  e.learner = learner;
+  e.duration_s = duration_s;
+  return add(e);
+}
+
+FaultPlanBuilder& FaultPlanBuilder::delay_link(int learner, double delay_ms, double duration_s) {
+  FaultEvent e;
+  e.action = FaultAction::kDelayLink;
+  e.learner = learner;
+  e.delay_ms = delay_ms;
   e.duration_s = duration_s;
   return add(e);
 }

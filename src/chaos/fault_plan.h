@@ -8,7 +8,7 @@
 //   name = "mixed"
 //   [[fault]]                        # one table per fault, in any order
 //   at_s = 60                        # or at_step = 300 (global step); exactly one of the two
-//   action = "kill_learner"          # kill_learner | pause_learner | slow_learner | kill_syncer
+//   action = "kill_learner"          # kill_learner | pause_learner | slow_learner | kill_syncer | cut_link | delay_link
 //   learner = 2                      # kill/pause/slow: the learner slot
 //   restart_after_s = 5              # kill_*: restart the process after this delay; < 0 = never
 //   [[fault]]
@@ -22,6 +22,17 @@
 //   learner = 3
 //   factor = 2.0
 //   duration_s = 60
+//   [[fault]]
+//   at_s = 300
+//   action = "cut_link"              # the learner's link to the syncer carries nothing for duration_s (a partition:
+//   learner = 0                      # silence, not a reset; both sides' deadlines fire), then works again
+//   duration_s = 10
+//   [[fault]]
+//   at_s = 400
+//   action = "delay_link"            # every byte on the link waits delay_ms more, each way, for duration_s
+//   learner = 1
+//   delay_ms = 200
+//   duration_s = 30
 //   [random]                         # optional: learner kills at exponential gaps (a Poisson process)
 //   mtbf_s = 60                      # mean time between two learner failures, whole run (cluster MTBF)
 //   restart_after_s = 5
@@ -41,9 +52,9 @@
 
 namespace dloco {
 
-enum class FaultAction { kKillLearner, kPauseLearner, kSlowLearner, kKillSyncer };
+enum class FaultAction { kKillLearner, kPauseLearner, kSlowLearner, kKillSyncer, kCutLink, kDelayLink };
 
-/// "kill_learner", "pause_learner", "slow_learner", "kill_syncer".
+/// "kill_learner", "pause_learner", "slow_learner", "kill_syncer", "cut_link", "delay_link".
 const char* to_string(FaultAction action);
 /// Inverse of to_string; throws InputError listing the valid names.
 FaultAction parse_fault_action(std::string_view name);
@@ -54,10 +65,11 @@ struct FaultEvent {
   double at_s = -1;
   int64_t at_step = -1;
   FaultAction action = FaultAction::kKillLearner;
-  int learner = -1;              // kill/pause/slow_learner: the slot, 0 ≤ learner < M
+  int learner = -1;              // every action but kill_syncer: the slot, 0 ≤ learner < M
   double restart_after_s = 5.0;  // kill_*: seconds until the process is started again; < 0 = never
-  double duration_s = 0;         // pause/slow: seconds the fault lasts
+  double duration_s = 0;         // pause/slow/cut_link/delay_link: seconds the fault lasts
   double factor = 1.0;           // slow: step-time multiplier (> 1)
+  double delay_ms = 0;           // delay_link: latency added to each direction, milliseconds
   bool random = false;           // drawn from [random] rather than written out
 
   nlohmann::json to_json() const;
@@ -109,6 +121,8 @@ class FaultPlanBuilder {
   FaultPlanBuilder& pause_learner(int learner, double duration_s);
   FaultPlanBuilder& slow_learner(int learner, double factor, double duration_s);
   FaultPlanBuilder& kill_syncer(double restart_after_s = 5.0);
+  FaultPlanBuilder& cut_link(int learner, double duration_s);
+  FaultPlanBuilder& delay_link(int learner, double delay_ms, double duration_s);
   FaultPlanBuilder& random_kills(double mtbf_s, double start_s, double end_s, uint64_t seed,
                                  double restart_after_s = 5.0);
   FaultPlan build() const;

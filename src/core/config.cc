@@ -47,6 +47,7 @@ void for_each_field(C& c, F&& f) {
   f("train", "eval_interval", c.train.eval_interval);
   f("train", "eval_tokens", c.train.eval_tokens);
   f("train", "checkpoint_interval", c.train.checkpoint_interval);
+  f("train", "learner_state_interval", c.train.learner_state_interval);
   f("train", "log_interval", c.train.log_interval);
   f("diloco", "mode", c.diloco.mode);
   f("diloco", "learners", c.diloco.learners);
@@ -243,6 +244,7 @@ void Config::validate() const {
   require(t.weight_decay >= 0, "train.weight_decay", "must be ≥ 0");
   require(t.beta1 >= 0 && t.beta1 < 1 && t.beta2 >= 0 && t.beta2 < 1, "train.beta1/beta2", "must be in [0, 1)");
   require(t.grad_clip >= 0, "train.grad_clip", "must be ≥ 0 (0 disables)");
+  require(t.learner_state_interval >= 0, "train.learner_state_interval", "must be ≥ 0 (0 = off)");
   require(t.eval_interval >= 0 && t.eval_tokens >= 0 && t.checkpoint_interval >= 0 && t.log_interval >= 1,
           "train.eval_interval/eval_tokens/checkpoint_interval/log_interval", "must be ≥ 0 (log_interval ≥ 1)");
   const auto& d = diloco;

@@ -72,6 +72,8 @@ struct TrainConfig {
   int64_t eval_interval = 100;   // global steps between evaluations of the global model; 0 = only at the end
   int64_t eval_tokens = 0;       // validation tokens per evaluation; 0 = the whole validation split
   int64_t checkpoint_interval = 200;  // steps between checkpoints; 0 = only at the end
+  int64_t learner_state_interval = 100;  // decoupled: steps between a learner's local saves of its AdamW state
+                                         // (run_dir/learners/learner_<id>/); a restarted learner resumes it; 0 = off
   int64_t log_interval = 10;     // steps between console rows
 
   /// Tokens in one optimizer step of one learner: B·T·grad_accum.

@@ -1,7 +1,7 @@
 // The launcher of the baselines (diloco.mode = dp | diloco | streaming): M worker processes in one Gloo group,
 // progress rows from rank 0's status.json, and the same report as the decoupled launcher. Synchronous training
-// cannot continue without every worker: when one dies the others' next collective fails at its deadline, and
-// the launcher stops them all (the chaos issue adds elastic restarts on top).
+// cannot continue without every worker: what happens when one dies is run.recovery (stop the run; restart all
+// from the newest checkpoint once it is back; or elastic: re-form without it at once, and again with it).
 #include <signal.h>
 #include <sys/wait.h>
 

@@ -65,6 +65,25 @@ void FaultInjector::fire(const FaultEvent& f, double elapsed_s, int64_t global_s
   fields["planned_at_s"] = f.at_s;
   fields["global_step"] = global_step;
   fields["description"] = f.describe();
+  if (f.action == FaultAction::kCutLink || f.action == FaultAction::kDelayLink) {
+    if (f.learner < 0 || f.learner >= static_cast<int>(links_.size()) || links_[f.learner] == nullptr) {
+      fields["reason"] = "no link proxy for this learner (only decoupled runs route learners through proxies)";
+      events_.emit("fault_skipped", fields);
+      std::printf("[chaos] skipped: %s (no link proxy)\n", f.describe().c_str());
+      std::fflush(stdout);
+      return;
+    }
+    if (f.action == FaultAction::kCutLink) {
+      links_[f.learner]->cut(f.duration_s);
+    } else {
+      links_[f.learner]->delay(f.delay_ms, f.duration_s);
+    }
+    ++injected_;
+    events_.emit("fault", fields);
+    std::printf("[chaos] %s\n", f.describe().c_str());
+    std::fflush(stdout);
+    return;
+  }
   Child* target = nullptr;
   for (auto& c : children) {
     if (f.action == FaultAction::kKillSyncer ? c.role == "syncer" : c.learner == f.learner) target = &c;
@@ -96,6 +115,9 @@ void FaultInjector::fire(const FaultEvent& f, double elapsed_s, int64_t global_s
                             control.dump() + "\n");
       break;
     }
+    case FaultAction::kCutLink:
+    case FaultAction::kDelayLink:
+      break;  // handled above
   }
   ++injected_;
   events_.emit("fault", fields);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "chaos/fault_plan.h"
+#include "chaos/link_proxy.h"
 #include "core/events.h"
 #include "launcher/children.h"
 
@@ -16,7 +17,8 @@ namespace dloco {
 
 /// Fires the plan's faults at their time or global step. Every fault it injects, ends or skips is an event in
 /// events/launcher.jsonl ("fault", "fault_ended", "fault_skipped"): that log, not this class, is what the chaos
-/// report reads. Targets are matched by Child::learner (the slot) or, for kill_syncer, by role "syncer".
+/// report reads. Targets are matched by Child::learner (the slot) or, for kill_syncer, by role "syncer"; link
+/// faults act on the slot's LinkProxy (set_links), whether its learner is up or not.
 class FaultInjector {
  public:
   FaultInjector(std::vector<FaultEvent> faults, const std::filesystem::path& run_dir, EventLog& events);
@@ -25,6 +27,10 @@ class FaultInjector {
   /// due at `elapsed_s` since the learners started or at `global_step` (time and step triggers independently).
   /// A fault whose target is not running is skipped (event "fault_skipped" with the reason).
   void tick(double elapsed_s, int64_t global_step, bool finished, std::vector<Child>& children);
+
+  /// The learners' link proxies, indexed by slot (cut_link and delay_link act on them); without them those
+  /// faults are skipped.
+  void set_links(std::vector<LinkProxy*> links) { links_ = std::move(links); }
 
   /// SIGCONTs every process still paused (the run is stopping: a stopped process cannot exit cleanly).
   void release(std::vector<Child>& children, double elapsed_s);
@@ -45,6 +51,7 @@ class FaultInjector {
   void resume(Child& c, double elapsed_s);
 
   std::vector<FaultEvent> faults_;
+  std::vector<LinkProxy*> links_;
   std::vector<bool> fired_;
   std::filesystem::path run_dir_;
   EventLog& events_;

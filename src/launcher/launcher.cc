@@ -9,7 +9,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <memory>
 #include <csignal>
 #include <cstring>
 #include <cmath>
@@ -86,8 +88,21 @@ nlohmann::json run_launcher(const Config& config, bool resume, const FaultPlan* 
   std::vector<Child> children;
   children.push_back({"syncer", -1, spawn(syncer_args(config.run.syncer_address), run_dir / "logs" / "syncer.log", 1)});
   const std::string address = read_address(address_file, children[0], children);
+  // Link faults in the plan: every learner dials the syncer through its own fault-injecting proxy.
+  std::vector<std::unique_ptr<LinkProxy>> links;
+  if (std::any_of(faults.begin(), faults.end(), [](const FaultEvent& f) {
+        return f.action == FaultAction::kCutLink || f.action == FaultAction::kDelayLink;
+      })) {
+    std::vector<LinkProxy*> raw;
+    for (int id = 0; id < M; ++id) {
+      links.push_back(std::make_unique<LinkProxy>(address));
+      raw.push_back(links.back().get());
+    }
+    injector.set_links(raw);
+  }
   auto learner_args = [&](int id) {
-    return std::vector<std::string>{"learner", "--config", cfg, "--syncer", address, "--id", std::to_string(id),
+    const std::string& syncer = links.empty() ? address : links[static_cast<size_t>(id)]->address();
+    return std::vector<std::string>{"learner", "--config", cfg, "--syncer", syncer, "--id", std::to_string(id),
                                     "--run-dir", run_dir.string(), "--set",
                                     "run.threads=" + std::to_string(learner_threads)};
   };

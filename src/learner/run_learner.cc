@@ -12,6 +12,7 @@
 #include <map>
 #include <thread>
 
+#include "core/atomic_file.h"
 #include "core/bf16.h"
 #include "core/control_file.h"
 #include "core/decisions.h"
@@ -51,6 +52,37 @@ struct PendingMerge {
   bool participated = false;
   std::vector<float> theta;
 };
+
+// The learner's local copy of its inner optimizer state (spec §7, the chaos issue: "a restarted learner resumes
+// its inner optimizer state from its own last local checkpoint"): dir/optimizer.pt, then dir/state.json = {"step",
+// "bytes"} written after it, both atomically (tmp + rename), so a SIGKILL mid-save leaves the previous pair.
+void save_learner_state(const fs::path& dir, int64_t step, torch::optim::Optimizer& optimizer) {
+  fs::create_directories(dir);
+  const fs::path tmp = dir / "optimizer.pt.tmp";
+  torch::save(optimizer, tmp.string());
+  const auto bytes = fs::file_size(tmp);
+  fs::rename(tmp, dir / "optimizer.pt");
+  write_file_atomically(dir / "state.json", nlohmann::json{{"step", step}, {"bytes", bytes}}.dump() + "\n");
+}
+
+// Loads the state saved by save_learner_state into `optimizer`; returns the step it was saved at, or -1 when there
+// is none or it is unusable (`why` says which: another model, a torn file).
+int64_t load_learner_state(const fs::path& dir, torch::optim::Optimizer& optimizer, std::string* why) {
+  std::error_code ec;
+  if (!fs::exists(dir / "state.json", ec)) return -1;
+  try {
+    const auto state = nlohmann::json::parse(std::ifstream(dir / "state.json"));
+    if (fs::file_size(dir / "optimizer.pt") != state.at("bytes").get<uintmax_t>()) {
+      *why = "optimizer.pt does not have the size state.json records";
+      return -1;
+    }
+    torch::load(optimizer, (dir / "optimizer.pt").string());
+    return state.at("step").get<int64_t>();
+  } catch (const std::exception& e) {
+    *why = e.what();
+    return -1;
+  }
+}
 
 }  // namespace
 
@@ -121,6 +153,18 @@ int run_learner(const Config& config, const LearnerOptions& options) {
   }
   cursor = stream.cursor();
   InnerTrainer trainer(model, config.train, make_schedule(config), device);
+  const fs::path state_dir = options.run_dir / "learners" / ("learner_" + std::to_string(id));
+  if (config.train.learner_state_interval > 0) {  // a restart: resume the AdamW moments of the last incarnation
+    std::string why;
+    const int64_t saved_at = load_learner_state(state_dir, trainer.optimizer(), &why);
+    if (saved_at >= 0) {
+      events.emit("optimizer_restored", {{"saved_at_step", saved_at}, {"global_step", step}});
+    } else if (!why.empty()) {
+      events.emit("optimizer_not_restored", {{"reason", why}});
+      std::printf("[learner %d] its saved AdamW state is unusable (%s): starting with fresh moments\n", id, why.c_str());
+    }
+  }
+  int64_t steps_here = 0;  // steps of this incarnation
   events.emit("bootstrapped", {{"pid", ::getpid()}, {"global_step", step}, {"versions", version}, {"cursor", cursor.to_json()},
                                {"cursor_from_stream_log", from_log}, {"syncer_generation", joined.syncer_generation()}});
   std::printf("[learner %d step %lld] joined %s: stream %lld, %lld/%lld tokens done\n", id,
@@ -318,6 +362,9 @@ int run_learner(const Config& config, const LearnerOptions& options) {
     }
     send_metadata();  // 4)
     step_boundary();  // 5), 6)
+    if (config.train.learner_state_interval > 0 && ++steps_here % config.train.learner_state_interval == 0) {
+      save_learner_state(state_dir, step, trainer.optimizer());
+    }
     if (config.diloco.blocking) wait_for_sync();
     const double boundary_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
     boundary_s_max = std::max(boundary_s_max, boundary_s);

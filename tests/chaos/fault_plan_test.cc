@@ -70,6 +70,8 @@ TEST(FaultPlan, BadPlansSayWhatIsWrong) {
   expect_error("[[fault]]\nat_s = inf\naction = \"kill_syncer\"\n", "finite");
   expect_error("[[fault]]\nat_s = 1\naction = \"kill_syncer\"\nrestart_after_s = -1\n", "cannot finish without its syncer");
   expect_error("[random]\nmtbf_s = 0.001\nstart_s = 0\nend_s = 1000\n", "at most 100000");
+  expect_error("[[fault]]\nat_s = 1\naction = \"cut_link\"\nlearner = 0\n", "duration_s > 0");
+  expect_error("[[fault]]\nat_s = 1\naction = \"delay_link\"\nlearner = 0\nduration_s = 3\n", "delay_ms");
   const FaultPlan plan = parse_fault_plan("[[fault]]\nat_s = 1\naction = \"kill_learner\"\nlearner = 7\n", "p");
   try {
     plan.resolve(4);
@@ -126,6 +128,30 @@ TEST(FaultPlan, RandomFailuresAreSeededPoissonInTheirWindow) {
   for (int n : per_slot) EXPECT_GT(n, 60);
   const auto other = FaultPlanBuilder("r").random_kills(60, 30, 30 + 60 * 400, 8).build().resolve(4);
   EXPECT_NE(other.front().at_s, a.front().at_s);  // another seed, another plan
+}
+
+TEST(FaultPlan, LinkFaultsParseAndMatchTheBuilder) {
+  const FaultPlan parsed = parse_fault_plan(R"(
+[[fault]]
+at_s = 5
+action = "cut_link"
+learner = 1
+duration_s = 3
+[[fault]]
+at_s = 2
+action = "delay_link"
+learner = 0
+delay_ms = 150
+duration_s = 4
+)", "links");
+  const FaultPlan built = FaultPlanBuilder("plan").at_s(5).cut_link(1, 3).at_s(2).delay_link(0, 150, 4).build();
+  EXPECT_EQ(parsed.to_json(2), built.to_json(2));
+  const auto faults = parsed.resolve(2);
+  ASSERT_EQ(faults.size(), 2u);
+  EXPECT_EQ(faults[0].action, FaultAction::kDelayLink);
+  EXPECT_DOUBLE_EQ(faults[0].delay_ms, 150);
+  EXPECT_EQ(faults[0].describe(), "delay learner 0's link by 150 ms for 4 s at 2 s");
+  EXPECT_EQ(faults[1].describe(), "cut learner 1's link for 3 s at 5 s");
 }
 
 }  // namespace

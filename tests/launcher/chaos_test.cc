@@ -59,7 +59,7 @@ TEST_F(ChaosTest, KillsSyncerKillAndPauseLoseNoTokenAndKeepEveryCopyConsistent) 
   // the syncer once (at a global step: step and time triggers fire independently), learner 1 is paused for 1.5 s.
   const int64_t budget = 2 * 300 * 32 * 32;
   const auto cfg = testing_support::write_decoupled_config(root_, "chaos", budget, "", 32, 96, 2, 0,
-                                                           "shared_budget = true\n");
+                                                           "shared_budget = true\nlearner_state_interval = 10\n");
   const json report = train_under_plan(cfg, R"(
 [plan]
 name = "test"
@@ -141,6 +141,14 @@ restart_after_s = 0.2
   EXPECT_GT(a.syncer_downtime[0].back_s, 0.9);  // restarted after its 1 s delay
   EXPECT_LT(a.syncer_downtime[0].killed_at_s, 16.0) << "the step-triggered kill waited for the time-triggered ones";
   EXPECT_GT(a.syncer_downtime[0].contributing_s, 0);
+  // A restarted learner resumes the AdamW moments its previous incarnation saved (every 10 of its steps; an
+  // incarnation killed before its 10th step leaves the older save, so at least 3 of the 5 restarts find one).
+  int restored = 0;
+  for (const auto& e : read_events(root_ / "chaos" / "events" / "learner_0.jsonl")) {
+    if (e["event"] == "optimizer_restored") ++restored;
+    EXPECT_NE(e["event"], "optimizer_not_restored") << e.dump();
+  }
+  EXPECT_GE(restored, 3);
   // The learner that was never killed kept most of what it trained.
   EXPECT_GT(a.learners[1].steps_kept, 0.7 * a.learners[1].steps_trained);
   EXPECT_GT(a.goodput, 0.3);
@@ -176,6 +184,48 @@ TEST_F(ChaosTest, PausedLearnerNeverMakesTheOtherWait) {
   const double median = sorted[sorted.size() / 2];
   const double largest = *std::max_element(gaps.begin(), gaps.end());
   EXPECT_LE(largest, 2.0 * median) << "learner 0 waited: largest gap " << largest << " s, median " << median << " s";
+}
+
+TEST_F(ChaosTest, CutAndDelayedLinksNeverStopTrainingAndTheWorkCountsAgain) {
+  // Learner 1's link to the syncer is cut for 3 s (a partition: silence), learner 0's is 100 ms slower each way
+  // for 4 s. Both keep training through it, and learner 1's work is merged again after the cut.
+  const auto cfg = testing_support::write_decoupled_config(root_, "links", 2 * 200 * 32 * 32, "", 32, 96, 2, 0);
+  const json report = train_under_plan(cfg, R"(
+[[fault]]
+at_s = 3
+action = "cut_link"
+learner = 1
+duration_s = 3
+[[fault]]
+at_s = 4
+action = "delay_link"
+learner = 0
+delay_ms = 100
+duration_s = 4
+)", "links");
+  ASSERT_FALSE(report.is_null());
+  EXPECT_EQ(report["status"], "finished");
+  EXPECT_EQ(report["faults_injected"], 2);
+  const dloco::ChaosAnalysis a = dloco::analyze_chaos_run(root_ / "links", {2, 4, 4, 32 * 32, 2.0});
+  std::printf("%s\n", a.to_json()["link_faults"].dump(1).c_str());
+  EXPECT_TRUE(a.consistent()) << a.to_json().dump(1);
+  ASSERT_EQ(a.link_faults.size(), 2u);
+  for (const auto& l : a.link_faults) {
+    EXPECT_GT(l.steps_during, 10) << "learner " << l.learner << " stopped training during " << l.action;
+    EXPECT_GE(l.contributing_s, 0) << "learner " << l.learner << "'s work never counted again after " << l.action;
+  }
+  // The cut learner's training thread never waited on its link: largest gap between its steps ≤ 2× the median.
+  std::vector<double> times;
+  for (const auto& e : read_events(root_ / "links" / "events" / "learner_1.jsonl")) {
+    if (e["event"] == "step") times.push_back(e["t"]);
+  }
+  ASSERT_GT(times.size(), 100u);
+  std::vector<double> gaps;
+  for (size_t i = 6; i < times.size(); ++i) gaps.push_back(times[i] - times[i - 1]);
+  std::vector<double> sorted = gaps;
+  std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+  const double median = sorted[sorted.size() / 2];
+  EXPECT_LE(*std::max_element(gaps.begin(), gaps.end()), 2.0 * median) << "median " << median << " s";
 }
 
 // Data parallel under the same kind of plan (the baseline users run today). M = 3 workers, a checkpoint every 5
