@@ -175,6 +175,17 @@ void add_chaos_command(CLI::App& app) {
     std::vector<const Config*> runs{&faulted};
     if (!no_reference) runs.push_back(&reference);
     for (const auto& c : dp_runs) runs.push_back(&c);
+    if (reuse && !report_only) {  // a finished run is reused only if it was trained with this very config
+      for (const Config* c : runs) {
+        if (!fs::exists(c->run_dir() / "report.json")) continue;
+        std::ifstream in(c->run_dir() / "config.toml");
+        const std::string saved((std::istreambuf_iterator<char>(in)), {});
+        if (saved != to_toml(*c)) {
+          throw InputError("--reuse: '" + c->run_dir().string() + "' was trained with another config than this "
+                           "command gives it (compare its config.toml); --report-only analyses it as it is");
+        }
+      }
+    }
     for (const Config* c : runs) {
       const bool dp = c->diloco.mode == "dp";
       nlohmann::json report;

@@ -418,18 +418,24 @@ ChaosAnalysis analyze_dp_chaos_run(const fs::path& run_dir, const ChaosRunShape&
     for (double c : group_steps) up += c >= 0.5 * shape.bin_s / a.nominal_step_s ? 1 : 0;
     a.uptime = static_cast<double>(up) / bins;
   }
-  for (auto it = gens.begin(); it != gens.end(); ++it) {
-    auto next = std::next(it);
-    if (next == gens.end()) break;
-    const Generation& g = it->second;
-    GroupPause p;
-    p.generation = it->first;
-    p.reason = g.stop_reason.empty() ? "failure" : g.stop_reason;
-    p.stopped_at_s = (g.last_t >= 0 ? g.last_t : t0) - t0;
-    p.pause_s = next->second.first_t >= 0 && g.last_t >= 0 ? next->second.first_t - g.last_t : -1;
-    p.rolled_back_steps = std::max<int64_t>(0, (g.last_step >= 0 ? g.last_step : g.from_step) - next->second.from_step);
-    p.world_after = next->second.world;
-    a.pauses.push_back(p);
+  // Pauses: between two generations that trained steps (one stopped during its start-up belongs to the pause
+  // it sits in; its stop reason is the one that ended the pause's first generation).
+  const Generation* prev = nullptr;
+  int64_t prev_id = -1;
+  for (const auto& [id, g] : gens) {
+    if (g.first_t < 0) continue;
+    if (prev != nullptr) {
+      GroupPause p;
+      p.generation = prev_id;
+      p.reason = prev->stop_reason.empty() ? "failure" : prev->stop_reason;
+      p.stopped_at_s = prev->last_t - t0;
+      p.pause_s = g.first_t - prev->last_t;
+      p.rolled_back_steps = std::max<int64_t>(0, prev->last_step - g.from_step);
+      p.world_after = g.world;
+      a.pauses.push_back(p);
+    }
+    prev = &g;
+    prev_id = id;
   }
   for (const auto& [t, slot, restart_after_s] : kills) {
     if (slot < 0 || slot >= M) continue;

@@ -110,7 +110,12 @@ void FaultPlan::validate() const {
     if (e.action == FaultAction::kSlowLearner && !(e.factor > 1.0 && std::isfinite(e.factor))) {
       throw InputError(where + ": factor must be a finite number > 1 (the step-time multiplier)");
     }
-    if (!std::isfinite(e.restart_after_s)) throw InputError(where + ": restart_after_s must be finite");
+    if (!std::isfinite(e.restart_after_s) || e.restart_after_s > 1e7) {
+      throw InputError(where + ": restart_after_s must be at most 1e7 s (< 0 = never restart)");
+    }
+    if (e.duration_s > 1e7 || (e.at_s >= 0 && e.at_s > 1e9)) {
+      throw InputError(where + ": duration_s must be at most 1e7 s and at_s at most 1e9 s");
+    }
     if (e.action == FaultAction::kKillSyncer && e.restart_after_s < 0) {
       throw InputError(where + ": restart_after_s must be ≥ 0 (a decoupled run cannot finish without its syncer)");
     }

@@ -127,7 +127,7 @@ void LinkProxy::run() {
       cut = now < cut_until_;
       delay_s = now < delay_until_ ? delay_s_ : 0.0;
     }
-    std::vector<pollfd> fds{{listen_fd_, POLLIN, 0}};
+    std::vector<pollfd> fds{{listen_fd_, static_cast<short>(cut ? 0 : POLLIN), 0}};  // a partition accepts nobody
     std::vector<std::pair<Pair*, int>> owner{{nullptr, -1}};
     auto wait = std::chrono::milliseconds(10);
     for (auto& p : pairs) {
@@ -185,14 +185,14 @@ void LinkProxy::run() {
           continue;
         }
       }
-      if (fds[i].revents & (POLLERR | POLLHUP)) {
-        if (!(fds[i].revents & POLLIN)) p->closed = true;
+      if ((fds[i].revents & (POLLERR | POLLHUP)) && !(fds[i].revents & POLLIN) && !cut) {
+        p->closed = true;  // during a cut the other side learns nothing, not even a hang-up
       }
       if (fds[i].revents & POLLOUT) {
         auto& out = p->queue[1 - side];
         while (!out.empty() && out.front().release <= t) {
           Chunk& c = out.front();
-          const ssize_t n = ::write(p->fd[side], c.bytes.data() + c.sent, c.bytes.size() - c.sent);
+          const ssize_t n = ::send(p->fd[side], c.bytes.data() + c.sent, c.bytes.size() - c.sent, MSG_NOSIGNAL);
           if (n < 0) {
             if (errno != EAGAIN && errno != EINTR) p->closed = true;
             break;

@@ -145,6 +145,9 @@ int run_worker_group(const Config& config, const WorkerOptions& options) {
     seen[s] = true;
   }
   const int slot = slots[rank];
+  // From the start: a SIGTERM during the rendezvous or the checkpoint load is a stop vote at the first step.
+  std::signal(SIGTERM, on_worker_signal);
+  std::signal(SIGINT, on_worker_signal);
   apply_thread_budget(thread_budget(static_cast<int>(config.run.threads)));
   fs::create_directories(options.run_dir / "events");
   EventLog events(options.run_dir / "events" / ("worker_" + std::to_string(slot) + ".jsonl"), Role::kLearner, slot);
@@ -323,8 +326,6 @@ int run_worker_group(const Config& config, const WorkerOptions& options) {
     write_file_atomically(options.run_dir / "status.json", status.dump() + "\n");
   };
 
-  std::signal(SIGTERM, on_worker_signal);
-  std::signal(SIGINT, on_worker_signal);
   int64_t step = start_step;
   auto last_status = Clock::now();
   bool voted_stop = false;  // dp: the group agreed to stop after this step
@@ -381,7 +382,9 @@ int run_worker_group(const Config& config, const WorkerOptions& options) {
       last_status = Clock::now();
     }
   }
-  const bool interrupted = g_worker_signal.load() != 0 || voted_stop;
+  // dp: the budget is spent when no further step of this group fits, also if the stop vote fell on the last step
+  const bool budget_spent = !outer && tokens_total + W * tokens_per_step > config.train.total_tokens;
+  const bool interrupted = (g_worker_signal.load() != 0 || voted_stop) && !budget_spent;
   if (outer && !interrupted) {  // land what is in flight, then the final flush of every fragment trained on
     while (!in_flight.empty()) {
       finish_sync(in_flight.front(), step);
@@ -397,9 +400,12 @@ int run_worker_group(const Config& config, const WorkerOptions& options) {
   events.emit("stopped", {{"step", step}, {"signal", g_worker_signal.load()}, {"syncs", syncs}, {"wait_s", wait_s},
                           {"bytes_sent", group.bytes_sent()}, {"versions", version}});
   if (rank == 0) {
-    // also when interrupted; dp: with the AdamW state and every cursor, so a re-formed group continues from here
-    save_checkpoint(options.run_dir, step, evaluated_model(), outer ? nullptr : &trainer.optimizer(), manifest(step));
-    events.emit("checkpoint", {{"step", step}, {"final", !interrupted}});
+    // also when interrupted; dp: with the AdamW state and every cursor, so a re-formed group continues from here.
+    // A resumed group that trained no step leaves its checkpoint alone (the other ranks may still be reading it).
+    if (!(resumed && step == start_step)) {
+      save_checkpoint(options.run_dir, step, evaluated_model(), outer ? nullptr : &trainer.optimizer(), manifest(step));
+      events.emit("checkpoint", {{"step", step}, {"final", !interrupted}});
+    }
     write_status(step, !interrupted);
   }
   std::printf("[worker %d] %s at step %lld: %lld syncs, %.1f s waiting in collectives\n", rank,

@@ -155,7 +155,7 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume, const 
     std::vector<Child> members;
     for (int s : group) members.push_back(children[s]);
     const auto deadline = Clock::now() + grace;
-    while (Clock::now() < deadline &&
+    while (Clock::now() < deadline && g_collective_signal.load() == 0 &&
            !std::all_of(members.begin(), members.end(), [](const Child& c) { return c.exited; })) {
       reap(members);
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -188,6 +188,27 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume, const 
   std::string failure;
   int failures = 0;
   bool run_finished = false;
+  constexpr int kMaxFailuresFromOneCheckpoint = 10;
+  int same_checkpoint_failures = 0;
+  int64_t last_failed_from = -1;
+  auto hold_out = [&](int s) {  // slot s died: out of the group until its restart delay has passed
+    down[s] = true;
+    const double delay = injector.restart_delay(children[s], config.run.restart_delay_s);
+    back_at[s] = delay < 0 ? Clock::time_point::max()
+                           : children[s].died_at + std::chrono::duration_cast<Clock::duration>(
+                                                       std::chrono::duration<double>(std::min(delay, 1e7)));
+  };
+  // A plan kill that landed while the launcher was stopping the group was reaped as one of the launcher's own
+  // stops: it still holds its slot out for the plan's delay.
+  auto hold_out_planned_kills = [&](const std::vector<int>& members) {
+    for (int s : members) {
+      if (down[s] || !injector.planned_kill(children[s])) continue;
+      events.emit("worker_failed", {{"slot", s}, {"exit", describe_exit(children[s])}, {"planned", true},
+                                    {"generation", generation}, {"at_s", elapsed_s()}});
+      ++failures;
+      hold_out(s);
+    }
+  };
   while (g_collective_signal.load() == 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     reap(children);
@@ -214,6 +235,7 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume, const 
                                       {"at_s", elapsed_s()}});
       }
       const int64_t at_step = last.is_object() ? last.value("global_step", int64_t{0}) : 0;
+      const std::vector<int> members_before = group;
       for (int s : group) {
         if (!children[s].exited) ::kill(children[s].pid, SIGKILL);  // Gloo groups do not recover: stop them all
       }
@@ -229,17 +251,14 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume, const 
         break;
       }
       for (int s : dead) {
-        down[s] = true;
-        const double delay = injector.restart_delay(children[s], config.run.restart_delay_s);
-        back_at[s] = delay < 0 ? Clock::time_point::max()
-                               : children[s].died_at + std::chrono::duration_cast<Clock::duration>(
-                                                           std::chrono::duration<double>(delay));
+        hold_out(s);
         std::printf("[launcher] worker %d died (%s) at step %lld: %s\n", s, describe_exit(children[s]).c_str(),
                     static_cast<long long>(at_step),
                     recovery == "elastic" ? "the others re-form without it from the newest checkpoint"
                                           : "every worker waits for it, then all restart from the newest checkpoint");
         std::fflush(stdout);
       }
+      hold_out_planned_kills(members_before);
     } else if (!dead.empty() || casualties) {
       break;  // a worker died after the run finished: nothing to recover
     }
@@ -251,24 +270,50 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume, const 
     }
     const bool any_down = std::count(down.begin(), down.end(), true) > static_cast<long>(returning.size());
     if (group.empty()) {  // no group runs: form one when the policy allows
-      const bool ready = recovery == "elastic" ? (std::count(down.begin(), down.end(), false) > 0 || !returning.empty())
-                                               : !any_down;
+      // Slots that will never be back (restart delay < 0): restart cannot go on without them, elastic without
+      // any slot.
+      int never = 0, up = 0;
+      for (int s = 0; s < M; ++s) {
+        never += down[s] && back_at[s] == Clock::time_point::max() ? 1 : 0;
+        up += down[s] ? 0 : 1;
+      }
+      if ((recovery == "restart" && never > 0) || (recovery == "elastic" && never == M)) {
+        failure = std::to_string(never) + " worker(s) died and will not be restarted (restart delay < 0): " +
+                  (recovery == "restart" ? "run.recovery = restart needs every worker" : "no worker is left");
+        break;
+      }
+      const bool ready = recovery == "elastic" ? (up > 0 || !returning.empty()) : !any_down;
       if (!ready) continue;
       for (int s : returning) {
         down[s] = false;
         injector.restarted(children[s]);
       }
       if (std::count(down.begin(), down.end(), false) == 0) continue;
+      // A group that keeps failing from the same checkpoint (a worker that crashes the same way every time, a
+      // collective that always times out) is not re-formed forever.
+      const auto newest = latest_checkpoint(run_dir);
+      const int64_t from = newest ? newest->step : 0;
+      same_checkpoint_failures = from == last_failed_from ? same_checkpoint_failures + 1 : 1;
+      last_failed_from = from;
+      if (same_checkpoint_failures > kMaxFailuresFromOneCheckpoint) {
+        failure = "the group failed " + std::to_string(kMaxFailuresFromOneCheckpoint) +
+                  " times in a row from the checkpoint at step " + std::to_string(from) + " (see logs/worker_*.log)";
+        break;
+      }
       form(returning.empty() ? "failure" : "rejoin");
-    } else if (recovery == "elastic" && !returning.empty()) {
-      // Grow: the group stops after a step all ranks voted for, rank 0 checkpoints it, and it re-forms with them.
+    } else if (recovery == "elastic" && !returning.empty() &&
+               std::none_of(group.begin(), group.end(), [&](int s) { return injector.paused(children[s]); })) {
+      // Grow (not while a member is paused: it could not vote): the group stops after a step all ranks voted
+      // for, rank 0 checkpoints it, and it re-forms with the returning slots.
       const int64_t at_step = last.is_object() ? last.value("global_step", int64_t{0}) : 0;
+      const std::vector<int> members_before = group;
       for (int s : group) {
         if (!children[s].exited) ::kill(children[s].pid, SIGTERM);
       }
       wait_group(std::chrono::seconds(static_cast<int64_t>(config.run.collective_timeout_s) + 30));
       events.emit("group_stopped", {{"generation", generation}, {"reason", "grow"}, {"at_step", at_step},
                                     {"at_s", elapsed_s()}});
+      hold_out_planned_kills(members_before);  // a plan kill that landed while the group was stopping
       if (auto status = read_status(run_dir / "status.json"); !status.is_null()) last = status;
       if (last.is_object() && last.value("finished", false)) break;
       for (int s : returning) {

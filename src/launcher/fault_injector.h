@@ -42,6 +42,13 @@ class FaultInjector {
   bool planned_kill(const Child& child) const { return planned_restart_.count(child.role) > 0; }
   /// Forget the planned restart of `child` (it has been restarted).
   void restarted(const Child& child) { planned_restart_.erase(child.role); }
+  /// True while `child` is SIGSTOPped by a pause_learner fault.
+  bool paused(const Child& child) const {
+    for (const auto& [end, role] : ends_) {
+      if (role == child.role) return true;
+    }
+    return false;
+  }
   /// True while the syncer is down because the plan killed it and will restart it.
   bool syncer_restart_pending() const { return planned_restart_.count("syncer") > 0; }
   int injected() const { return injected_; }

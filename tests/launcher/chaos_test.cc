@@ -294,6 +294,16 @@ TEST_F(DpRecoveryTest, ElasticShrinksAtOnceAndGrowsBackWithoutLosingTheVotedStep
   EXPECT_GT(a.recoveries[0].contributing_s, a.recoveries[0].back_s);
 }
 
+TEST_F(DpRecoveryTest, RestartGivesUpWithAClearErrorWhenAWorkerWillNeverBeBack) {
+  const auto cfg = testing_support::write_decoupled_config(root_, "never", kBudget, "", 32, 96, 3, 0);
+  const json report = train_under_plan(cfg, "[[fault]]\nat_s = 2\naction = \"kill_learner\"\nlearner = 1\n"
+                                            "restart_after_s = -1\n", "never",
+                                       "--set diloco.mode=dp --set run.recovery=restart --set train.checkpoint_interval=5");
+  ASSERT_FALSE(report.is_null()) << "no report: the launcher hung or lost the checkpoint";
+  EXPECT_EQ(report["status"], "stopped");
+  EXPECT_NE(report.value("failure", "").find("will not be restarted"), std::string::npos) << report.dump(1);
+}
+
 TEST_F(DpRecoveryTest, RestartWaitsForTheDeadWorkerThenResumesFromTheCheckpoint) {
   const json report = run("restart", "restart");
   ASSERT_FALSE(report.is_null());
