@@ -60,6 +60,15 @@ double trimmed_mean(const std::vector<double>& v) {
   return n > 0 ? sum / n : 0;
 }
 
+// The final loss, from the launcher's report; a missing or non-finite one fails the NaN check.
+void read_final_loss(const fs::path& run_dir, ChaosAnalysis& a) {
+  if (!fs::exists(run_dir / "report.json")) return;
+  const auto report = nlohmann::json::parse(std::ifstream(run_dir / "report.json"), nullptr, false);
+  const auto loss = report.find("final_val_loss");
+  a.final_val_loss = loss != report.end() && loss->is_number() ? loss->get<double>() : NAN;
+  if (!std::isfinite(a.final_val_loss)) a.nan_free = false;
+}
+
 }  // namespace
 
 nlohmann::json ChaosAnalysis::to_json() const {
@@ -284,13 +293,7 @@ ChaosAnalysis analyze_chaos_run(const fs::path& run_dir, const ChaosRunShape& sh
     }
   }
 
-  // The final loss, from the launcher's report.
-  if (fs::exists(run_dir / "report.json")) {
-    const auto report = nlohmann::json::parse(std::ifstream(run_dir / "report.json"), nullptr, false);
-    const auto loss = report.find("final_val_loss");
-    a.final_val_loss = loss != report.end() && loss->is_number() ? loss->get<double>() : NAN;
-    if (!std::isfinite(a.final_val_loss)) a.nan_free = false;
-  }
+  read_final_loss(run_dir, a);
   return a;
 }
 
@@ -449,12 +452,7 @@ ChaosAnalysis analyze_dp_chaos_run(const fs::path& run_dir, const ChaosRunShape&
     }
     a.recoveries.push_back(r);
   }
-  if (fs::exists(run_dir / "report.json")) {
-    const auto report = nlohmann::json::parse(std::ifstream(run_dir / "report.json"), nullptr, false);
-    const auto loss = report.find("final_val_loss");
-    a.final_val_loss = loss != report.end() && loss->is_number() ? loss->get<double>() : NAN;
-    if (!std::isfinite(a.final_val_loss)) a.nan_free = false;
-  }
+  read_final_loss(run_dir, a);
   return a;
 }
 

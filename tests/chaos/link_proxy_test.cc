@@ -100,7 +100,7 @@ TEST(LinkProxy, ForwardsCutsAndDelays) {
   // Plain forwarding, fast.
   const double plain = round_trip(fd, "hello", std::chrono::milliseconds(2000));
   ASSERT_GE(plain, 0);
-  EXPECT_LT(plain, 0.1);
+  EXPECT_LT(plain, 0.25);  // loopback; generous for a loaded 2-core machine, still below one delayed round trip
   EXPECT_EQ(proxy.connections(), 1);
   // A 0.6 s cut: nothing comes back within 0.3 s, and the held bytes arrive once the cut is over.
   proxy.cut(0.6);
@@ -123,7 +123,7 @@ TEST(LinkProxy, ForwardsCutsAndDelays) {
   std::this_thread::sleep_for(std::chrono::milliseconds(900));
   const double after = round_trip(fd, "fast again", std::chrono::milliseconds(2000));
   ASSERT_GE(after, 0);
-  EXPECT_LT(after, 0.1);
+  EXPECT_LT(after, 0.25);
   EXPECT_GE(proxy.bytes_forwarded(), 2 * (5 + 14 + 4 + 10));
   ::close(fd);
 }
