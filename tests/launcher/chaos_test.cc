@@ -229,14 +229,15 @@ duration_s = 4
 }
 
 // Data parallel under the same kind of plan (the baseline users run today). M = 3 workers, a checkpoint every 5
-// steps; worker 1 is killed at 3 s and comes back 4 s later.
+// steps; worker 1 is killed at global step 12 and comes back 4 s later. The kill is triggered by a step, not a
+// time: on a loaded machine the group may not have reached its first checkpoint after a few seconds.
 class DpRecoveryTest : public ChaosTest {
  protected:
   static constexpr int64_t kBudget = 3 * 160 * 32 * 32;  // 160 steps of all 3 workers
   static json run(const std::string& name, const std::string& recovery) {
     const auto cfg = testing_support::write_decoupled_config(root_, name, kBudget, "", 32, 96, 3, 0);
-    return train_under_plan(cfg, "[[fault]]\nat_s = 3\naction = \"kill_learner\"\nlearner = 1\n"
-                                 "restart_after_s = 4\n[[fault]]\nat_s = 4\naction = \"kill_syncer\"\n",
+    return train_under_plan(cfg, "[[fault]]\nat_step = 12\naction = \"kill_learner\"\nlearner = 1\n"
+                                 "restart_after_s = 4\n[[fault]]\nat_step = 14\naction = \"kill_syncer\"\n",
                             name, "--set diloco.mode=dp --set run.recovery=" + recovery +
                                       " --set train.checkpoint_interval=5");
   }
@@ -296,7 +297,7 @@ TEST_F(DpRecoveryTest, ElasticShrinksAtOnceAndGrowsBackWithoutLosingTheVotedStep
 
 TEST_F(DpRecoveryTest, RestartGivesUpWithAClearErrorWhenAWorkerWillNeverBeBack) {
   const auto cfg = testing_support::write_decoupled_config(root_, "never", kBudget, "", 32, 96, 3, 0);
-  const json report = train_under_plan(cfg, "[[fault]]\nat_s = 2\naction = \"kill_learner\"\nlearner = 1\n"
+  const json report = train_under_plan(cfg, "[[fault]]\nat_step = 7\naction = \"kill_learner\"\nlearner = 1\n"
                                             "restart_after_s = -1\n", "never",
                                        "--set diloco.mode=dp --set run.recovery=restart --set train.checkpoint_interval=5");
   ASSERT_FALSE(report.is_null()) << "no report: the launcher hung or lost the checkpoint";
