@@ -244,7 +244,10 @@ void add_chaos_command(CLI::App& app) {
     const std::string na = "n/a";
     row("goodput", [](const Side& s) { return fmt("%.1f%%", 100 * s.analysis.goodput); });
     row("simulated goodput (same learner kills, `dloco sim` model)",
-        [&](const Side& s) { return is_dp(s) ? na : fmt("%.1f%%", 100 * s.simulated.goodput); });
+        [&](const Side& s) {
+          if (s.analysis.learners_added + s.analysis.learners_left > 0) return std::string("n/a (joins and leaves are not modelled)");
+          return is_dp(s) ? na : fmt("%.1f%%", 100 * s.simulated.goodput);
+        });
     row("uptime", [](const Side& s) { return fmt("%.1f%%", 100 * s.analysis.uptime); });
     row("final val loss (nats/token)", [](const Side& s) { return fmt("%.4f", s.analysis.final_val_loss); });
     row("window s (started → final flush; dp: → last step)", [](const Side& s) { return fmt("%.0f", s.analysis.window_s); });

@@ -139,7 +139,7 @@ void add_train_commands(CLI::App& app) {
                                                     : "Run the evaluator of a decoupled run");
     cmd->add_option("--config", role_config, "TOML config (the same as the syncer's)")->required();
     cmd->add_option("--syncer", role_syncer, "Syncer address host:port")->required();
-    if (is_learner) cmd->add_option("--id", role_id, "Learner slot id, 0 ≤ id < M")->required();
+    if (is_learner) cmd->add_option("--id", role_id, "Learner id: 0 ≤ id < M for the launcher's slots; any other id below 65536 joins a running job (scavenging)")->required();
     cmd->add_option("--run-dir", role_run_dir, "Folder for this role's events (default: run.out_dir/run.name)");
     cmd->add_option("--set", role_overrides, "Override a config field (repeatable)");
     cmd->callback([is_learner] {

@@ -75,7 +75,8 @@ nlohmann::json ChaosAnalysis::to_json() const {
   nlohmann::json ls = nlohmann::json::array();
   for (const auto& l : learners) {
     ls.push_back({{"id", l.id}, {"steps_trained", l.steps_trained}, {"steps_kept", l.steps_kept},
-                  {"steps_lost", l.steps_lost}, {"incarnations", l.incarnations}, {"kills", l.kills}});
+                  {"steps_lost", l.steps_lost}, {"incarnations", l.incarnations}, {"kills", l.kills},
+                  {"joined_at_s", l.joined_at_s}, {"left_at_s", l.left_at_s}});
   }
   auto recs = [](const std::vector<Recovery>& v) {
     nlohmann::json a = nlohmann::json::array();
@@ -102,6 +103,9 @@ nlohmann::json ChaosAnalysis::to_json() const {
           {"nominal_step_s", nominal_step_s},
           {"goodput", goodput},
           {"uptime", uptime},
+          {"slot_seconds", slot_seconds},
+          {"learners_added", learners_added},
+          {"learners_left", learners_left},
           {"learners", ls},
           {"recoveries", recs(recoveries)},
           {"syncer_downtime", recs(syncer_downtime)},
@@ -172,10 +176,34 @@ ChaosAnalysis analyze_chaos_run(const fs::path& run_dir, const ChaosRunShape& sh
       for (size_t p = 0; p < hashes.size(); ++p) final_hash[std::to_string(p)] = hashes[p];
     }
   }
+  // Learners: the M slots the launcher started, then those the plan added (scavenging). Allocated slot-seconds:
+  // each slot from its start (or its join) to the end of the window or its graceful leave.
+  std::vector<int> ids;
+  for (int m = 0; m < shape.learners; ++m) ids.push_back(m);
+  std::map<int, double> joined_at, left_at;
+  for (const auto& e : launcher) {
+    if (time_of(e) < t0) continue;
+    if (name(e) == "learner_added") {
+      const int id = e.value("learner", -1);
+      if (id >= 0 && std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+      joined_at[id] = time_of(e) - t0;
+    }
+    if (name(e) == "fault" && e.value("action", "") == "leave_learner") left_at[e.value("learner", -1)] = time_of(e) - t0;
+  }
+  a.slot_seconds = 0;
+  for (int id : ids) {
+    const double from = joined_at.count(id) ? joined_at[id] : 0.0;
+    const double to = left_at.count(id) ? std::min(left_at[id], a.window_s) : a.window_s;
+    a.slot_seconds += std::max(0.0, to - from);
+  }
+  a.learners_added = static_cast<int>(joined_at.size());
+  a.learners_left = static_cast<int>(left_at.size());
   double kept_total = 0;
-  for (int m = 0; m < shape.learners; ++m) {
+  for (int m : ids) {
     LearnerTally tally;
     tally.id = m;
+    tally.joined_at_s = joined_at.count(m) ? joined_at[m] : -1;
+    tally.left_at_s = left_at.count(m) ? left_at[m] : -1;
     const auto events = read_log(run_dir / "events" / ("learner_" + std::to_string(m) + ".jsonl"), false, &a.torn_event_lines);
     std::vector<int64_t> held(static_cast<size_t>(shape.fragments), -1);
     double last_step_t = -1;
@@ -268,7 +296,7 @@ ChaosAnalysis analyze_chaos_run(const fs::path& run_dir, const ChaosRunShape& sh
   // Goodput and uptime.
   a.nominal_step_s = trimmed_mean(intervals);
   if (a.window_s > 0 && a.nominal_step_s > 0) {
-    a.goodput = kept_total * a.nominal_step_s / (shape.learners * a.window_s);
+    a.goodput = a.slot_seconds > 0 ? kept_total * a.nominal_step_s / a.slot_seconds : 0.0;
     const double expected = shape.fragments / (shape.inner_steps * a.nominal_step_s) * shape.bin_s;
     const int bins = std::max(1, static_cast<int>(std::floor(a.window_s / shape.bin_s)));
     std::vector<int> count(static_cast<size_t>(bins), 0);
@@ -416,7 +444,8 @@ ChaosAnalysis analyze_dp_chaos_run(const fs::path& run_dir, const ChaosRunShape&
   }
   for (auto& l : a.learners) l.steps_lost = static_cast<double>(l.steps_trained) - l.steps_kept;
   if (a.window_s > 0 && a.nominal_step_s > 0) {
-    a.goodput = kept_total * a.nominal_step_s / (M * a.window_s);
+    a.slot_seconds = M * a.window_s;
+    a.goodput = kept_total * a.nominal_step_s / a.slot_seconds;
     int up = 0;
     for (double c : group_steps) up += c >= 0.5 * shape.bin_s / a.nominal_step_s ? 1 : 0;
     a.uptime = static_cast<double>(up) / bins;

@@ -9,8 +9,10 @@
 //                   learners, leaving out intervals longer than 3× the median (those hold a pause or a wait).
 //   kept steps      a learner's step earns 1/P for each fragment p whose next answered pull from that learner
 //                   was merged: Σ over the learner's "kept" events of steps / P.
-//   goodput         Σ_m kept_m · nominal step / (M · W): slot-seconds of kept training over slot-seconds
-//                   allocated (dead, paused and restarting time included).
+//   goodput         Σ_m kept_m · nominal step / allocated slot-seconds: slot-seconds of kept training over
+//                   slot-seconds allocated (dead, paused and restarting time included). Allocated = M · W, plus
+//                   for each learner the plan added (add_learner) the time from its join to the end of W, minus
+//                   for each graceful leave (leave_learner) the time from the leave to the end of W.
 //   uptime          fraction of W, in bins of `bin_s`, whose merges reach half the expected rate
 //                   P / (H · nominal step) merges per second (one fragment due every H/P global steps).
 //   recovery time   a kill of a learner -> the first "kept" event of its next incarnation (contributing again).
@@ -43,6 +45,8 @@ struct LearnerTally {
   double steps_lost = 0;       // trained − kept
   int incarnations = 0;        // "bootstrapped" events
   int kills = 0;               // plan kills of this slot
+  double joined_at_s = -1;     // added by the plan (scavenging): when; -1 = one of the M slots
+  double left_at_s = -1;       // left gracefully (leave_learner): when; -1 = never
 };
 
 struct Recovery {
@@ -79,6 +83,9 @@ struct ChaosAnalysis {
   double nominal_step_s = 0;
   double goodput = 0;
   double uptime = 0;
+  double slot_seconds = 0;               // allocated learner-seconds (goodput's denominator)
+  int learners_added = 0;                // add_learner faults carried out
+  int learners_left = 0;                 // leave_learner faults carried out
   std::vector<LearnerTally> learners;
   std::vector<Recovery> recoveries;      // learner kills, in time order
   std::vector<Recovery> syncer_downtime; // syncer kills

@@ -15,7 +15,8 @@ namespace dloco {
 namespace {
 
 constexpr FaultAction kActions[] = {FaultAction::kKillLearner, FaultAction::kPauseLearner, FaultAction::kSlowLearner,
-                                    FaultAction::kKillSyncer,  FaultAction::kCutLink,      FaultAction::kDelayLink};
+                                    FaultAction::kKillSyncer,  FaultAction::kCutLink,      FaultAction::kDelayLink,
+                                    FaultAction::kAddLearner,  FaultAction::kLeaveLearner};
 
 bool has_duration(FaultAction a) {
   return a == FaultAction::kPauseLearner || a == FaultAction::kSlowLearner || a == FaultAction::kCutLink ||
@@ -48,6 +49,8 @@ const char* to_string(FaultAction action) {
     case FaultAction::kKillSyncer: return "kill_syncer";
     case FaultAction::kCutLink: return "cut_link";
     case FaultAction::kDelayLink: return "delay_link";
+    case FaultAction::kAddLearner: return "add_learner";
+    case FaultAction::kLeaveLearner: return "leave_learner";
   }
   return "unknown";
 }
@@ -57,7 +60,8 @@ FaultAction parse_fault_action(std::string_view name) {
     if (name == to_string(a)) return a;
   }
   throw InputError("unknown fault action '" + std::string(name) +
-                   "': expected kill_learner, pause_learner, slow_learner, kill_syncer, cut_link or delay_link");
+                   "': expected kill_learner, pause_learner, slow_learner, kill_syncer, cut_link, delay_link, "
+                   "add_learner or leave_learner");
 }
 
 nlohmann::json FaultEvent::to_json() const {
@@ -87,6 +91,8 @@ std::string FaultEvent::describe() const {
     case FaultAction::kDelayLink:
       s = "delay learner " + std::to_string(learner) + "'s link by " + fmt(delay_ms) + " ms for " + fmt(duration_s) + " s";
       break;
+    case FaultAction::kAddLearner: s = "add learner " + std::to_string(learner); break;
+    case FaultAction::kLeaveLearner: s = "learner " + std::to_string(learner) + " leaves"; break;
   }
   s += at_s >= 0 ? " at " + fmt(at_s) + " s" : " at global step " + std::to_string(at_step);
   if (action == FaultAction::kKillLearner || action == FaultAction::kKillSyncer) {
@@ -133,11 +139,22 @@ void FaultPlan::validate() const {
 std::vector<FaultEvent> FaultPlan::resolve(int learners) const {
   validate();
   std::vector<FaultEvent> out = events;
+  std::vector<int> added;
   for (const auto& e : out) {
-    if (targets_learner(e.action) && e.learner >= learners) {
+    if (e.action != FaultAction::kAddLearner) continue;
+    if (e.learner < learners || e.learner >= 65536 || std::count(added.begin(), added.end(), e.learner) > 0) {
+      throw InputError("plan '" + name + "': " + e.describe() + ": a joining learner needs a new id in [M = " +
+                       std::to_string(learners) + ", 65536), each added once (0.." + std::to_string(learners - 1) +
+                       " are the slots the launcher starts)");
+    }
+    added.push_back(e.learner);
+  }
+  for (const auto& e : out) {
+    if (targets_learner(e.action) && e.learner >= learners &&
+        std::count(added.begin(), added.end(), e.learner) == 0) {
       throw InputError("plan '" + name + "': " + e.describe() + " names learner " + std::to_string(e.learner) +
                        ", but the run has M = " + std::to_string(learners) + " learners (slots 0.." +
-                       std::to_string(learners - 1) + ")");
+                       std::to_string(learners - 1) + ") and the plan adds no learner with that id");
     }
   }
   if (random.mtbf_s > 0) {
@@ -334,6 +351,20 @@ FaultPlanBuilder& FaultPlanBuilder::delay_link(int learner, double delay_ms, dou
   e.learner = learner;
   e.delay_ms = delay_ms;
   e.duration_s = duration_s;
+  return add(e);
+}
+
+FaultPlanBuilder& FaultPlanBuilder::add_learner(int learner) {
+  FaultEvent e;
+  e.action = FaultAction::kAddLearner;
+  e.learner = learner;
+  return add(e);
+}
+
+FaultPlanBuilder& FaultPlanBuilder::leave_learner(int learner) {
+  FaultEvent e;
+  e.action = FaultAction::kLeaveLearner;
+  e.learner = learner;
   return add(e);
 }
 

@@ -8,7 +8,8 @@
 //   name = "mixed"
 //   [[fault]]                        # one table per fault, in any order
 //   at_s = 60                        # or at_step = 300 (global step); exactly one of the two
-//   action = "kill_learner"          # kill_learner | pause_learner | slow_learner | kill_syncer | cut_link | delay_link
+//   action = "kill_learner"          # kill_learner | pause_learner | slow_learner | kill_syncer | cut_link |
+//                                    # delay_link | add_learner | leave_learner
 //   learner = 2                      # kill/pause/slow: the learner slot
 //   restart_after_s = 5              # kill_*: restart the process after this delay; < 0 = never
 //   [[fault]]
@@ -33,6 +34,14 @@
 //   learner = 1
 //   delay_ms = 200
 //   duration_s = 30
+//   [[fault]]
+//   at_s = 500
+//   action = "add_learner"           # scavenging: a learner with a new id (≥ M) joins the running job; it leases
+//   learner = 4                      # a free data stream (data.streams > M, or one a dead learner left)
+//   [[fault]]
+//   at_s = 600
+//   action = "leave_learner"         # SIGTERM: the learner leaves gracefully (the syncer frees its stream and
+//   learner = 4                      # quorum at once) and is not restarted
 //   [random]                         # optional: learner kills at exponential gaps (a Poisson process)
 //   mtbf_s = 60                      # mean time between two learner failures, whole run (cluster MTBF)
 //   restart_after_s = 5
@@ -52,9 +61,19 @@
 
 namespace dloco {
 
-enum class FaultAction { kKillLearner, kPauseLearner, kSlowLearner, kKillSyncer, kCutLink, kDelayLink };
+enum class FaultAction {
+  kKillLearner,
+  kPauseLearner,
+  kSlowLearner,
+  kKillSyncer,
+  kCutLink,
+  kDelayLink,
+  kAddLearner,    // scavenging: start a learner with a new id (decoupled runs only)
+  kLeaveLearner,  // SIGTERM: a graceful leave, never restarted
+};
 
-/// "kill_learner", "pause_learner", "slow_learner", "kill_syncer", "cut_link", "delay_link".
+/// "kill_learner", "pause_learner", "slow_learner", "kill_syncer", "cut_link", "delay_link", "add_learner",
+/// "leave_learner".
 const char* to_string(FaultAction action);
 /// Inverse of to_string; throws InputError listing the valid names.
 FaultAction parse_fault_action(std::string_view name);
@@ -65,7 +84,8 @@ struct FaultEvent {
   double at_s = -1;
   int64_t at_step = -1;
   FaultAction action = FaultAction::kKillLearner;
-  int learner = -1;              // every action but kill_syncer: the slot, 0 ≤ learner < M
+  int learner = -1;              // every action but kill_syncer: the learner id, 0 ≤ learner < M or an id an
+                                 // add_learner of the plan starts (add_learner: a new id ≥ M)
   double restart_after_s = 5.0;  // kill_*: seconds until the process is started again; < 0 = never
   double duration_s = 0;         // pause/slow/cut_link/delay_link: seconds the fault lasts
   double factor = 1.0;           // slow: step-time multiplier (> 1)
@@ -93,8 +113,9 @@ struct FaultPlan {
   RandomFaults random;
 
   /// Every fault the run will see: the written-out ones plus the random draws for M learners, sorted by time
-  /// (time triggers first by at_s, then step triggers by at_step). Throws InputError if a learner slot is
-  /// outside [0, M).
+  /// (time triggers first by at_s, then step triggers by at_step). Throws InputError if a fault names a learner
+  /// that is neither one of the M slots nor added by the plan, or an add_learner names one of the M slots or an id
+  /// added twice.
   std::vector<FaultEvent> resolve(int learners) const;
   /// The plan as JSON, random faults drawn for M learners (for the run folder and the simulator).
   nlohmann::json to_json(int learners) const;
@@ -123,6 +144,8 @@ class FaultPlanBuilder {
   FaultPlanBuilder& kill_syncer(double restart_after_s = 5.0);
   FaultPlanBuilder& cut_link(int learner, double duration_s);
   FaultPlanBuilder& delay_link(int learner, double delay_ms, double duration_s);
+  FaultPlanBuilder& add_learner(int learner);
+  FaultPlanBuilder& leave_learner(int learner);
   FaultPlanBuilder& random_kills(double mtbf_s, double start_s, double end_s, uint64_t seed,
                                  double restart_after_s = 5.0);
   FaultPlan build() const;

@@ -67,6 +67,7 @@ void for_each_field(C& c, F&& f) {
   f("diloco", "anchor_versions", c.diloco.anchor_versions);
   f("diloco", "wire_dtype", c.diloco.wire_dtype);
   f("diloco", "blocking", c.diloco.blocking);
+  f("diloco", "bootstrap", c.diloco.bootstrap);
   f("run", "name", c.run.name);
   f("run", "out_dir", c.run.out_dir);
   f("run", "seed", c.run.seed);
@@ -74,6 +75,7 @@ void for_each_field(C& c, F&& f) {
   f("run", "threads", c.run.threads);
   f("run", "secret", c.run.secret);
   f("run", "syncer_address", c.run.syncer_address);
+  f("run", "peer_host", c.run.peer_host);
   f("run", "restart_delay_s", c.run.restart_delay_s);
   f("run", "report_interval_s", c.run.report_interval_s);
   f("run", "slowdown", c.run.slowdown);
@@ -269,6 +271,13 @@ void Config::validate() const {
   require(d.wire_dtype == "fp32" || d.wire_dtype == "bf16", "diloco.wire_dtype", "must be \"fp32\" or \"bf16\"");
   require(data.streams >= 0, "data.streams", "must be ≥ 0 (0 = one per learner)");
   require(data.streams == 0 || data.streams >= d.learners, "data.streams", "(S) must be ≥ diloco.learners (M)");
+  require(data.streams <= d.learners || train.shared_budget || is_collective_mode(d.mode) || d.mode == "local",
+          "data.streams",
+          "(S = " + std::to_string(data.streams) + ") > diloco.learners (M) needs train.shared_budget = true: with a "
+          "fixed share per stream, streams no learner leases would stay untrained");
+  require(d.bootstrap == "syncer" || d.bootstrap == "peers", "diloco.bootstrap",
+          "must be \"syncer\" or \"peers\" (got \"" + d.bootstrap + "\")");
+  require(!run.peer_host.empty(), "run.peer_host", "must be a host name or address");
   require(!run.name.empty() && run.name.find('/') == std::string::npos && run.name != "." && run.name != "..",
           "run.name", "must be a folder name (not empty, '.', '..' or containing '/')");
   require(run.threads >= 0, "run.threads", "must be ≥ 0 (0 = all cores)");

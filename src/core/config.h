@@ -107,7 +107,14 @@ struct DilocoConfig {
   std::string wire_dtype = "fp32"; // outer gradients on the wire: "fp32" | "bf16"
   bool blocking = false;           // decoupled only: learners wait at each due step for the pull and at s + τ for
                                    // the merge (a synchronous configuration, for equivalence tests and ablations)
+  std::string bootstrap = "syncer";// where a (re)starting learner takes Θ from (§7): "syncer", or "peers": every
+                                   // learner serves its copy, and a joiner takes each fragment from a live peer
+                                   // that holds the syncer's version, falling back to the next peer, then the syncer
 };
+
+/// Learner ids are in [0, kMaxLearnerId): the launcher starts 0 … M−1; learners joining a running job
+/// (scavenging, spec §7) may take any other id in the range.
+inline constexpr int kMaxLearnerId = 65536;
 
 /// Process and run settings.
 struct RunSettings {
@@ -118,6 +125,8 @@ struct RunSettings {
   int64_t threads = 0;             // CPU threads for the whole run on this machine; 0 = all cores
   std::string secret = "";         // shared secret of the handshake; env DLOCO_SECRET overrides when set
   std::string syncer_address = "127.0.0.1:0";  // syncer listen address; port 0 = pick a free one
+  std::string peer_host = "127.0.0.1";  // diloco.bootstrap = "peers": host each learner's peer server listens on
+                                        // and advertises (a free port is picked)
   double restart_delay_s = 2.0;    // the launcher restarts a learner that died after this delay; < 0 = never
   double report_interval_s = 5.0;  // seconds between the launcher's console rows
   std::string slowdown = "";       // heterogeneous learners: "ID:FACTOR,…", e.g. "3:1.18" makes learner/worker 3

@@ -1,6 +1,10 @@
 // Exact-data stream logs; see stream_log.h.
 #include "data/stream_log.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -48,16 +52,23 @@ fs::path stream_log_path(const fs::path& run_dir, int64_t stream) {
 
 StreamLog::StreamLog(const fs::path& path) : path_(path) {
   fs::create_directories(path.parent_path());
-  if (fs::exists(path)) {
-    size_t complete = 0;
-    const auto lines = complete_lines(path, &complete);
-    if (complete != fs::file_size(path)) fs::resize_file(path, complete);  // torn last line: never trained
-    if (!lines.empty()) last_ = parse_record(lines.back(), path, lines.size() - 1).cursor;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) throw InputError("cannot open stream log " + path.string() + ": " + std::strerror(errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {  // before reading: the holder may still be appending
+    const int err = errno;
+    ::close(fd);
+    if (err == EWOULDBLOCK) throw StreamBusy("stream log " + path.string() + " is held by another live process");
+    throw InputError("cannot lock stream log " + path.string() + ": " + std::strerror(err));
   }
-  file_ = std::fopen(path.c_str(), "a");
+  file_ = ::fdopen(fd, "a");
   if (file_ == nullptr) {
+    ::close(fd);
     throw InputError("cannot open stream log " + path.string() + ": " + std::strerror(errno));
   }
+  size_t complete = 0;
+  const auto lines = complete_lines(path, &complete);
+  if (complete != fs::file_size(path)) fs::resize_file(path, complete);  // torn last line: never trained
+  if (!lines.empty()) last_ = parse_record(lines.back(), path, lines.size() - 1).cursor;
 }
 
 StreamLog::~StreamLog() {

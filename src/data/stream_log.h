@@ -14,6 +14,7 @@
 #include <optional>
 #include <vector>
 
+#include "core/check.h"
 #include "data/stream.h"
 
 namespace dloco {
@@ -21,11 +22,20 @@ namespace dloco {
 /// Path of stream s's log in a run folder: run_dir/streams/stream_<s>.jsonl.
 std::filesystem::path stream_log_path(const std::filesystem::path& run_dir, int64_t stream);
 
+/// Another live process holds the stream's log (its lease): this process must not train the stream.
+class StreamBusy : public InputError {
+ public:
+  using InputError::InputError;
+};
+
 class StreamLog {
  public:
-  /// Opens (creating it and its folder) the log at `path`. A last line cut off mid-write (the writer was killed)
-  /// is removed: that batch was never trained. Throws InputError if the file cannot be opened or a complete line
-  /// is not a cursor.
+  /// Opens (creating it and its folder) the log at `path` and takes an exclusive lock on it (flock) for as long
+  /// as this object lives: on one machine (or a shared file system with working locks) two processes can never
+  /// train the same stream, whatever the syncer's view of its leases. The kernel drops the lock when the process
+  /// dies. A last line cut off mid-write (the writer was killed) is removed: that batch was never trained.
+  /// Throws StreamBusy if another process holds the lock, InputError if the file cannot be opened or a complete
+  /// line is not a cursor.
   explicit StreamLog(const std::filesystem::path& path);
   ~StreamLog();
   StreamLog(const StreamLog&) = delete;

@@ -84,6 +84,28 @@ void FaultInjector::fire(const FaultEvent& f, double elapsed_s, int64_t global_s
     std::fflush(stdout);
     return;
   }
+  if ((f.action == FaultAction::kAddLearner || f.action == FaultAction::kLeaveLearner) && !scavenging_) {
+    fields["reason"] = "the group of M workers is fixed (learners join and leave decoupled runs only)";
+    events_.emit("fault_skipped", fields);
+    std::printf("[chaos] skipped: %s (a fixed group)\n", f.describe().c_str());
+    std::fflush(stdout);
+    return;
+  }
+  if (f.action == FaultAction::kAddLearner) {  // the launcher starts it (take_joins)
+    for (const auto& c : children) {
+      if (c.learner == f.learner) {
+        fields["reason"] = "a learner with this id already exists in the run";
+        events_.emit("fault_skipped", fields);
+        return;
+      }
+    }
+    joins_.push_back(f.learner);
+    ++injected_;
+    events_.emit("fault", fields);
+    std::printf("[chaos] %s\n", f.describe().c_str());
+    std::fflush(stdout);
+    return;
+  }
   Child* target = nullptr;
   for (auto& c : children) {
     if (f.action == FaultAction::kKillSyncer ? c.role == "syncer" : c.learner == f.learner) target = &c;
@@ -115,8 +137,14 @@ void FaultInjector::fire(const FaultEvent& f, double elapsed_s, int64_t global_s
                             control.dump() + "\n");
       break;
     }
+    case FaultAction::kLeaveLearner:
+      ::kill(target->pid, SIGCONT);  // a paused learner could not leave
+      ::kill(target->pid, SIGTERM);  // it tells the syncer it leaves, then exits
+      left_.insert(target->role);
+      break;
     case FaultAction::kCutLink:
     case FaultAction::kDelayLink:
+    case FaultAction::kAddLearner:
       break;  // handled above
   }
   ++injected_;

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <set>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,13 @@ class FaultInjector {
   /// The learners' link proxies, indexed by slot (cut_link and delay_link act on them); without them those
   /// faults are skipped.
   void set_links(std::vector<LinkProxy*> links) { links_ = std::move(links); }
+  /// Whether the launcher starts learners that join mid-run (decoupled: yes; dp's fixed group: no, add_learner
+  /// and leave_learner are skipped there).
+  void set_scavenging(bool on) { scavenging_ = on; }
+  /// Ids of learners an add_learner fired for since the last call: the launcher starts them.
+  std::vector<int> take_joins() { return std::exchange(joins_, {}); }
+  /// True if `child` left by a leave_learner fault: it is not restarted.
+  bool left(const Child& child) const { return left_.count(child.role) > 0; }
 
   /// SIGCONTs every process still paused (the run is stopping: a stopped process cannot exit cleanly).
   void release(std::vector<Child>& children, double elapsed_s);
@@ -64,6 +73,9 @@ class FaultInjector {
   EventLog& events_;
   std::multimap<double, std::string> ends_;        // elapsed_s at which to SIGCONT -> role of the paused child
   std::map<std::string, double> planned_restart_;  // role -> restart delay of a process the plan killed
+  bool scavenging_ = false;
+  std::vector<int> joins_;                         // add_learner ids not yet started
+  std::set<std::string> left_;                     // roles that left (leave_learner)
   int injected_ = 0;
 };
 

@@ -81,6 +81,7 @@ nlohmann::json run_launcher(const Config& config, bool resume, const FaultPlan* 
     write_file_atomically(run_dir / "plan.json", plan->to_json(M).dump(2) + "\n");
   }
   FaultInjector injector(faults, run_dir, events);
+  injector.set_scavenging(true);  // add_learner / leave_learner: learners join and leave the running job
   auto syncer_args = [&](const std::string& listen) {
     return std::vector<std::string>{"syncer", "--config", cfg, "--run-dir", run_dir.string(), "--listen", listen,
                                     "--address-file", address_file.string()};
@@ -101,7 +102,8 @@ nlohmann::json run_launcher(const Config& config, bool resume, const FaultPlan* 
     injector.set_links(raw);
   }
   auto learner_args = [&](int id) {
-    const std::string& syncer = links.empty() ? address : links[static_cast<size_t>(id)]->address();
+    // Learners added by the plan (ids ≥ M) dial the syncer directly: link faults name the M slots.
+    const std::string& syncer = id < static_cast<int>(links.size()) ? links[static_cast<size_t>(id)]->address() : address;
     return std::vector<std::string>{"learner", "--config", cfg, "--syncer", syncer, "--id", std::to_string(id),
                                     "--run-dir", run_dir.string(), "--set",
                                     "run.threads=" + std::to_string(learner_threads)};
@@ -136,6 +138,14 @@ nlohmann::json run_launcher(const Config& config, bool resume, const FaultPlan* 
     reap(children);
     const double elapsed = std::chrono::duration<double>(Clock::now() - plan_started).count();
     injector.tick(elapsed, last.global_step(), finished, children);
+    for (int id : injector.take_joins()) {  // scavenging: a learner with a new id joins the running job
+      children.push_back({"learner " + std::to_string(id), id,
+                          spawn(learner_args(id), run_dir / "logs" / ("learner_" + std::to_string(id) + ".log"),
+                                learner_threads)});
+      events.emit("learner_added", {{"learner", id}, {"at_s", elapsed}, {"pid", children.back().pid}});
+      std::printf("[launcher] learner %d joins the run\n", id);
+      std::fflush(stdout);
+    }
     Child& syncer = children[0];
     if (syncer.exited && !injector.syncer_restart_pending()) break;  // the syncer is gone (finished or failed)
     if (syncer.exited) {  // killed by the plan: restart it on the same address, from its persisted state
@@ -150,7 +160,7 @@ nlohmann::json run_launcher(const Config& config, bool resume, const FaultPlan* 
       }
     }
     for (auto& c : children) {  // a learner that died is restarted: it rejoins from the syncer's Θ
-      if (c.learner < 0 || !c.exited || finished) continue;
+      if (c.learner < 0 || !c.exited || finished || injector.left(c)) continue;  // a learner that left stays out
       const double delay = injector.restart_delay(c, config.run.restart_delay_s);
       if (delay < 0 || Clock::now() - c.died_at < std::chrono::duration<double>(delay)) continue;
       events.emit("learner_restarted", {{"learner", c.learner}, {"exit_status", c.status}, {"restarts", c.restarts + 1},
@@ -184,7 +194,8 @@ nlohmann::json run_launcher(const Config& config, bool resume, const FaultPlan* 
       if (last.last_eval_step() >= 0) std::snprintf(val, sizeof(val), "%.3f", last.last_val_loss());
       std::printf("%s %3.0f%% t %5lld | val %s | merges %5lld | quorum %lld | live %d/%d | tok/s %s | %4.0fs\n",
                   progress_bar(frac).c_str(), 100 * frac, static_cast<long long>(last.global_step()), val,
-                  static_cast<long long>(last.merges()), static_cast<long long>(last.last_quorum()), live, M,
+                  static_cast<long long>(last.merges()), static_cast<long long>(last.last_quorum()), live,
+                  std::max(M, last.learners_size()),
                   tps.c_str(), elapsed);
       std::fflush(stdout);
       events.emit("progress", {{"global_step", last.global_step()}, {"tokens", last.tokens_trained()},

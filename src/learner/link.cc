@@ -38,6 +38,15 @@ v1::JoinReply LearnerLink::join(double timeout_s) {
     *req.mutable_handshake() = handshake_;
     req.set_learner_id(learner_id_);
     req.set_host(host_);
+    if (held_stream_ >= 0) {
+      req.set_holds_stream(true);
+      req.set_held_stream(held_stream_);
+    }
+    {
+      std::lock_guard lock(mu_);
+      for (int64_t s : busy_streams_) req.add_busy_streams(s);
+      req.set_peer_address(peer_address_);
+    }
     v1::JoinReply reply;
     auto ctx = context_with_deadline(5s);
     const grpc::Status status = stub_->Join(ctx.get(), req, &reply);
@@ -50,11 +59,21 @@ v1::JoinReply LearnerLink::join(double timeout_s) {
         status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
       throw HandshakeRefused(status.error_message());  // refused: retrying cannot help
     }
-    last_error = status.error_message();
+    last_error = status.error_message();  // unreachable, or no free stream yet (RESOURCE_EXHAUSTED): retry
     std::this_thread::sleep_for(backoff.next_delay());
   }
-  throw InputError("cannot reach the syncer at " + address_ + " within " + std::to_string(timeout_s) +
+  throw InputError("cannot join the syncer at " + address_ + " within " + std::to_string(timeout_s) +
                    " s (last error: " + last_error + ")");
+}
+
+void LearnerLink::add_busy_stream(int64_t stream) {
+  std::lock_guard lock(mu_);
+  busy_streams_.push_back(stream);
+}
+
+void LearnerLink::set_peer_address(std::string address) {
+  std::lock_guard lock(mu_);
+  peer_address_ = std::move(address);
 }
 
 v1::Fragment LearnerLink::fetch_fragment(int p) {
@@ -108,6 +127,18 @@ void LearnerLink::post(v1::LearnerMessage msg) {
     outbox_.push_back(std::move(msg));
   }
   cv_.notify_one();
+}
+
+bool LearnerLink::drain(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    {
+      std::lock_guard lock(mu_);
+      if (outbox_.empty()) return true;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(10ms);
+  }
 }
 
 bool LearnerLink::poll(v1::SyncerMessage* msg) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -12,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "core/backoff.h"
 #include "core/check.h"
@@ -31,10 +33,15 @@ class LearnerLink {
   LearnerLink(std::string syncer_address, v1::Handshake handshake, int learner_id, std::string host);
   ~LearnerLink();
 
-  /// Blocking bootstrap: joins, retrying an unreachable syncer with backoff until `timeout_s`. Throws
-  /// HandshakeRefused if the syncer refuses the handshake (with its reason), InputError if it cannot be
-  /// reached in time.
+  /// Blocking bootstrap: joins, retrying an unreachable syncer (or one with no free data stream to lease, code
+  /// RESOURCE_EXHAUSTED) with backoff until `timeout_s`. Throws HandshakeRefused if the syncer refuses the
+  /// handshake (with its reason), InputError if it cannot be reached or lease a stream in time.
   v1::JoinReply join(double timeout_s);
+  /// What the next joins tell the syncer: the stream this learner holds (after bootstrap: a re-join keeps it),
+  /// streams it found locked by another process (before), and its peer server's address ("" = none).
+  void set_held_stream(int64_t stream) { held_stream_ = stream; }
+  void add_busy_stream(int64_t stream);
+  void set_peer_address(std::string address);
   /// Fragment p as the syncer holds it now (deadline 30 s); throws InputError on failure.
   v1::Fragment fetch_fragment(int p);
   /// A consistent snapshot of every fragment (deadline 60 s); nullopt on failure.
@@ -48,6 +55,9 @@ class LearnerLink {
   void start();
   /// Queues a message for the syncer (non-blocking). Metadata may be coalesced: only the newest is kept.
   void post(v1::LearnerMessage msg);
+  /// Waits up to `timeout` until every queued message has been handed to the session (a learner's last words
+  /// before it exits). Returns false if some were still queued.
+  bool drain(std::chrono::milliseconds timeout);
   /// Pops one message from the syncer, if any (non-blocking).
   bool poll(v1::SyncerMessage* msg);
   /// Number of times the session had to be re-established.
@@ -67,6 +77,9 @@ class LearnerLink {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Syncer::Stub> stub_;
   std::atomic<uint64_t> session_id_{0};
+  std::atomic<int64_t> held_stream_{-1};
+  std::vector<int64_t> busy_streams_;  // under mu_
+  std::string peer_address_;           // under mu_
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

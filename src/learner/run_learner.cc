@@ -23,6 +23,7 @@
 #include "data/stream_log.h"
 #include "launcher/roles.h"
 #include "learner/link.h"
+#include "learner/peer.h"
 #include "syncer/handshake.h"
 #include "train/fragment_io.h"
 #include "train/threads.h"
@@ -88,9 +89,8 @@ int64_t load_learner_state(const fs::path& dir, torch::optim::Optimizer& optimiz
 
 int run_learner(const Config& config, const LearnerOptions& options) {
   const int id = options.id;
-  if (id < 0 || id >= config.diloco.learners) {
-    throw InputError("learner id " + std::to_string(id) + " is outside [0, M = " +
-                     std::to_string(config.diloco.learners) + ")");
+  if (id < 0 || id >= kMaxLearnerId) {  // ids ≥ M: learners joining a running job (scavenging, spec §7)
+    throw InputError("learner id " + std::to_string(id) + " is outside [0, " + std::to_string(kMaxLearnerId) + ")");
   }
   apply_thread_budget(thread_budget(static_cast<int>(config.run.threads)));
   fs::create_directories(options.run_dir / "events");
@@ -106,23 +106,55 @@ int run_learner(const Config& config, const LearnerOptions& options) {
   const FragmentLayout layout = model_layout(model, config.diloco);
   const auto params = layout_parameters(model, layout);
   const int P = static_cast<int>(layout.fragments.size());
-  LearnerLink link(options.syncer, make_handshake(config, layout), id, hostname());
-  std::vector<std::vector<float>> base(P);  // Θ_p at the version last applied: deltas are taken against it
+  const v1::Handshake handshake = make_handshake(config, layout);
+  LearnerLink link(options.syncer, handshake, id, hostname());
+  // Θ_p at the version last applied: deltas are taken against it. Shared with the peer server (read-only).
+  std::vector<std::shared_ptr<const std::vector<float>>> base(P);
   std::vector<int64_t> version(P, 0);
-  // Bootstrap as a whole (join, then every fragment) until the deadline: a syncer that dies halfway (chaos plans
-  // kill it) is retried, not fatal. A refused handshake is final.
+  FragmentBoard board(P);
+  std::unique_ptr<PeerServer> peer_server;
+  if (config.diloco.bootstrap == "peers") {  // serve our copy to joiners; advertised with every Join
+    peer_server = std::make_unique<PeerServer>(config.run.peer_host, expected_handshake(config, layout), board);
+    link.set_peer_address(peer_server->address());
+  }
+  // Bootstrap as a whole (join and lease a stream, then every fragment) until the deadline: a syncer that dies
+  // halfway (chaos plans kill it) is retried, not fatal, and so is a stream whose log another live process holds
+  // (the syncer leases another). A refused handshake is final.
   v1::JoinReply joined;
+  std::unique_ptr<StreamLog> stream_log;  // holds the lock of the leased stream's log
+  int64_t locked_stream = -1;
+  FetchedFragments fetched;
   const auto bootstrap_deadline =
       std::chrono::steady_clock::now() + std::chrono::duration<double>(options.bootstrap_timeout_s);
   for (;;) {
     try {
       const double left = std::chrono::duration<double>(bootstrap_deadline - std::chrono::steady_clock::now()).count();
       joined = link.join(std::max(1.0, left));
+      if (!stream_log || locked_stream != joined.stream_index()) {
+        stream_log.reset();
+        try {
+          stream_log = std::make_unique<StreamLog>(stream_log_path(options.run_dir, joined.stream_index()));
+          locked_stream = joined.stream_index();
+        } catch (const StreamBusy& e) {  // its previous holder still lives (e.g. a cut link outlived its lease)
+          link.add_busy_stream(joined.stream_index());
+          throw;
+        }
+      }
+      // Each fragment from a live peer holding at least the syncer's version at this Join, else the syncer.
+      std::vector<FragmentSource> sources;
+      for (const auto& peer : joined.peers()) {
+        sources.push_back(peer_source("peer " + std::to_string(peer.learner()) + " (" + peer.address() + ")",
+                                      peer.address(), handshake, 15.0));
+      }
+      sources.push_back({"syncer", [&link](int p) { return link.fetch_fragment(p); }});
+      const std::vector<int64_t> at_join(joined.fragment_versions().begin(), joined.fragment_versions().end());
+      fetched = fetch_fragments(sources, at_join.size() == static_cast<size_t>(P) ? at_join : std::vector<int64_t>(P, 0));
       for (int p = 0; p < P; ++p) {
-        const v1::Fragment f = link.fetch_fragment(p);
-        base[p] = fragment_values(f);
-        version[p] = f.version();
-        scatter_parameters(params, layout, p, base[p]);
+        auto values = std::make_shared<const std::vector<float>>(fragment_values(fetched.fragments[p]));
+        version[p] = fetched.fragments[p].version();
+        scatter_parameters(params, layout, p, *values);
+        base[p] = std::move(values);
+        board.publish(p, version[p], base[p]);
       }
       break;
     } catch (const HandshakeRefused&) {
@@ -133,6 +165,7 @@ int run_learner(const Config& config, const LearnerOptions& options) {
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
     }
   }
+  link.set_held_stream(joined.stream_index());  // re-joins (after a syncer restart) keep this stream
   int64_t step = joined.global_step();  // adopt the global step: the lr schedule is global
   StreamCursor cursor{joined.stream_index(), 0, 0, 0};
   if (!joined.stream_cursor_json().empty()) {
@@ -142,8 +175,7 @@ int run_learner(const Config& config, const LearnerOptions& options) {
   // Exact data: the stream's own log is at least as new as the syncer's copy of the cursor (which lags by up to a
   // second, or more after a syncer restart). Resume one step's batches after the last record: they were trained,
   // or lost when the previous incarnation died, but never retrained.
-  StreamLog stream_log(stream_log_path(options.run_dir, joined.stream_index()));
-  const auto& taken = stream_log.last_taken();
+  const auto& taken = stream_log->last_taken();
   const bool from_log = taken && taken->stream == joined.stream_index() && taken->tokens_served >= cursor.tokens_served;
   if (from_log) cursor = *taken;
   DataStream stream(train_split, joined.stream_index(), config.data.streams > 0 ? config.data.streams : config.diloco.learners,
@@ -165,8 +197,13 @@ int run_learner(const Config& config, const LearnerOptions& options) {
     }
   }
   int64_t steps_here = 0;  // steps of this incarnation
+  std::map<std::string, int> from_source;
+  for (const auto& name : fetched.source) ++from_source[name];
   events.emit("bootstrapped", {{"pid", ::getpid()}, {"global_step", step}, {"versions", version}, {"cursor", cursor.to_json()},
-                               {"cursor_from_stream_log", from_log}, {"syncer_generation", joined.syncer_generation()}});
+                               {"cursor_from_stream_log", from_log}, {"syncer_generation", joined.syncer_generation()},
+                               {"stream", joined.stream_index()}, {"sources", from_source},
+                               {"source_failures", fetched.failures},
+                               {"peer_address", peer_server ? peer_server->address() : ""}});
   std::printf("[learner %d step %lld] joined %s: stream %lld, %lld/%lld tokens done\n", id,
               static_cast<long long>(step), options.syncer.c_str(), static_cast<long long>(joined.stream_index()),
               static_cast<long long>(cursor.tokens_served), static_cast<long long>(budget));
@@ -190,6 +227,7 @@ int run_learner(const Config& config, const LearnerOptions& options) {
   double boundary_s_max = 0;
   int64_t lost_steps = 0;
   bool stop = false, finished = false;
+  bool leaving = false;  // stopped by a signal, not by the syncer: a graceful leave (the syncer frees our stream)
   auto last_meta = std::chrono::steady_clock::now();
 
   auto send_metadata = [&] {
@@ -206,6 +244,8 @@ int run_learner(const Config& config, const LearnerOptions& options) {
     m->set_tokens_per_s(step_time.value() > 0 ? tokens_per_step / step_time.value() : 0);
     m->set_loss(loss_ema.value());
     m->set_finished(finished);
+    m->set_stream(joined.stream_index());
+    m->set_leaving(leaving);
     link.post(std::move(msg));
     last_meta = std::chrono::steady_clock::now();
   };
@@ -238,7 +278,8 @@ int run_learner(const Config& config, const LearnerOptions& options) {
           a->set_dtype("fp32");
           a->set_delta(std::string(reinterpret_cast<const char*>(theta.data()), theta.size() * 4));
         } else {
-          for (size_t i = 0; i < theta.size(); ++i) theta[i] = base[p][i] - theta[i];  // Δ = Θ^base − θ
+          const std::vector<float>& anchor = *base[p];
+          for (size_t i = 0; i < theta.size(); ++i) theta[i] = anchor[i] - theta[i];  // Δ = Θ^base − θ
           a->set_base_version(version[p]);
           if (bf16_wire) {
             std::vector<uint16_t> packed(theta.size());
@@ -296,8 +337,9 @@ int run_learner(const Config& config, const LearnerOptions& options) {
         } else {
           scatter_parameters(params, layout, p, it->theta);
         }
-        base[p] = std::move(it->theta);
+        base[p] = std::make_shared<const std::vector<float>>(std::move(it->theta));
         version[p] = it->version;
+        board.publish(p, version[p], base[p]);  // a pointer swap: joiners read it from the peer server
         steps_since[p] = tokens_since[p] = 0;
         events.emit("applied", {{"step", step}, {"fragment", p}, {"version", version[p]}});
       }
@@ -344,7 +386,7 @@ int run_learner(const Config& config, const LearnerOptions& options) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
       continue;
     }
-    stream_log.take(stream.cursor(), id, step);  // exact data: recorded before the step trains the batch
+    stream_log->take(stream.cursor(), id, step);  // exact data: recorded before the step trains the batch
     const auto t0 = std::chrono::steady_clock::now();
     const StepResult r = trainer.step(stream, step);  // 1) batch, 2) inner step
     const auto t1 = std::chrono::steady_clock::now();
@@ -372,13 +414,19 @@ int run_learner(const Config& config, const LearnerOptions& options) {
                          {"boundary_s", boundary_s}, {"skipped", r.skipped}, {"tokens", stream.cursor().tokens_served}});
   }
   step_boundary();  // merges that arrived with the stop (the final flush) are applied before the copies are reported
+  leaving = !stop;   // a signal, not the end of the run: leave gracefully (stream and quorum freed at once)
   send_metadata();
   std::vector<std::string> hashes;
-  for (int p = 0; p < P; ++p) hashes.push_back(fnv1a64_hex(base[p]));
+  for (int p = 0; p < P; ++p) hashes.push_back(fnv1a64_hex(*base[p]));
+  int64_t unmerged = 0;  // steps whose work on some fragment never reached a merge: lost with the leave
+  for (int p = 0; p < P; ++p) unmerged = std::max(unmerged, steps_since[p]);
   events.emit("stopped", {{"step", step}, {"signal", g_learner_signal.load()}, {"lost_steps", lost_steps},
+                          {"leaving", leaving}, {"unmerged_steps", unmerged},
+                          {"peer_fragments_served", peer_server ? peer_server->served() : 0},
                           {"reconnects", link.reconnects()}, {"max_boundary_s", boundary_s_max},
                           {"versions", version}, {"hashes", hashes}});
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let the last metadata leave
+  link.drain(std::chrono::milliseconds(leaving ? 2000 : 500));  // the last metadata (a leave) must reach the syncer
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
   link.stop();
   return 0;
 }

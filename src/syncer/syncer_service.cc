@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <random>
 
 #include "core/atomic_file.h"
@@ -77,7 +78,8 @@ SyncerService::SyncerService(const Config& config, std::unique_ptr<SyncerState> 
       events_(events),
       generation_(std::random_device{}() * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(::time(nullptr))),
       t0_(std::chrono::steady_clock::now()),
-      state_(std::move(state)) {
+      state_(std::move(state)),
+      streams_(static_cast<size_t>(config_.data.streams > 0 ? config_.data.streams : config_.diloco.learners)) {
   fs::create_directories(run_dir_ / "syncer");
   restore();
 }
@@ -110,7 +112,21 @@ void SyncerService::restore() {
     try {
       const auto j = nlohmann::json::parse(in);
       state_->restore_clock(j.at("global_step").get<int64_t>());
-      for (const auto& [slot, cursor] : j.at("cursors").items()) cursors_[std::stoi(slot)] = cursor.get<std::string>();
+      for (const auto& [key, cursor] : j.at("cursors").items()) {  // keyed by stream
+        const int64_t s = std::stoll(key);
+        if (s < 0 || s >= static_cast<int64_t>(streams_.size())) continue;  // data.streams shrank: refused at Join
+        streams_[s].cursor = cursor.get<std::string>();
+        if (!streams_[s].cursor.empty()) {
+          state_->restore_stream_tokens(s, nlohmann::json::parse(streams_[s].cursor).value("tokens_served", int64_t{0}));
+        }
+      }
+      // The holders before the restart: a learner that re-attaches keeps its stream, and a learner restarted
+      // with the same id finds it again.
+      const nlohmann::json leases = j.value("leases", nlohmann::json::object());  // kept alive for the loop
+      for (const auto& [key, holder] : leases.items()) {
+        const int64_t s = std::stoll(key);
+        if (s >= 0 && s < static_cast<int64_t>(streams_.size())) streams_[s].holder = holder.get<int>();
+      }
     } catch (const std::exception& e) {
       if (events_) events_->emit("persisted_state_skipped", {{"reason", e.what()}});
     }
@@ -128,6 +144,58 @@ bool SyncerService::session_valid(uint64_t session_id, int* learner) {
   return true;
 }
 
+int64_t SyncerService::choose_stream(int id, const v1::JoinRequest& req, grpc::Status* refusal) {
+  const int64_t S = static_cast<int64_t>(streams_.size());
+  const double now = now_s();
+  auto free_for = [&](int64_t s) {
+    const int holder = streams_[s].holder;
+    return holder < 0 || holder == id || !state_->is_live(holder, now);
+  };
+  if (req.holds_stream()) {  // re-attaching (e.g. after a syncer restart): it keeps the stream whose log it holds
+    const int64_t s = req.held_stream();
+    if (s < 0 || s >= S) {
+      *refusal = {grpc::StatusCode::FAILED_PRECONDITION,
+                  "refused by the syncer: stream " + std::to_string(s) + " does not exist (data.streams = " +
+                      std::to_string(S) + ")"};
+      return -1;
+    }
+    if (!free_for(s)) {
+      *refusal = {grpc::StatusCode::FAILED_PRECONDITION,
+                  "refused by the syncer: stream " + std::to_string(s) + " is leased to live learner " +
+                      std::to_string(streams_[s].holder) + " (two learners must never train one stream)"};
+      return -1;
+    }
+    return s;
+  }
+  const std::set<int64_t> busy(req.busy_streams().begin(), req.busy_streams().end());
+  for (int64_t s : busy) {  // locked by a process the syncer lost track of: not ours to hand out
+    if (s >= 0 && s < S && streams_[s].holder == id) streams_[s].holder = -1;
+  }
+  for (int64_t s = 0; s < S; ++s) {  // a restarted learner inherits its stream
+    if (streams_[s].holder == id && !busy.count(s)) return s;
+  }
+  // Learner m's own stream m when it is free: the launcher's M learners train streams 0 … M−1 whatever order
+  // they join in (the same data per learner for the same seed).
+  if (id < S && !busy.count(id) && free_for(id)) return id;
+  // A joiner: the free stream that has served the fewest tokens (so streams advance evenly); ties by index.
+  int64_t best = -1, best_tokens = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    if (busy.count(s) || !free_for(s)) continue;
+    const int64_t tokens =
+        streams_[s].cursor.empty() ? 0 : nlohmann::json::parse(streams_[s].cursor).value("tokens_served", int64_t{0});
+    if (best < 0 || tokens < best_tokens) {
+      best = s;
+      best_tokens = tokens;
+    }
+  }
+  if (best < 0) {
+    *refusal = {grpc::StatusCode::RESOURCE_EXHAUSTED,
+                "no free data stream: all " + std::to_string(S) + " streams (data.streams) are leased to live "
+                "learners; a learner can join once one leaves or its lease runs out, or run with more streams"};
+  }
+  return best;
+}
+
 grpc::Status SyncerService::Join(grpc::ServerContext*, const v1::JoinRequest* req, v1::JoinReply* reply) {
   const std::string mismatch = check_handshake(req->handshake(), expect_);
   const int id = req->learner_id();
@@ -137,11 +205,20 @@ grpc::Status SyncerService::Join(grpc::ServerContext*, const v1::JoinRequest* re
     return {secret ? grpc::StatusCode::UNAUTHENTICATED : grpc::StatusCode::FAILED_PRECONDITION,
             "refused by the syncer: " + mismatch};
   }
-  if (id < -1 || id >= config_.diloco.learners) {
-    return {grpc::StatusCode::INVALID_ARGUMENT, "learner id " + std::to_string(id) + " is outside [0, M = " +
-                                                    std::to_string(config_.diloco.learners) + ")"};
+  if (id < -1 || id >= kMaxLearnerId) {
+    return {grpc::StatusCode::INVALID_ARGUMENT,
+            "learner id " + std::to_string(id) + " is outside [0, " + std::to_string(kMaxLearnerId) + ")"};
   }
   std::lock_guard lock(mu_);
+  int64_t stream = -1;
+  if (id >= 0) {
+    grpc::Status refusal;
+    stream = choose_stream(id, *req, &refusal);
+    if (stream < 0) {
+      if (events_) events_->emit("join_refused", {{"learner", id}, {"host", req->host()}, {"reason", refusal.error_message()}});
+      return refusal;
+    }
+  }
   uint64_t session = std::random_device{}();
   session = (session << 32) ^ std::random_device{}() ^ static_cast<uint64_t>(id + 2);
   sessions_[session] = id;
@@ -151,15 +228,36 @@ grpc::Status SyncerService::Join(grpc::ServerContext*, const v1::JoinRequest* re
   for (int64_t v : state_->versions()) reply->add_fragment_versions(v);
   if (id >= 0) {
     const bool replacing = outboxes_.count(id) > 0;
+    // Peers a joiner may bootstrap from: live learners serving their fragments, most recently heard from first.
+    std::vector<std::pair<double, int>> live_peers;
+    for (const auto& [peer, address] : peers_) {
+      if (peer == id || !state_->is_live(peer, now_s())) continue;
+      live_peers.emplace_back(-state_->learners().at(peer).state.last_seen_s, peer);
+    }
+    std::sort(live_peers.begin(), live_peers.end());
+    for (const auto& [seen, peer] : live_peers) {
+      auto* info = reply->add_peers();
+      info->set_learner(peer);
+      info->set_address(peers_[peer]);
+    }
+    if (req->peer_address().empty()) {
+      peers_.erase(id);
+    } else {
+      peers_[id] = req->peer_address();
+    }
     state_->on_join(id, now_s());
-    reply->set_stream_index(id);
-    reply->set_stream_cursor_json(cursors_.count(id) ? cursors_[id] : "");
+    const int previous = streams_[stream].holder;
+    streams_[stream].holder = id;
+    reply->set_stream_index(stream);
+    reply->set_stream_cursor_json(streams_[stream].cursor);
     // Shared budget: the whole budget, or 0 once it is spent (a learner restarted at the very end trains nothing).
+    const int64_t S = static_cast<int64_t>(streams_.size());
     reply->set_tokens_budget(config_.train.shared_budget ? (budget_spent_ ? 0 : config_.train.total_tokens)
-                                                         : config_.train.total_tokens / config_.diloco.learners);
+                                                         : config_.train.total_tokens / S);
     if (events_) {
       events_->emit("learner_joined", {{"learner", id}, {"host", req->host()}, {"global_step", state_->global_step()},
-                                       {"replacing_session", replacing}});
+                                       {"replacing_session", replacing}, {"stream", stream},
+                                       {"stream_previous_holder", previous}, {"peers_offered", reply->peers_size()}});
     }
   }
   return grpc::Status::OK;
@@ -252,8 +350,24 @@ grpc::Status SyncerService::Session(grpc::ServerContext* ctx,
       r.tokens_per_s = m.tokens_per_s();
       r.loss = m.loss();
       r.finished = m.finished();
-      if (!r.cursor_json.empty()) cursors_[learner] = r.cursor_json;
+      const int64_t stream = m.has_stream() ? m.stream() : -1;  // unset: an empty hello before its first step
+      const bool valid = stream >= 0 && stream < static_cast<int64_t>(streams_.size());
+      // A free stream is claimed back by the learner training it (its lease ran out while its link was cut, and
+      // the syncer gave the stream up; the log's lock kept it the only one training it).
+      if (valid && streams_[stream].holder < 0 && !m.leaving()) streams_[stream].holder = learner;
+      const bool holds = valid && streams_[stream].holder == learner;
+      r.stream = holds ? stream : -2;  // a learner that lost its lease (it re-joins and gets it back) counts nothing
+      if (holds && !r.cursor_json.empty()) streams_[stream].cursor = r.cursor_json;
       state_->on_report(learner, r, now_s());
+      if (m.leaving()) {  // scavenging: a graceful leave frees the stream and the quorum at once
+        state_->on_leave(learner);
+        if (holds) streams_[stream].holder = -1;
+        peers_.erase(learner);
+        if (events_) {
+          events_->emit("learner_left", {{"learner", learner}, {"stream", stream}, {"step", m.step()},
+                                         {"tokens_served", m.tokens_trained()}});
+        }
+      }
     } else if (msg.has_answer()) {
       const auto& a = msg.answer();
       PullAnswerData data{a.fragment(), a.round_step(), a.captured_step(), a.base_version(), a.steps(), a.tokens(), {}};
@@ -352,8 +466,12 @@ void SyncerService::persist_state() {
   nlohmann::json j;
   j["global_step"] = state_->global_step();
   j["versions"] = state_->versions();
-  j["cursors"] = nlohmann::json::object();
-  for (const auto& [slot, cursor] : cursors_) j["cursors"][std::to_string(slot)] = cursor;
+  j["cursors"] = nlohmann::json::object();  // stream -> cursor
+  j["leases"] = nlohmann::json::object();   // stream -> learner id holding it
+  for (size_t s = 0; s < streams_.size(); ++s) {
+    if (!streams_[s].cursor.empty()) j["cursors"][std::to_string(s)] = streams_[s].cursor;
+    if (streams_[s].holder >= 0) j["leases"][std::to_string(s)] = streams_[s].holder;
+  }
   j["tokens_trained"] = state_->tokens_trained();
   write_file_atomically(run_dir_ / "syncer" / "state.json", j.dump(2) + "\n");
 }
@@ -374,7 +492,9 @@ fs::path SyncerService::write_checkpoint() {
                            {"hash", expect_.tokenizer_hash}};
   manifest["layout_hash"] = expect_.layout_hash;
   nlohmann::json cursors = nlohmann::json::array();
-  for (const auto& [slot, c] : cursors_) cursors.push_back({{"slot", slot}, {"cursor", c}});
+  for (size_t s = 0; s < streams_.size(); ++s) {
+    if (!streams_[s].cursor.empty()) cursors.push_back({{"stream", s}, {"cursor", streams_[s].cursor}});
+  }
   manifest["cursors"] = cursors;
   const int64_t step = state_->global_step();
   lock.unlock();

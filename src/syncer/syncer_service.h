@@ -72,6 +72,8 @@ class SyncerService final : public v1::Syncer::Service {
   void persist_state();
   void restore();
   bool session_valid(uint64_t session_id, int* learner);
+  /// The stream to lease to learner `id` for this Join, or -1 with `refusal` set (code and message).
+  int64_t choose_stream(int id, const v1::JoinRequest& req, grpc::Status* refusal);
   void fill_status(v1::StatusReply* reply);
   double now_s() const;
 
@@ -85,8 +87,16 @@ class SyncerService final : public v1::Syncer::Service {
   mutable std::mutex mu_;  // guards everything below
   std::unique_ptr<SyncerState> state_;
   std::map<uint64_t, int> sessions_;                  // session id -> learner slot (-1: evaluator)
-  std::map<int, std::shared_ptr<Outbox>> outboxes_;   // learner slot -> its live session's outbox
-  std::map<int, std::string> cursors_;                // learner slot -> persisted stream cursor
+  std::map<int, std::shared_ptr<Outbox>> outboxes_;   // learner id -> its live session's outbox
+  // Data streams (spec §7): S leases. A learner holds one stream while it is live; a restarted learner gets its
+  // stream back, a joiner gets a free one (never leased, released by a learner that left, or held by one whose
+  // lease ran out). On one machine the stream log's file lock is what makes a lease exclusive (run_learner.cc).
+  struct StreamLease {
+    int holder = -1;      // learner id holding the lease; -1 = free
+    std::string cursor;   // its persisted cursor ("" = the start of the stream)
+  };
+  std::vector<StreamLease> streams_;
+  std::map<int, std::string> peers_;                  // learner id -> its peer server (diloco.bootstrap = "peers")
   double last_val_loss_ = NAN;
   int64_t last_eval_step_ = -1;
   int64_t last_checkpoint_step_ = 0;

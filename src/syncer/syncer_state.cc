@@ -50,8 +50,13 @@ std::vector<int64_t> SyncerState::versions() const {
 
 int64_t SyncerState::tokens_trained() const {
   int64_t total = 0;
-  for (const auto& [id, rec] : learners_) total += rec.last.tokens_trained;
+  for (const auto& [stream, tokens] : stream_tokens_) total += tokens;
   return total;
+}
+
+void SyncerState::restore_stream_tokens(int64_t stream, int64_t tokens) {
+  auto& t = stream_tokens_[stream];
+  t = std::max(t, tokens);
 }
 
 bool SyncerState::is_live(int learner, double now_s) const {
@@ -75,6 +80,14 @@ void SyncerState::on_report(int learner, const LearnerReport& report, double now
   it->second.state.last_seen_s = now_s;
   it->second.state.step_time_s = report.step_time_s;
   it->second.last = report;
+  // Learners that do not name their stream (stream -1: hand-driven tests) train the stream of their id; a report
+  // whose stream lease the learner does not hold (stream < -1) counts no tokens.
+  if (report.stream >= -1) restore_stream_tokens(report.stream >= 0 ? report.stream : learner, report.tokens_trained);
+}
+
+void SyncerState::on_leave(int learner) {
+  auto it = learners_.find(learner);
+  if (it != learners_.end()) it->second.state.joined = false;
 }
 
 AnswerOutcome SyncerState::on_answer(int learner, PullAnswerData answer, double now_s, std::string* reason) {

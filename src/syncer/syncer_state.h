@@ -31,7 +31,9 @@ struct LearnerReport {
   std::vector<int64_t> steps;       // steps[m][p], P entries
   std::vector<int64_t> tokens;      // tokens[m][p], P entries
   double step_time_s = 0;           // EMA of its step time
-  int64_t tokens_trained = 0;       // tokens its slot has trained in total
+  int64_t tokens_trained = 0;       // tokens its stream has served in total (the stream's cursor)
+  int64_t stream = -1;              // the data stream it trains (its lease); -1 = the learner's id; < -1 = a
+                                    // stream it does not hold the lease of (its tokens do not count)
   std::string cursor_json;          // its data stream cursor
   double tokens_per_s = 0;
   double loss = 0;
@@ -95,6 +97,8 @@ class SyncerState {
   void on_join(int learner, double now_s);
   /// Metadata from a learner (spec §3 step 4). Unknown learners are ignored.
   void on_report(int learner, const LearnerReport& report, double now_s);
+  /// The learner left gracefully (spec §7, scavenging): absent from quorums at once, not after its lease.
+  void on_leave(int learner);
   /// An answer to a pull. Late answers (round already merged, or never asked) are dropped; malformed ones
   /// (wrong size, non-finite, unknown base version under stale_policy "skip") are refused. `reason` says why.
   AnswerOutcome on_answer(int learner, PullAnswerData answer, double now_s, std::string* reason);
@@ -114,7 +118,11 @@ class SyncerState {
   int64_t last_quorum() const { return last_quorum_; }
   int64_t answers_dropped() const { return answers_dropped_; }
   int64_t answers_refused() const { return answers_refused_; }
+  /// Tokens trained over all data streams: Σ_s of the furthest cursor reported for stream s (a stream trained
+  /// by several learners in turn, after a kill or a handover, counts once).
   int64_t tokens_trained() const;
+  /// Restores stream s's served tokens (after a syncer restart, from its persisted cursor).
+  void restore_stream_tokens(int64_t stream, int64_t tokens);
   bool finished() const { return finished_; }
   bool is_live(int learner, double now_s) const;
 
@@ -150,6 +158,7 @@ class SyncerState {
   std::function<bool(const std::string&)> is_embedding_;
   std::vector<FragmentState> fragments_;
   std::map<int, LearnerRecord> learners_;
+  std::map<int64_t, int64_t> stream_tokens_;  // stream -> furthest tokens_served reported
   std::deque<DueRound> pending_;
   std::map<int, Round> open_;  // fragment -> its open round
   int64_t global_step_ = 0;

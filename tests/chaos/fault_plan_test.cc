@@ -154,5 +154,49 @@ duration_s = 4
   EXPECT_EQ(faults[1].describe(), "cut learner 1's link for 3 s at 5 s");
 }
 
+TEST(FaultPlan, JoiningLearnersTakeNewIdsAndLaterFaultsMayNameThem) {
+  const FaultPlan parsed = parse_fault_plan(R"(
+[[fault]]
+at_s = 4
+action = "add_learner"
+learner = 2
+[[fault]]
+at_s = 9
+action = "kill_learner"
+learner = 2
+restart_after_s = 1
+[[fault]]
+at_s = 12
+action = "leave_learner"
+learner = 2
+)", "scavenging");
+  const FaultPlan built = FaultPlanBuilder("plan").at_s(4).add_learner(2).at_s(9).kill_learner(2, 1).at_s(12)
+                              .leave_learner(2).build();
+  EXPECT_EQ(parsed.to_json(2), built.to_json(2));
+  const auto faults = parsed.resolve(2);
+  ASSERT_EQ(faults.size(), 3u);
+  EXPECT_EQ(faults[0].describe(), "add learner 2 at 4 s");
+  EXPECT_EQ(faults[2].describe(), "learner 2 leaves at 12 s");
+  // An added learner must take a new id, once; a fault may name only the M slots and the added ids.
+  auto resolve_error = [](const std::string& toml, int M) {
+    try {
+      parse_fault_plan(toml, "bad").resolve(M);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(resolve_error("[[fault]]\nat_s = 1\naction = \"add_learner\"\nlearner = 1\n", 2).find("new id"),
+            std::string::npos);
+  EXPECT_NE(resolve_error("[[fault]]\nat_s = 1\naction = \"add_learner\"\nlearner = 3\n"
+                          "[[fault]]\nat_s = 2\naction = \"add_learner\"\nlearner = 3\n", 2).find("each added once"),
+            std::string::npos);
+  EXPECT_NE(resolve_error("[[fault]]\nat_s = 1\naction = \"leave_learner\"\nlearner = 4\n", 2)
+                .find("adds no learner with that id"),
+            std::string::npos);
+  EXPECT_NE(resolve_error("[[fault]]\nat_s = 1\naction = \"add_learner\"\n", 2).find("needs learner"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace dloco

@@ -43,6 +43,11 @@ TEST(Config, RangeChecksNameTheKey) {
   EXPECT_NE(error_of("[model]\nd_model = 100\nn_head = 3\n").find("model.n_head"), std::string::npos);
   EXPECT_NE(error_of("[model]\npreset = \"huge\"\n").find("unknown model preset 'huge'"), std::string::npos);
   EXPECT_NE(error_of("[diloco]\nmerge = \"median\"\n").find("diloco.merge"), std::string::npos);
+  // More data streams than learners (room for joiners) needs the shared budget: a fixed share per stream would
+  // leave the streams nobody leases untrained.
+  EXPECT_NE(error_of("[data]\nstreams = 6\n").find("train.shared_budget"), std::string::npos);
+  EXPECT_EQ(error_of("[data]\nstreams = 6\n[train]\nshared_budget = true\n"), "");
+  EXPECT_NE(error_of("[diloco]\nbootstrap = \"peer\"\n").find("diloco.bootstrap"), std::string::npos);
   for (const char* name : {"..", ".", "a/b", ""}) {  // the run folder must stay inside run.out_dir
     EXPECT_NE(error_of(std::string("[run]\nname = \"") + name + "\"\n").find("run.name"), std::string::npos) << name;
   }

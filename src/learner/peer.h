@@ -1,0 +1,88 @@
+// Bootstrap from a healthy peer (spec decoupled-diloco.md §7; the chaos issue's "scavenging"). With
+// diloco.bootstrap = "peers", every learner serves the fragments it holds (Θ_p at the version it last applied)
+// on a small gRPC server of its own, and a learner that joins or restarts takes each fragment from a peer instead
+// of the syncer: the syncer's bandwidth stays for merges. The learner's training thread only swaps a pointer
+// when it applies a fragment; the server's threads copy and send.
+//
+// A joiner takes each fragment from the first source that returns it at a version at least the syncer's at its
+// Join (so a peer that has not applied the newest merge yet is passed over for that fragment, and the joiner
+// never holds a version older than the syncer handed out); a source that fails mid-transfer (dies, hangs past
+// its deadline) is not asked again and the remaining fragments come from the next one. The syncer is the last
+// source.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "proto/dloco.grpc.pb.h"
+#include "syncer/syncer_service.h"
+
+namespace dloco {
+
+/// The fragments a learner holds, published by its training thread and read by its peer server.
+/// publish() and get() take a mutex for a pointer copy only.
+class FragmentBoard {
+ public:
+  explicit FragmentBoard(int fragments) : entries_(static_cast<size_t>(fragments)) {}
+  /// Fragment p is now Θ_p at `version` (values shared, never modified afterwards).
+  void publish(int p, int64_t version, std::shared_ptr<const std::vector<float>> theta);
+  /// Fragment p's version and values; values are null before the first publish.
+  std::pair<int64_t, std::shared_ptr<const std::vector<float>>> get(int p) const;
+  int fragments() const { return static_cast<int>(entries_.size()); }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::pair<int64_t, std::shared_ptr<const std::vector<float>>>> entries_;
+};
+
+/// A learner's peer server: answers Peer.GetFragment from a FragmentBoard after checking the caller's handshake.
+class PeerServer {
+ public:
+  /// Listens on `host`:0 (a free port). Throws InputError if it cannot listen.
+  PeerServer(const std::string& host, HandshakeExpectation expect, const FragmentBoard& board);
+  ~PeerServer();
+  PeerServer(const PeerServer&) = delete;
+  PeerServer& operator=(const PeerServer&) = delete;
+  /// "host:port", as joiners dial it.
+  const std::string& address() const { return address_; }
+  /// Fragments served so far.
+  int64_t served() const;
+
+ private:
+  class Service;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+};
+
+/// One place a joiner can take fragments from. `fetch(p)` returns fragment p or throws InputError (unreachable,
+/// refused, dead mid-transfer, past its deadline).
+struct FragmentSource {
+  std::string name;  // "peer 3 (127.0.0.1:4711)", "syncer"
+  std::function<v1::Fragment(int)> fetch;
+};
+
+/// Fetches Peer.GetFragment(p) from `address` with `handshake`; deadline `timeout_s` per fragment.
+FragmentSource peer_source(const std::string& name, const std::string& address, const v1::Handshake& handshake,
+                           double timeout_s);
+
+/// What fetch_fragments got: the fragments in order, the source of each, and what went wrong on the way.
+struct FetchedFragments {
+  std::vector<v1::Fragment> fragments;  // P entries, fragment p at index p
+  std::vector<std::string> source;      // name of the source each came from
+  std::vector<std::string> failures;    // "peer 3 (…): fragment 1: <error>" per failed or too old answer
+};
+
+/// Takes fragments 0..P-1, each from the first source in `sources` (in order) that returns it at a version ≥
+/// min_versions[p]. A source that throws is not asked again; one that answers with an older version is asked
+/// again for the other fragments. Throws InputError naming every failure if some fragment came from no source.
+FetchedFragments fetch_fragments(const std::vector<FragmentSource>& sources, const std::vector<int64_t>& min_versions);
+
+}  // namespace dloco
