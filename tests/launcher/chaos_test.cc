@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -227,6 +228,80 @@ duration_s = 4
   std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
   const double median = sorted[sorted.size() / 2];
   EXPECT_LE(*std::max_element(gaps.begin(), gaps.end()), 2.0 * median) << "median " << median << " s";
+}
+
+TEST_F(ChaosTest, LearnerKilledWhileTheSyncerPullsFromItNeitherHangsNorReordersVersions) {
+  // Learner 1's link is 0.8 s slower each way from 3 s to 8 s, so every pull the syncer sends it is in flight for
+  // at least 1.6 s; with K = 2 every round pulls from both learners. Killing learner 1 at 6 s therefore kills it
+  // while the syncer is pulling fragments from it (checked below from the syncer's log, not assumed). It restarts
+  // 0.5 s later. The open rounds must close without it, every version must only increase, and learner 0, which
+  // is never killed, must apply every version of every fragment in order.
+  const auto cfg = testing_support::write_decoupled_config(root_, "pullkill", 2 * 200 * 32 * 32, "", 32, 96, 2, 0,
+                                                           "shared_budget = true\n");
+  const json report = train_under_plan(cfg, R"(
+[[fault]]
+at_s = 3
+action = "delay_link"
+learner = 1
+delay_ms = 800
+duration_s = 5
+[[fault]]
+at_s = 6
+action = "kill_learner"
+learner = 1
+restart_after_s = 0.5
+)", "pullkill", "--set diloco.quorum=2");
+  ASSERT_FALSE(report.is_null());
+  EXPECT_EQ(report["status"], "finished");
+  EXPECT_EQ(report["learner_restarts"], 1);
+  const fs::path run = root_ / "pullkill";
+  double killed_at = -1;
+  for (const auto& e : read_events(run / "events" / "launcher.jsonl")) {
+    if (e["event"] == "fault" && e["action"] == "kill_learner") killed_at = e["t"];
+  }
+  ASSERT_GT(killed_at, 0) << "the kill was never injected";
+  // Rounds whose pull included learner 1 and that were still open when it died: each was merged afterwards.
+  std::map<std::pair<int, int64_t>, double> open_at_kill;  // (fragment, round) -> when its pull was sent
+  std::vector<json> merged_after;
+  for (const auto& e : read_events(run / "events" / "syncer.jsonl")) {
+    const double t = e["t"];
+    if (e["event"] == "pull" && t < killed_at) {
+      for (int who : e["learners"]) {
+        if (who == 1) open_at_kill[{e["fragment"].get<int>(), e["round"].get<int64_t>()}] = t;
+      }
+    }
+    if (e["event"] == "merged" || e["event"] == "round_skipped") {
+      const std::pair<int, int64_t> key{e["fragment"].get<int>(), e["round"].get<int64_t>()};
+      if (t < killed_at) {
+        open_at_kill.erase(key);
+      } else if (open_at_kill.count(key)) {
+        merged_after.push_back(e);
+        open_at_kill.erase(key);
+      }
+    }
+  }
+  EXPECT_GE(merged_after.size(), 1u) << "no pull from learner 1 was in flight when it was killed";
+  EXPECT_TRUE(open_at_kill.empty()) << open_at_kill.size() << " round(s) pulling from the killed learner never closed";
+  // Versions only increase, for both learners, through the kill; learner 0 applies every version in order.
+  const dloco::ChaosAnalysis a = dloco::analyze_chaos_run(run, {2, 4, 4, 32 * 32, 2.0});
+  EXPECT_EQ(a.version_regressions, 0);
+  std::map<int, int64_t> last;
+  int out_of_order = 0, applied = 0;
+  for (const auto& e : read_events(run / "events" / "learner_0.jsonl")) {
+    if (e["event"] != "applied") continue;
+    const int p = e["fragment"];
+    const int64_t v = e["version"];
+    out_of_order += v != (last.count(p) ? last[p] + 1 : v) ? 1 : 0;
+    last[p] = v;
+    ++applied;
+  }
+  EXPECT_GT(applied, 40);
+  EXPECT_EQ(out_of_order, 0) << "learner 0 skipped or reordered a version";
+  EXPECT_EQ(a.duplicate_batches, 0);
+  EXPECT_EQ(a.gaps, 0);
+  EXPECT_GT(a.fragments_checked, 0);
+  EXPECT_EQ(a.fragments_equal, a.fragments_checked);
+  EXPECT_TRUE(a.nan_free);
 }
 
 TEST_F(ChaosTest, LearnersJoiningAndLeavingMidRunNeverMakeTheOthersWait) {
