@@ -308,11 +308,17 @@ void add_chaos_command(CLI::App& app) {
     for (const auto& side : sides) {
       if (side.label == "fault-free") continue;
       const ChaosAnalysis& f = side.analysis;
-      md << "\nPer learner (" << side.label << "):\n\n| learner | steps trained | kept | lost | incarnations | kills |\n"
-         << "|---|---|---|---|---|---|\n";
+      md << "\nPer learner (" << side.label << "):\n\n| learner | steps trained | kept | lost | incarnations | kills | "
+            "joined at s / left at s (scavenging) |\n|---|---|---|---|---|---|---|\n";
       for (const auto& l : f.learners) {
         md << "| " << l.id << " | " << l.steps_trained << " | " << fmt("%.1f", l.steps_kept) << " | "
-           << fmt("%.1f", l.steps_lost) << " | " << l.incarnations << " | " << l.kills << " |\n";
+           << fmt("%.1f", l.steps_lost) << " | " << l.incarnations << " | " << l.kills << " | "
+           << (l.joined_at_s >= 0 ? fmt("%.1f", l.joined_at_s) : std::string("start")) << " / "
+           << (l.left_at_s >= 0 ? fmt("%.1f", l.left_at_s) : std::string("-")) << " |\n";
+      }
+      if (f.learners_added + f.learners_left > 0) {
+        md << "\nAllocated learner-seconds (goodput's denominator): " << fmt("%.0f", f.slot_seconds) << " ("
+           << f.learners_added << " joined, " << f.learners_left << " left).\n";
       }
       if (!f.recoveries.empty() || !f.syncer_downtime.empty()) {
         md << "\nRecoveries of " << side.label << " (seconds after the kill):\n\n| process | killed at s | back (joined / "
