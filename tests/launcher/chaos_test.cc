@@ -304,6 +304,50 @@ restart_after_s = 0.5
   EXPECT_TRUE(a.nan_free);
 }
 
+TEST_F(ChaosTest, ALearnerJoiningMidRunNeverMakesTheOtherWait) {
+  // The measure, on a machine the join does not oversubscribe: M = 1 learner with one BLAS thread (plus
+  // the syncer and the evaluator) on 2 cores, and learner 1 (one thread too) joins at 3 s, bootstrapping from
+  // learner 0 as its peer. Learner 0's largest gap between steps stays ≤ 2× its median through the join.
+  const auto cfg = testing_support::write_decoupled_config(root_, "join", 2 * 150 * 32 * 32, "", 32, 96, 1, 0,
+                                                           "shared_budget = true\n");
+  const json report = train_under_plan(cfg, "[[fault]]\nat_s = 3\naction = \"add_learner\"\nlearner = 1\n", "join",
+                                       "--set data.streams=2 --set diloco.bootstrap=peers --set run.threads=1");
+  ASSERT_FALSE(report.is_null());
+  EXPECT_EQ(report["status"], "finished");
+  const fs::path run = root_ / "join";
+  json joined;
+  for (const auto& e : read_events(run / "events" / "learner_1.jsonl")) {
+    if (e["event"] == "bootstrapped") joined = e;
+  }
+  ASSERT_FALSE(joined.is_null()) << "learner 1 never bootstrapped";
+  EXPECT_EQ(joined["stream"], 1);
+  int from_peer = 0;
+  for (const auto& [source, n] : joined["sources"].items()) from_peer += source.rfind("peer 0", 0) == 0 ? n.get<int>() : 0;
+  EXPECT_GE(from_peer, 1) << joined.dump();
+  double added_at = -1;
+  for (const auto& e : read_events(run / "events" / "launcher.jsonl")) {
+    if (e["event"] == "learner_added") added_at = e["t"];
+  }
+  ASSERT_GT(added_at, 0);
+  std::vector<double> times;
+  int after_join = 0;
+  for (const auto& e : read_events(run / "events" / "learner_0.jsonl")) {
+    if (e["event"] != "step") continue;
+    times.push_back(e["t"]);
+    after_join += times.back() > added_at ? 1 : 0;
+  }
+  ASSERT_GT(times.size(), 80u);
+  EXPECT_GT(after_join, 20) << "learner 0 trained little after the join";
+  std::vector<double> gaps;
+  for (size_t i = 6; i < times.size(); ++i) gaps.push_back(times[i] - times[i - 1]);
+  std::vector<double> sorted = gaps;
+  std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+  const double median = sorted[sorted.size() / 2];
+  const double largest = *std::max_element(gaps.begin(), gaps.end());
+  std::printf("learner 0: median gap %.4f s, largest %.4f s (%.2f×)\n", median, largest, largest / median);
+  EXPECT_LE(largest, 2.0 * median) << "learner 0 waited: largest gap " << largest << " s, median " << median << " s";
+}
+
 TEST_F(ChaosTest, LearnersJoiningAndLeavingMidRunNeverMakeTheOthersWait) {
   // Scavenging (spec §7). M = 2 learners, S = 3 data streams, a shared budget, bootstrap from peers.
   //   4 s  learner 2 joins: it leases the free stream 2 and takes Θ from the live peers 0 and 1;
