@@ -110,6 +110,15 @@ void FaultInjector::fire(const FaultEvent& f, double elapsed_s, int64_t global_s
   for (auto& c : children) {
     if (f.action == FaultAction::kKillSyncer ? c.role == "syncer" : c.learner == f.learner) target = &c;
   }
+  if (f.action == FaultAction::kLeaveLearner && target != nullptr && (target->exited || target->pid <= 0)) {
+    left_.insert(target->role);  // down (killed, crashed): it leaves for good, the launcher does not restart it
+    fields["note"] = "the learner was down: it is not restarted";
+    ++injected_;
+    events_.emit("fault", fields);
+    std::printf("[chaos] %s (it was down: not restarted)\n", f.describe().c_str());
+    std::fflush(stdout);
+    return;
+  }
   if (target == nullptr || target->exited || target->pid <= 0) {
     fields["reason"] = target == nullptr ? "no such process in this run (e.g. no syncer in the baselines)"
                                          : "the process is not running (already down)";

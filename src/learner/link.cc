@@ -44,7 +44,10 @@ v1::JoinReply LearnerLink::join(double timeout_s) {
     }
     {
       std::lock_guard lock(mu_);
-      for (int64_t s : busy_streams_) req.add_busy_streams(s);
+      const auto now = std::chrono::steady_clock::now();
+      for (const auto& [s, when] : busy_streams_) {
+        if (now - when < std::chrono::seconds(10)) req.add_busy_streams(s);
+      }
       req.set_peer_address(peer_address_);
     }
     v1::JoinReply reply;
@@ -68,7 +71,7 @@ v1::JoinReply LearnerLink::join(double timeout_s) {
 
 void LearnerLink::add_busy_stream(int64_t stream) {
   std::lock_guard lock(mu_);
-  busy_streams_.push_back(stream);
+  busy_streams_.emplace_back(stream, std::chrono::steady_clock::now());
 }
 
 void LearnerLink::set_peer_address(std::string address) {

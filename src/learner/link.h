@@ -38,7 +38,8 @@ class LearnerLink {
   /// handshake (with its reason), InputError if it cannot be reached or lease a stream in time.
   v1::JoinReply join(double timeout_s);
   /// What the next joins tell the syncer: the stream this learner holds (after bootstrap: a re-join keeps it),
-  /// streams it found locked by another process (before), and its peer server's address ("" = none).
+  /// streams it found locked by another process in the last 10 s (before), and its peer server's address ("" =
+  /// none).
   void set_held_stream(int64_t stream) { held_stream_ = stream; }
   void add_busy_stream(int64_t stream);
   void set_peer_address(std::string address);
@@ -78,7 +79,8 @@ class LearnerLink {
   std::unique_ptr<v1::Syncer::Stub> stub_;
   std::atomic<uint64_t> session_id_{0};
   std::atomic<int64_t> held_stream_{-1};
-  std::vector<int64_t> busy_streams_;  // under mu_
+  std::vector<std::pair<int64_t, std::chrono::steady_clock::time_point>> busy_streams_;  // under mu_; told to
+                                       // the syncer for 10 s (a leaving holder releases its lock within seconds)
   std::string peer_address_;           // under mu_
 
   mutable std::mutex mu_;

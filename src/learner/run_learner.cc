@@ -106,6 +106,9 @@ int run_learner(const Config& config, const LearnerOptions& options) {
   const FragmentLayout layout = model_layout(model, config.diloco);
   const auto params = layout_parameters(model, layout);
   const int P = static_cast<int>(layout.fragments.size());
+  // SIGTERM from the first moment: a learner asked to leave while it still bootstraps exits cleanly.
+  std::signal(SIGTERM, on_learner_signal);
+  std::signal(SIGINT, on_learner_signal);
   const v1::Handshake handshake = make_handshake(config, layout);
   LearnerLink link(options.syncer, handshake, id, hostname());
   // Θ_p at the version last applied: deltas are taken against it. Shared with the peer server (read-only).
@@ -127,9 +130,14 @@ int run_learner(const Config& config, const LearnerOptions& options) {
   const auto bootstrap_deadline =
       std::chrono::steady_clock::now() + std::chrono::duration<double>(options.bootstrap_timeout_s);
   for (;;) {
+    if (g_learner_signal.load() != 0) {  // asked to leave before it trained: nothing to hand back
+      events.emit("stopped", {{"step", 0}, {"signal", g_learner_signal.load()}, {"leaving", true},
+                              {"reason", "signal during bootstrap"}});
+      return 0;
+    }
     try {
       const double left = std::chrono::duration<double>(bootstrap_deadline - std::chrono::steady_clock::now()).count();
-      joined = link.join(std::max(1.0, left));
+      joined = link.join(std::max(1.0, std::min(5.0, left)));  // in slices: a SIGTERM is seen within seconds
       if (!stream_log || locked_stream != joined.stream_index()) {
         stream_log.reset();
         try {
@@ -178,8 +186,14 @@ int run_learner(const Config& config, const LearnerOptions& options) {
   const auto& taken = stream_log->last_taken();
   const bool from_log = taken && taken->stream == joined.stream_index() && taken->tokens_served >= cursor.tokens_served;
   if (from_log) cursor = *taken;
-  DataStream stream(train_split, joined.stream_index(), config.data.streams > 0 ? config.data.streams : config.diloco.learners,
-                    config.train.batch_size, config.model.seq_len, cursor);
+  // The data is cut into the syncer's S streams (it leases them), whatever this learner's config says.
+  const int64_t S = joined.streams() > 0 ? joined.streams()
+                                         : (config.data.streams > 0 ? config.data.streams : config.diloco.learners);
+  if (joined.stream_index() < 0 || joined.stream_index() >= S) {
+    throw InputError("the syncer leased stream " + std::to_string(joined.stream_index()) + " of S = " +
+                     std::to_string(S) + " streams");
+  }
+  DataStream stream(train_split, joined.stream_index(), S, config.train.batch_size, config.model.seq_len, cursor);
   if (from_log) {
     for (int64_t i = 0; i < config.train.grad_accum; ++i) stream.skip();  // a step reads grad_accum batches
   }
@@ -210,8 +224,6 @@ int run_learner(const Config& config, const LearnerOptions& options) {
   std::fflush(stdout);
   link.start();
 
-  std::signal(SIGTERM, on_learner_signal);
-  std::signal(SIGINT, on_learner_signal);
   std::vector<int64_t> steps_since(P, 0), tokens_since(P, 0);
   std::map<int, std::pair<int64_t, int64_t>> answered;  // fragment -> (round, captured step)
   // Goodput (spec §7): a trained step earns 1/P for each fragment p whose next answered pull was merged.
@@ -415,6 +427,7 @@ int run_learner(const Config& config, const LearnerOptions& options) {
   }
   step_boundary();  // merges that arrived with the stop (the final flush) are applied before the copies are reported
   leaving = !stop;   // a signal, not the end of the run: leave gracefully (stream and quorum freed at once)
+  stream_log.reset();  // unlock the stream's log before the syncer hands the stream to a joiner
   send_metadata();
   std::vector<std::string> hashes;
   for (int p = 0; p < P; ++p) hashes.push_back(fnv1a64_hex(*base[p]));

@@ -21,6 +21,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// Tokens a stream has served, from its persisted cursor ("" or unreadable: 0).
+int64_t stream_tokens(const std::string& cursor_json) {
+  if (cursor_json.empty()) return 0;
+  const auto j = nlohmann::json::parse(cursor_json, nullptr, false);
+  return j.is_object() ? j.value("tokens_served", int64_t{0}) : 0;
+}
+
 std::string fp32_bytes(const std::vector<float>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
 }
@@ -114,11 +121,13 @@ void SyncerService::restore() {
       state_->restore_clock(j.at("global_step").get<int64_t>());
       for (const auto& [key, cursor] : j.at("cursors").items()) {  // keyed by stream
         const int64_t s = std::stoll(key);
-        if (s < 0 || s >= static_cast<int64_t>(streams_.size())) continue;  // data.streams shrank: refused at Join
-        streams_[s].cursor = cursor.get<std::string>();
-        if (!streams_[s].cursor.empty()) {
-          state_->restore_stream_tokens(s, nlohmann::json::parse(streams_[s].cursor).value("tokens_served", int64_t{0}));
+        if (s < 0 || s >= static_cast<int64_t>(streams_.size())) {  // data.streams shrank: that stream is dropped
+          if (events_) events_->emit("persisted_stream_dropped", {{"stream", s}, {"streams", streams_.size()},
+                                                                  {"reason", "data.streams is smaller than before the restart"}});
+          continue;
         }
+        streams_[s].cursor = cursor.get<std::string>();
+        state_->restore_stream_tokens(s, stream_tokens(streams_[s].cursor));
       }
       // The holders before the restart: a learner that re-attaches keeps its stream, and a learner restarted
       // with the same id finds it again.
@@ -159,10 +168,10 @@ int64_t SyncerService::choose_stream(int id, const v1::JoinRequest& req, grpc::S
                       std::to_string(S) + ")"};
       return -1;
     }
-    if (!free_for(s)) {
-      *refusal = {grpc::StatusCode::FAILED_PRECONDITION,
-                  "refused by the syncer: stream " + std::to_string(s) + " is leased to live learner " +
-                      std::to_string(streams_[s].holder) + " (two learners must never train one stream)"};
+    if (!free_for(s)) {  // retryable: a joiner that found the log locked gives the lease back on its next Join
+      *refusal = {grpc::StatusCode::ABORTED,
+                  "stream " + std::to_string(s) + " is leased to live learner " + std::to_string(streams_[s].holder) +
+                      " (two learners must never train one stream): retry"};
       return -1;
     }
     return s;
@@ -181,8 +190,7 @@ int64_t SyncerService::choose_stream(int id, const v1::JoinRequest& req, grpc::S
   int64_t best = -1, best_tokens = 0;
   for (int64_t s = 0; s < S; ++s) {
     if (busy.count(s) || !free_for(s)) continue;
-    const int64_t tokens =
-        streams_[s].cursor.empty() ? 0 : nlohmann::json::parse(streams_[s].cursor).value("tokens_served", int64_t{0});
+    const int64_t tokens = stream_tokens(streams_[s].cursor);
     if (best < 0 || tokens < best_tokens) {
       best = s;
       best_tokens = tokens;
@@ -245,10 +253,15 @@ grpc::Status SyncerService::Join(grpc::ServerContext*, const v1::JoinRequest* re
     } else {
       peers_[id] = req->peer_address();
     }
-    state_->on_join(id, now_s());
+    // Live (in quorums and pulls) only from its first metadata that names its stream, i.e. once it has
+    // bootstrapped and trains: a joiner still fetching fragments must not hold rounds up.
     const int previous = streams_[stream].holder;
+    for (auto& lease : streams_) {
+      if (lease.holder == id) lease.holder = -1;  // one stream per learner: a stale lease of this id is released
+    }
     streams_[stream].holder = id;
     reply->set_stream_index(stream);
+    reply->set_streams(static_cast<int64_t>(streams_.size()));
     reply->set_stream_cursor_json(streams_[stream].cursor);
     // Shared budget: the whole budget, or 0 once it is spent (a learner restarted at the very end trains nothing).
     const int64_t S = static_cast<int64_t>(streams_.size());
@@ -358,6 +371,10 @@ grpc::Status SyncerService::Session(grpc::ServerContext* ctx,
       const bool holds = valid && streams_[stream].holder == learner;
       r.stream = holds ? stream : -2;  // a learner that lost its lease (it re-joins and gets it back) counts nothing
       if (holds && !r.cursor_json.empty()) streams_[stream].cursor = r.cursor_json;
+      const auto rec = state_->learners().find(learner);
+      if (holds && !m.leaving() && (rec == state_->learners().end() || !rec->second.state.joined)) {
+        state_->on_join(learner, now_s());  // bootstrapped and training: live from now on
+      }
       state_->on_report(learner, r, now_s());
       if (m.leaving()) {  // scavenging: a graceful leave frees the stream and the quorum at once
         state_->on_leave(learner);
