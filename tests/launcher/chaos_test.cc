@@ -29,6 +29,23 @@ const std::string kDataTool = std::string(DLOCO_BINARY_DIR) + "/bin/dloco-data";
 
 using testing_support::read_events;
 
+// Gaps between consecutive step times, leaving out the first `skip` steps (start-up), with their median and
+// largest: the measure of "a training thread never waits" (largest ≤ 2× median).
+struct StepGaps {
+  std::vector<double> gaps;
+  double median = 0, largest = 0;
+};
+StepGaps step_gaps(const std::vector<double>& times, size_t skip = 6) {
+  StepGaps g;
+  for (size_t i = skip; i < times.size(); ++i) g.gaps.push_back(times[i] - times[i - 1]);
+  if (g.gaps.empty()) return g;
+  std::vector<double> sorted = g.gaps;
+  std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+  g.median = sorted[sorted.size() / 2];
+  g.largest = *std::max_element(g.gaps.begin(), g.gaps.end());
+  return g;
+}
+
 class ChaosTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -179,12 +196,8 @@ TEST_F(ChaosTest, PausedLearnerNeverMakesTheOtherWait) {
   }
   ASSERT_GT(times.size(), 80u);
   EXPECT_GT(during_pause, 10) << "learner 0 stopped training while learner 1 was paused";
-  std::vector<double> gaps;
-  for (size_t i = 6; i < times.size(); ++i) gaps.push_back(times[i] - times[i - 1]);
-  std::vector<double> sorted = gaps;
-  std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
-  const double median = sorted[sorted.size() / 2];
-  const double largest = *std::max_element(gaps.begin(), gaps.end());
+  const StepGaps g = step_gaps(times);
+  const double median = g.median, largest = g.largest;
   EXPECT_LE(largest, 2.0 * median) << "learner 0 waited: largest gap " << largest << " s, median " << median << " s";
 }
 
@@ -222,12 +235,8 @@ duration_s = 4
     if (e["event"] == "step") times.push_back(e["t"]);
   }
   ASSERT_GT(times.size(), 100u);
-  std::vector<double> gaps;
-  for (size_t i = 6; i < times.size(); ++i) gaps.push_back(times[i] - times[i - 1]);
-  std::vector<double> sorted = gaps;
-  std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
-  const double median = sorted[sorted.size() / 2];
-  EXPECT_LE(*std::max_element(gaps.begin(), gaps.end()), 2.0 * median) << "median " << median << " s";
+  const StepGaps g = step_gaps(times);
+  EXPECT_LE(g.largest, 2.0 * g.median) << "median " << g.median << " s";
 }
 
 TEST_F(ChaosTest, LearnerKilledWhileTheSyncerPullsFromItNeitherHangsNorReordersVersions) {
@@ -338,12 +347,8 @@ TEST_F(ChaosTest, ALearnerJoiningMidRunNeverMakesTheOtherWait) {
   }
   ASSERT_GT(times.size(), 80u);
   EXPECT_GT(after_join, 20) << "learner 0 trained little after the join";
-  std::vector<double> gaps;
-  for (size_t i = 6; i < times.size(); ++i) gaps.push_back(times[i] - times[i - 1]);
-  std::vector<double> sorted = gaps;
-  std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
-  const double median = sorted[sorted.size() / 2];
-  const double largest = *std::max_element(gaps.begin(), gaps.end());
+  const StepGaps g = step_gaps(times);
+  const double median = g.median, largest = g.largest;
   std::printf("learner 0: median gap %.4f s, largest %.4f s (%.2f×)\n", median, largest, largest / median);
   EXPECT_LE(largest, 2.0 * median) << "learner 0 waited: largest gap " << largest << " s, median " << median << " s";
 }
@@ -453,15 +458,10 @@ learner = 2
     compute.push_back(e["step_s"]);
   }
   ASSERT_GT(times.size(), 80u);
-  std::vector<double> gaps, outside;
-  for (size_t i = 6; i < times.size(); ++i) {
-    gaps.push_back(times[i] - times[i - 1]);
-    outside.push_back(gaps.back() - compute[i]);
-  }
-  std::vector<double> sorted = gaps;
-  std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
-  const double median = sorted[sorted.size() / 2];
-  const double largest = *std::max_element(gaps.begin(), gaps.end());
+  const StepGaps g = step_gaps(times);
+  const double median = g.median, largest = g.largest;
+  std::vector<double> outside;
+  for (size_t i = 6; i < times.size(); ++i) outside.push_back(times[i] - times[i - 1] - compute[i]);
   const double most_outside = *std::max_element(outside.begin(), outside.end());
   std::printf("learner 0: median gap %.4f s, largest gap %.4f s (%.2f×), most time outside compute %.4f s\n", median,
               largest, largest / median, most_outside);
