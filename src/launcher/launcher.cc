@@ -221,6 +221,13 @@ nlohmann::json run_launcher(const Config& config, bool resume, const FaultPlan* 
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
 
+  // Tokens: the launcher's last Status poll can predate the learners' last metadata (the final flush can finish
+  // within one poll interval); the syncer's state.json, written when the run finished, has the final count.
+  int64_t tokens_trained = last.tokens_trained();
+  {
+    const auto state = nlohmann::json::parse(std::ifstream(run_dir / "syncer" / "state.json"), nullptr, false);
+    if (state.is_object()) tokens_trained = std::max(tokens_trained, state.value("tokens_trained", int64_t{0}));
+  }
   // The report: the global model's final checkpoint, evaluated on the whole validation split.
   const nlohmann::json final_eval = evaluate_final_checkpoint(config, cores);
   const double wall = std::chrono::duration<double>(Clock::now() - started).count();
@@ -242,9 +249,9 @@ nlohmann::json run_launcher(const Config& config, bool resume, const FaultPlan* 
       {"steps", last.global_step()},
       {"steps_skipped", 0},
       {"merges", last.merges()},
-      {"tokens_trained", last.tokens_trained()},
+      {"tokens_trained", tokens_trained},
       {"wall_seconds", wall},
-      {"tokens_per_second", last.tokens_trained() / std::max(wall, 1e-9)},
+      {"tokens_per_second", tokens_trained / std::max(wall, 1e-9)},
       {"learners", learners},
       {"learner_restarts", restarts},
       {"syncer_restarts", children[0].restarts},
