@@ -7,7 +7,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build pkg-config git
+  build-essential cmake ninja-build pkg-config git ccache
   libtorch-dev libopenblas0-pthread libopenblas-pthread-dev libgoogle-perftools-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libgloo-dev
   libsentencepiece-dev sentencepiece

@@ -5,7 +5,11 @@
 
 #include "apps/commands.h"
 #include "core/check.h"
-#include "launcher/roles.h"
+#include "collective/worker.h"
+#include "launcher/launcher.h"
+#include "learner/learner.h"
+#include "syncer/syncer.h"
+#include "transport/grpc/grpc_transport.h"
 #include "train/run.h"
 
 namespace dloco::apps {
@@ -85,7 +89,8 @@ void add_train_commands(CLI::App& app) {
       if (stop_after_steps > 0) throw InputError("--stop-after-steps applies to diloco.mode = \"local\" only");
       const auto report = is_collective_mode(config.diloco.mode)
                               ? run_collective_launcher(config, options.resume, plan ? &*plan : nullptr)
-                              : run_launcher(config, options.resume, plan ? &*plan : nullptr);
+                              : run_launcher(config, options.resume, *grpc_transport::make_transport(),
+                                             plan ? &*plan : nullptr);
       print_report(report);
       g_exit_code = report.value("signal", 0) ? 128 + report.value("signal", 0) : 0;
     } else {
@@ -109,7 +114,7 @@ void add_train_commands(CLI::App& app) {
     const Config c = load_config(role_config, role_overrides);
     SyncerOptions o{role_run_dir.empty() ? c.run_dir() : std::filesystem::path(role_run_dir), role_listen,
                     role_address_file};
-    if (int rc = run_syncer(c, o); rc != 0) throw InputError("syncer exited with " + std::to_string(rc));
+    if (int rc = run_syncer(c, o, *grpc_transport::make_transport()); rc != 0) throw InputError("syncer exited with " + std::to_string(rc));
   });
   auto* worker = app.add_subcommand("worker", "Run one worker of a baseline (diloco.mode = dp, diloco, streaming)");
   static std::string role_store;
@@ -145,7 +150,8 @@ void add_train_commands(CLI::App& app) {
     cmd->callback([is_learner] {
       const Config c = load_config(role_config, role_overrides);
       LearnerOptions o{role_syncer, role_id, role_run_dir.empty() ? c.run_dir() : std::filesystem::path(role_run_dir)};
-      const int rc = is_learner ? run_learner(c, o) : run_evaluator(c, o);
+      const auto transport = grpc_transport::make_transport();
+      const int rc = is_learner ? run_learner(c, o, *transport) : run_evaluator(c, o, *transport);
       if (rc != 0) throw InputError(std::string(is_learner ? "learner" : "evaluator") + " exited with " +
                                     std::to_string(rc));
     });

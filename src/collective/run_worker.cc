@@ -27,7 +27,7 @@
 #include "core/merge.h"
 #include "data/stream.h"
 #include "data/tokenizer.h"
-#include "launcher/roles.h"
+#include "collective/worker.h"
 #include "train/checkpoint.h"
 #include "train/fragment_io.h"
 #include "train/threads.h"

@@ -19,7 +19,8 @@
 #include "core/events.h"
 #include "launcher/children.h"
 #include "launcher/fault_injector.h"
-#include "launcher/roles.h"
+#include "collective/worker.h"
+#include "launcher/launcher.h"
 #include "train/checkpoint.h"
 
 namespace dloco {

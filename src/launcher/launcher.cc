@@ -26,9 +26,7 @@
 #include "chaos/fault_plan.h"
 #include "launcher/children.h"
 #include "launcher/fault_injector.h"
-#include "launcher/roles.h"
-#include "learner/link.h"
-#include "syncer/handshake.h"
+#include "launcher/launcher.h"
 #include "train/checkpoint.h"
 #include "train/fragment_io.h"
 
@@ -57,7 +55,7 @@ std::string read_address(const fs::path& file, Child& syncer, std::vector<Child>
 
 }  // namespace
 
-nlohmann::json run_launcher(const Config& config, bool resume, const FaultPlan* plan) {
+nlohmann::json run_launcher(const Config& config, bool resume, wire::Transport& transport, const FaultPlan* plan) {
   const auto started = Clock::now();
   const fs::path run_dir = config.run_dir();
   if (!resume && (fs::exists(run_dir / "syncer") || latest_checkpoint(run_dir))) {
@@ -123,13 +121,11 @@ nlohmann::json run_launcher(const Config& config, bool resume, const FaultPlan* 
               config.run.name.c_str(), address.c_str(), M, learner_threads, (run_dir / "logs").c_str());
   std::fflush(stdout);
 
-  // Status comes from the syncer; a channel created after the children exist.
-  torch::manual_seed(config.run.seed);
-  GPT probe(config.model);
-  LearnerLink link(address, make_handshake(config, model_layout(probe, config.diloco)), -1, "launcher");
+  // Status comes from the syncer (it needs no handshake); a client created after the children exist.
+  std::unique_ptr<wire::SyncerClient> syncer_client = transport.connect_syncer(address);
   std::signal(SIGINT, on_launcher_signal);
   std::signal(SIGTERM, on_launcher_signal);
-  v1::StatusReply last;
+  wire::StatusReply last;
   auto last_row = Clock::now() - std::chrono::hours(1);
   int64_t last_eval_printed = -1;
   bool finished = false;
@@ -137,7 +133,7 @@ nlohmann::json run_launcher(const Config& config, bool resume, const FaultPlan* 
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     reap(children);
     const double elapsed = std::chrono::duration<double>(Clock::now() - plan_started).count();
-    injector.tick(elapsed, last.global_step(), finished, children);
+    injector.tick(elapsed, last.global_step, finished, children);
     for (int id : injector.take_joins()) {  // scavenging: a learner with a new id joins the running job
       children.push_back({"learner " + std::to_string(id), id,
                           spawn(learner_args(id), run_dir / "logs" / ("learner_" + std::to_string(id) + ".log"),
@@ -172,34 +168,34 @@ nlohmann::json run_launcher(const Config& config, bool resume, const FaultPlan* 
       ++c.restarts;
       injector.restarted(c);
     }
-    auto status = link.status();
-    if (!status) continue;
-    last = *status;
-    finished = last.finished();
-    const bool new_eval = last.last_eval_step() > last_eval_printed;
+    auto status = syncer_client->status(std::chrono::seconds(5));
+    if (!status.ok()) continue;
+    last = std::move(status.value);
+    finished = last.finished;
+    const bool new_eval = last.last_eval_step > last_eval_printed;
     if (Clock::now() - last_row > std::chrono::duration<double>(config.run.report_interval_s) || new_eval) {
       last_row = Clock::now();
-      last_eval_printed = last.last_eval_step();
-      const double frac = static_cast<double>(last.tokens_trained()) / std::max<int64_t>(1, last.tokens_budget());
+      last_eval_printed = last.last_eval_step;
+      const double frac = static_cast<double>(last.tokens_trained) / std::max<int64_t>(1, last.tokens_budget);
       std::string tps;
       int live = 0;
-      for (const auto& l : last.learners()) {
+      for (const auto& l : last.learners) {
         char buf[32];
-        std::snprintf(buf, sizeof(buf), "%s%.0f", tps.empty() ? "" : " ", l.live() ? l.tokens_per_s() : 0.0);
+        std::snprintf(buf, sizeof(buf), "%s%.0f", tps.empty() ? "" : " ", l.live ? l.tokens_per_s : 0.0);
         tps += buf;
-        live += l.live() ? 1 : 0;
+        live += l.live ? 1 : 0;
       }
       const double elapsed = std::chrono::duration<double>(Clock::now() - started).count();
       char val[32] = "  -  ";
-      if (last.last_eval_step() >= 0) std::snprintf(val, sizeof(val), "%.3f", last.last_val_loss());
+      if (last.last_eval_step >= 0) std::snprintf(val, sizeof(val), "%.3f", last.last_val_loss);
       std::printf("%s %3.0f%% t %5lld | val %s | merges %5lld | quorum %lld | live %d/%d | tok/s %s | %4.0fs\n",
-                  progress_bar(frac).c_str(), 100 * frac, static_cast<long long>(last.global_step()), val,
-                  static_cast<long long>(last.merges()), static_cast<long long>(last.last_quorum()), live,
-                  std::max(M, last.learners_size()),
+                  progress_bar(frac).c_str(), 100 * frac, static_cast<long long>(last.global_step), val,
+                  static_cast<long long>(last.merges), static_cast<long long>(last.last_quorum), live,
+                  std::max(M, static_cast<int>(last.learners.size())),
                   tps.c_str(), elapsed);
       std::fflush(stdout);
-      events.emit("progress", {{"global_step", last.global_step()}, {"tokens", last.tokens_trained()},
-                               {"merges", last.merges()}, {"val_loss", last.last_val_loss()}, {"live", live}});
+      events.emit("progress", {{"global_step", last.global_step}, {"tokens", last.tokens_trained},
+                               {"merges", last.merges}, {"val_loss", last.last_val_loss}, {"live", live}});
     }
   }
   const bool interrupted = g_launcher_signal.load() != 0 || !finished;
@@ -208,7 +204,7 @@ nlohmann::json run_launcher(const Config& config, bool resume, const FaultPlan* 
                 "--resume %s)\n", g_launcher_signal.load(), run_dir.c_str());
     std::fflush(stdout);
   }
-  link.stop();
+  syncer_client.reset();
   injector.release(children, std::chrono::duration<double>(Clock::now() - plan_started).count());
   // Children: learners and the evaluator exit on the syncer's stop; anything left gets SIGTERM, then SIGKILL.
   const auto wait_until = Clock::now() + std::chrono::seconds(interrupted ? 1 : 20);
@@ -223,7 +219,7 @@ nlohmann::json run_launcher(const Config& config, bool resume, const FaultPlan* 
 
   // Tokens: the launcher's last Status poll can predate the learners' last metadata (the final flush can finish
   // within one poll interval); the syncer's state.json, written when the run finished, has the final count.
-  int64_t tokens_trained = last.tokens_trained();
+  int64_t tokens_trained = last.tokens_trained;
   {
     const auto state = nlohmann::json::parse(std::ifstream(run_dir / "syncer" / "state.json"), nullptr, false);
     if (state.is_object()) tokens_trained = std::max(tokens_trained, state.value("tokens_trained", int64_t{0}));
@@ -231,11 +227,11 @@ nlohmann::json run_launcher(const Config& config, bool resume, const FaultPlan* 
   // The report: the global model's final checkpoint, evaluated on the whole validation split.
   const nlohmann::json final_eval = evaluate_final_checkpoint(config, cores);
   const double wall = std::chrono::duration<double>(Clock::now() - started).count();
-  nlohmann::json bytes = {{"syncer", {{"sent", last.bytes_sent()}, {"received", last.bytes_received()}}}};
+  nlohmann::json bytes = {{"syncer", {{"sent", last.bytes_sent}, {"received", last.bytes_received}}}};
   nlohmann::json learners = nlohmann::json::array();
-  for (const auto& l : last.learners()) {
-    bytes["learner_" + std::to_string(l.id())] = {{"sent", l.bytes_sent()}, {"received", l.bytes_received()}};
-    learners.push_back({{"id", l.id()}, {"tokens_trained", l.tokens_trained()}, {"steps", l.step()}});
+  for (const auto& l : last.learners) {
+    bytes["learner_" + std::to_string(l.id)] = {{"sent", l.bytes_sent}, {"received", l.bytes_received}};
+    learners.push_back({{"id", l.id}, {"tokens_trained", l.tokens_trained}, {"steps", l.step}});
   }
   int restarts = 0;
   for (const auto& c : children) restarts += c.learner >= 0 ? c.restarts : 0;
@@ -245,10 +241,10 @@ nlohmann::json run_launcher(const Config& config, bool resume, const FaultPlan* 
       {"status", interrupted ? "stopped" : "finished"},
       {"final_val_loss", final_eval["val_loss"]},
       {"final_val_perplexity", final_eval["val_perplexity"]},
-      {"global_step", last.global_step()},
-      {"steps", last.global_step()},
+      {"global_step", last.global_step},
+      {"steps", last.global_step},
       {"steps_skipped", 0},
-      {"merges", last.merges()},
+      {"merges", last.merges},
       {"tokens_trained", tokens_trained},
       {"wall_seconds", wall},
       {"tokens_per_second", tokens_trained / std::max(wall, 1e-9)},
@@ -256,8 +252,8 @@ nlohmann::json run_launcher(const Config& config, bool resume, const FaultPlan* 
       {"learner_restarts", restarts},
       {"syncer_restarts", children[0].restarts},
       {"faults_injected", injector.injected()},
-      {"answers_dropped", last.answers_dropped()},
-      {"answers_refused", last.answers_refused()},
+      {"answers_dropped", last.answers_dropped},
+      {"answers_refused", last.answers_refused},
       {"checkpoint", final_eval["checkpoint"]},
       {"sample", final_eval["sample"]},
       {"bytes", bytes},

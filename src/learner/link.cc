@@ -3,66 +3,54 @@
 
 #include <chrono>
 
-#include "core/check.h"
-#include "transport/grpc_options.h"
-
 namespace dloco {
 
 using namespace std::chrono_literals;
 
-namespace {
-BackoffConfig link_backoff() {
-  BackoffConfig b;
-  b.initial = std::chrono::milliseconds(200);
-  b.max = std::chrono::seconds(2);
-  return b;
-}
-}  // namespace
-
-LearnerLink::LearnerLink(std::string syncer_address, v1::Handshake handshake, int learner_id, std::string host)
-    : address_(std::move(syncer_address)),
+LearnerLink::LearnerLink(std::unique_ptr<wire::SyncerClient> client, std::string address, wire::Handshake handshake,
+                         int learner_id, std::string host, uint64_t seed)
+    : client_(std::move(client)),
+      address_(std::move(address)),
       handshake_(std::move(handshake)),
       learner_id_(learner_id),
       host_(std::move(host)),
-      channel_(make_channel(address_)),
-      stub_(v1::Syncer::NewStub(channel_)) {}
+      seed_(seed) {}
 
 LearnerLink::~LearnerLink() { stop(); }
 
-v1::JoinReply LearnerLink::join(double timeout_s) {
+BackoffConfig LearnerLink::backoff_config() const {
+  BackoffConfig b;
+  b.initial = std::chrono::milliseconds(200);
+  b.max = std::chrono::seconds(2);
+  b.seed = seed_;
+  return b;
+}
+
+wire::JoinReply LearnerLink::join(double timeout_s) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-  Backoff backoff(link_backoff());
+  Backoff backoff(backoff_config());
   std::string last_error;
   while (std::chrono::steady_clock::now() < deadline) {
-    v1::JoinRequest req;
-    *req.mutable_handshake() = handshake_;
-    req.set_learner_id(learner_id_);
-    req.set_host(host_);
-    if (held_stream_ >= 0) {
-      req.set_holds_stream(true);
-      req.set_held_stream(held_stream_);
-    }
+    wire::JoinRequest req;
+    req.handshake = handshake_;
+    req.learner_id = learner_id_;
+    req.host = host_;
+    if (held_stream_ >= 0) req.held_stream = held_stream_.load();
     {
       std::lock_guard lock(mu_);
       const auto now = std::chrono::steady_clock::now();
       for (const auto& [s, when] : busy_streams_) {
-        if (now - when < std::chrono::seconds(10)) req.add_busy_streams(s);
+        if (now - when < std::chrono::seconds(10)) req.busy_streams.push_back(s);
       }
-      req.set_peer_address(peer_address_);
+      req.peer_address = peer_address_;
     }
-    v1::JoinReply reply;
-    auto ctx = context_with_deadline(5s);
-    const grpc::Status status = stub_->Join(ctx.get(), req, &reply);
-    if (status.ok()) {
-      session_id_ = reply.session_id();
-      return reply;
+    auto reply = client_->join(req, 5s);
+    if (reply.ok()) {
+      session_id_ = reply.value.session_id;
+      return reply.value;
     }
-    if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
-        status.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
-        status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
-      throw HandshakeRefused(status.error_message());  // refused: retrying cannot help
-    }
-    last_error = status.error_message();  // unreachable, or no free stream yet (RESOURCE_EXHAUSTED): retry
+    if (!reply.status.retryable()) throw HandshakeRefused(reply.status.message);  // refused: retrying cannot help
+    last_error = reply.status.message;  // unreachable, or no free stream yet: retry
     std::this_thread::sleep_for(backoff.next_delay());
   }
   throw InputError("cannot join the syncer at " + address_ + " within " + std::to_string(timeout_s) +
@@ -79,42 +67,30 @@ void LearnerLink::set_peer_address(std::string address) {
   peer_address_ = std::move(address);
 }
 
-v1::Fragment LearnerLink::fetch_fragment(int p) {
-  v1::FragmentRequest req;
-  req.set_session_id(session_id_);
-  req.set_fragment(p);
-  v1::Fragment out;
-  auto ctx = context_with_deadline(30s);
-  const grpc::Status status = stub_->GetFragment(ctx.get(), req, &out);
-  if (!status.ok()) {
-    throw InputError("fetching fragment " + std::to_string(p) + " from " + address_ + " failed: " +
-                     status.error_message());
+wire::Fragment LearnerLink::fetch_fragment(int p) {
+  auto r = client_->fragment(session_id_, p, 30s);
+  if (!r.ok()) {
+    throw InputError("fetching fragment " + std::to_string(p) + " from " + address_ + " failed: " + r.status.message);
   }
-  return out;
+  return std::move(r.value);
 }
 
-std::optional<v1::Snapshot> LearnerLink::snapshot() {
-  v1::SnapshotRequest req;
-  req.set_session_id(session_id_);
-  v1::Snapshot out;
-  auto ctx = context_with_deadline(60s);
-  if (!stub_->GetSnapshot(ctx.get(), req, &out).ok()) return std::nullopt;
-  return out;
+std::optional<wire::Snapshot> LearnerLink::snapshot() {
+  auto r = client_->snapshot(session_id_, 60s);
+  if (!r.ok()) return std::nullopt;
+  return std::move(r.value);
 }
 
-std::optional<v1::StatusReply> LearnerLink::status() {
-  v1::StatusReply out;
-  auto ctx = context_with_deadline(5s);
-  if (!stub_->Status(ctx.get(), v1::StatusRequest(), &out).ok()) return std::nullopt;
-  return out;
+std::optional<wire::StatusReply> LearnerLink::status() {
+  auto r = client_->status(5s);
+  if (!r.ok()) return std::nullopt;
+  return std::move(r.value);
 }
 
-bool LearnerLink::report_eval(const v1::EvalReport& report) {
-  v1::EvalReport r = report;
-  r.set_session_id(session_id_);
-  v1::StatusReply out;
-  auto ctx = context_with_deadline(5s);
-  return stub_->ReportEval(ctx.get(), r, &out).ok();
+bool LearnerLink::report_eval(const wire::EvalReport& report) {
+  wire::EvalReport r = report;
+  r.session_id = session_id_;
+  return client_->report_eval(r, 5s).ok();
 }
 
 void LearnerLink::start() {
@@ -122,9 +98,10 @@ void LearnerLink::start() {
   thread_ = std::thread([this] { session_loop(); });
 }
 
-void LearnerLink::post(v1::LearnerMessage msg) {
+void LearnerLink::post(wire::LearnerMessage msg) {
   std::lock_guard lock(mu_);
-  if (msg.has_metadata() && !outbox_.empty() && outbox_.back().has_metadata()) {
+  if (std::holds_alternative<wire::Metadata>(msg) && !outbox_.empty() &&
+      std::holds_alternative<wire::Metadata>(outbox_.back())) {
     outbox_.back() = std::move(msg);  // only the newest metadata matters
   } else {
     outbox_.push_back(std::move(msg));
@@ -144,7 +121,7 @@ bool LearnerLink::drain(std::chrono::milliseconds timeout) {
   }
 }
 
-bool LearnerLink::poll(v1::SyncerMessage* msg) {
+bool LearnerLink::poll(wire::SyncerMessage* msg) {
   std::lock_guard lock(mu_);
   if (inbox_.empty()) return false;
   *msg = std::move(inbox_.front());
@@ -172,7 +149,7 @@ bool LearnerLink::rejoin() {
 }
 
 void LearnerLink::session_loop() {
-  Backoff backoff(link_backoff());
+  Backoff backoff(backoff_config());
   bool first = true;
   while (running_) {
     if (!first) {
@@ -181,32 +158,29 @@ void LearnerLink::session_loop() {
       ++reconnects_;
     }
     first = false;
-    auto ctx = std::make_shared<grpc::ClientContext>();
+    std::unique_ptr<wire::SessionStream> stream = client_->session(session_id_.load());
+    // The session's first message identifies it: the newest metadata queued, else an empty one.
+    wire::LearnerMessage hello = wire::Metadata{};
     {
       std::lock_guard lock(mu_);
-      context_ = ctx;
-    }
-    auto stream = stub_->Session(ctx.get());
-    const uint64_t session = session_id_.load();
-    // The session's first message identifies it (metadata of where the learner stands comes right after).
-    v1::LearnerMessage hello;
-    hello.set_session_id(session);
-    hello.mutable_metadata();
-    {
-      std::lock_guard lock(mu_);
+      stream_ = stream.get();
       for (auto it = outbox_.rbegin(); it != outbox_.rend(); ++it) {
-        if (it->has_metadata()) {
-          *hello.mutable_metadata() = it->metadata();
+        if (std::holds_alternative<wire::Metadata>(*it)) {
+          hello = *it;
           break;
         }
       }
     }
-    if (!stream->Write(hello)) continue;
+    if (!running_ || !stream->write(hello)) {
+      std::lock_guard lock(mu_);
+      stream_ = nullptr;
+      continue;
+    }
     backoff.reset();
     std::atomic<bool> broken{false};
     std::thread reader([&] {
-      v1::SyncerMessage in;
-      while (stream->Read(&in)) {
+      wire::SyncerMessage in;
+      while (stream->read(&in)) {
         std::lock_guard lock(mu_);
         inbox_.push_back(std::move(in));
       }
@@ -214,7 +188,7 @@ void LearnerLink::session_loop() {
       cv_.notify_all();
     });
     while (running_ && !broken) {
-      v1::LearnerMessage out;
+      wire::LearnerMessage out;
       {
         std::unique_lock lock(mu_);
         cv_.wait_for(lock, 100ms, [&] { return !outbox_.empty() || !running_ || broken; });
@@ -222,12 +196,12 @@ void LearnerLink::session_loop() {
         out = std::move(outbox_.front());
         outbox_.pop_front();
       }
-      out.set_session_id(session);
-      if (!stream->Write(out)) break;
+      if (!stream->write(out)) break;
     }
-    ctx->TryCancel();
+    stream->cancel();
     reader.join();
-    stream->Finish();
+    std::lock_guard lock(mu_);
+    stream_ = nullptr;
   }
 }
 
@@ -235,7 +209,7 @@ void LearnerLink::stop() {
   running_ = false;
   {
     std::lock_guard lock(mu_);
-    if (context_) context_->TryCancel();
+    if (stream_) stream_->cancel();
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();

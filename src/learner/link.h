@@ -1,7 +1,7 @@
-// The learner's link to the syncer: all networking on background threads (spec decoupled-diloco.md §3).
-// The training thread only calls post() and poll(), which take a mutex for a queue push/pop and never wait
-// on the network. The link joins (handshake), keeps one Session stream open, and when the stream breaks it
-// re-joins with jittered backoff while training goes on.
+// The learner's link to the syncer: all networking on background threads (docs/protocol.md "Learner loop").
+// The training thread only calls post() and poll(), which take a mutex for a queue push/pop and never wait on the
+// network. The link joins (handshake), keeps one session open, and when the session breaks it re-joins with
+// jittered backoff while training goes on. It sees the syncer through wire::SyncerClient only (any transport).
 #pragma once
 
 #include <atomic>
@@ -17,7 +17,7 @@
 
 #include "core/backoff.h"
 #include "core/check.h"
-#include "proto/dloco.grpc.pb.h"
+#include "transport/transport.h"
 
 namespace dloco {
 
@@ -29,38 +29,39 @@ class HandshakeRefused : public InputError {
 
 class LearnerLink {
  public:
-  /// `learner_id` -1 is the evaluator (no session stream).
-  LearnerLink(std::string syncer_address, v1::Handshake handshake, int learner_id, std::string host);
+  /// `learner_id` −1 is the evaluator (no session). `seed` seeds the retry jitter (learners must not retry in
+  /// lock-step after a syncer restart): pass something that differs per learner.
+  LearnerLink(std::unique_ptr<wire::SyncerClient> client, std::string address, wire::Handshake handshake,
+              int learner_id, std::string host, uint64_t seed);
   ~LearnerLink();
 
-  /// Blocking bootstrap: joins, retrying an unreachable syncer (or one with no free data stream to lease, code
-  /// RESOURCE_EXHAUSTED) with backoff until `timeout_s`. Throws HandshakeRefused if the syncer refuses the
-  /// handshake (with its reason), InputError if it cannot be reached or lease a stream in time.
-  v1::JoinReply join(double timeout_s);
+  /// Blocking bootstrap: joins, retrying an unreachable syncer (or one with no free data stream to lease) with
+  /// backoff until `timeout_s`. Throws HandshakeRefused if the syncer refuses the handshake (with its reason),
+  /// InputError if it cannot be reached or lease a stream in time.
+  wire::JoinReply join(double timeout_s);
   /// What the next joins tell the syncer: the stream this learner holds (after bootstrap: a re-join keeps it),
-  /// streams it found locked by another process in the last 10 s (before), and its peer server's address ("" =
-  /// none).
+  /// streams it found locked by another process in the last 10 s, and its peer server's address ("" = none).
   void set_held_stream(int64_t stream) { held_stream_ = stream; }
   void add_busy_stream(int64_t stream);
   void set_peer_address(std::string address);
   /// Fragment p as the syncer holds it now (deadline 30 s); throws InputError on failure.
-  v1::Fragment fetch_fragment(int p);
+  wire::Fragment fetch_fragment(int p);
   /// A consistent snapshot of every fragment (deadline 60 s); nullopt on failure.
-  std::optional<v1::Snapshot> snapshot();
+  std::optional<wire::Snapshot> snapshot();
   /// Status of the run (deadline 5 s); nullopt if the syncer is unreachable.
-  std::optional<v1::StatusReply> status();
+  std::optional<wire::StatusReply> status();
   /// Reports an evaluation (deadline 5 s); false on failure.
-  bool report_eval(const v1::EvalReport& report);
+  bool report_eval(const wire::EvalReport& report);
 
   /// Starts the background session (after join()).
   void start();
   /// Queues a message for the syncer (non-blocking). Metadata may be coalesced: only the newest is kept.
-  void post(v1::LearnerMessage msg);
+  void post(wire::LearnerMessage msg);
   /// Waits up to `timeout` until every queued message has been handed to the session (a learner's last words
   /// before it exits). Returns false if some were still queued.
   bool drain(std::chrono::milliseconds timeout);
   /// Pops one message from the syncer, if any (non-blocking).
-  bool poll(v1::SyncerMessage* msg);
+  bool poll(wire::SyncerMessage* msg);
   /// Number of times the session had to be re-established.
   int reconnects() const { return reconnects_.load(); }
   /// A fatal refusal seen by the background thread (e.g. the syncer restarted with another layout), or "".
@@ -70,13 +71,14 @@ class LearnerLink {
  private:
   void session_loop();
   bool rejoin();
+  BackoffConfig backoff_config() const;
 
+  std::unique_ptr<wire::SyncerClient> client_;
   std::string address_;
-  v1::Handshake handshake_;
+  wire::Handshake handshake_;
   int learner_id_;
   std::string host_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Syncer::Stub> stub_;
+  uint64_t seed_;
   std::atomic<uint64_t> session_id_{0};
   std::atomic<int64_t> held_stream_{-1};
   std::vector<std::pair<int64_t, std::chrono::steady_clock::time_point>> busy_streams_;  // under mu_; told to
@@ -85,13 +87,13 @@ class LearnerLink {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<v1::LearnerMessage> outbox_;
-  std::deque<v1::SyncerMessage> inbox_;
+  std::deque<wire::LearnerMessage> outbox_;
+  std::deque<wire::SyncerMessage> inbox_;
   std::string fatal_;
   std::atomic<bool> running_{false};
   std::atomic<int> reconnects_{0};
   std::thread thread_;
-  std::shared_ptr<grpc::ClientContext> context_;  // of the current session, to cancel it on stop
+  wire::SessionStream* stream_ = nullptr;  // the current session, to cancel it on stop (under mu_)
 };
 
 }  // namespace dloco

@@ -1,6 +1,6 @@
 // Bootstrap from a healthy peer (spec decoupled-diloco.md §7; the chaos issue's "scavenging"). With
 // diloco.bootstrap = "peers", every learner serves the fragments it holds (Θ_p at the version it last applied)
-// on a small gRPC server of its own, and a learner that joins or restarts takes each fragment from a peer instead
+// on a small server of its own (any transport), and a learner that joins or restarts takes each fragment from a peer instead
 // of the syncer: the syncer's bandwidth stays for merges. The learner's training thread only swaps a pointer
 // when it applies a fragment; the server's threads copy and send.
 //
@@ -11,6 +11,7 @@
 // source.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -19,10 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include <grpcpp/grpcpp.h>
-
-#include "proto/dloco.grpc.pb.h"
-#include "syncer/syncer_service.h"
+#include "transport/transport.h"
 
 namespace dloco {
 
@@ -42,40 +40,43 @@ class FragmentBoard {
   std::vector<std::pair<int64_t, std::shared_ptr<const std::vector<float>>>> entries_;
 };
 
-/// A learner's peer server: answers Peer.GetFragment from a FragmentBoard after checking the caller's handshake.
-class PeerServer {
+/// A learner's peer server: answers fragment requests from a FragmentBoard after checking the caller's handshake
+/// (kRefused on a mismatch, kInvalid for a fragment out of range, kUnavailable before the first publish).
+class PeerServer final : public wire::PeerHandler {
  public:
-  /// Listens on `host`:0 (a free port). Throws InputError if it cannot listen.
-  PeerServer(const std::string& host, HandshakeExpectation expect, const FragmentBoard& board);
-  ~PeerServer();
+  /// Listens on `host`, a free port. Throws InputError if it cannot listen.
+  PeerServer(wire::Transport& transport, const std::string& host, wire::Handshake expect, const FragmentBoard& board);
+  ~PeerServer() override;
   PeerServer(const PeerServer&) = delete;
   PeerServer& operator=(const PeerServer&) = delete;
   /// "host:port", as joiners dial it.
-  const std::string& address() const { return address_; }
+  const std::string& address() const { return server_->address(); }
   /// Fragments served so far.
-  int64_t served() const;
+  int64_t served() const { return served_.load(); }
+
+  wire::Result<wire::Fragment> fragment(const wire::Handshake& handshake, int p) override;
 
  private:
-  class Service;
-  std::unique_ptr<Service> service_;
-  std::unique_ptr<grpc::Server> server_;
-  std::string address_;
+  wire::Handshake expect_;
+  const FragmentBoard& board_;
+  std::atomic<int64_t> served_{0};
+  std::unique_ptr<wire::Server> server_;  // last: stops before the members it reads
 };
 
 /// One place a joiner can take fragments from. `fetch(p)` returns fragment p or throws InputError (unreachable,
 /// refused, dead mid-transfer, past its deadline).
 struct FragmentSource {
   std::string name;  // "peer 3 (127.0.0.1:4711)", "syncer"
-  std::function<v1::Fragment(int)> fetch;
+  std::function<wire::Fragment(int)> fetch;
 };
 
-/// Fetches Peer.GetFragment(p) from `address` with `handshake`; deadline `timeout_s` per fragment.
-FragmentSource peer_source(const std::string& name, const std::string& address, const v1::Handshake& handshake,
-                           double timeout_s);
+/// Fetches fragments from the peer server at `address` with `handshake`; deadline `timeout_s` per fragment.
+FragmentSource peer_source(wire::Transport& transport, const std::string& name, const std::string& address,
+                           const wire::Handshake& handshake, double timeout_s);
 
 /// What fetch_fragments got: the fragments in order, the source of each, and what went wrong on the way.
 struct FetchedFragments {
-  std::vector<v1::Fragment> fragments;  // P entries, fragment p at index p
+  std::vector<wire::Fragment> fragments;  // P entries, fragment p at index p
   std::vector<std::string> source;      // name of the source each came from
   std::vector<std::string> failures;    // "peer 3 (…): fragment 1: <error>" per failed or too old answer
 };

@@ -8,19 +8,19 @@
 #include <thread>
 
 #include "core/events.h"
-#include "launcher/roles.h"
+#include "learner/learner.h"
 #include "learner/link.h"
-#include "syncer/handshake.h"
 #include "train/fragment_io.h"
 #include "train/threads.h"
 #include "train/trainer.h"
-#include "transport/grpc_options.h"
+#include "transport/codec.h"
+#include "transport/handshake.h"
 
 namespace dloco {
 
 namespace fs = std::filesystem;
 
-int run_evaluator(const Config& config, const LearnerOptions& options) {
+int run_evaluator(const Config& config, const LearnerOptions& options, wire::Transport& transport) {
   ::setpriority(PRIO_PROCESS, 0, 5);  // lower priority than the learners, which come first
   apply_thread_budget(ThreadBudget{1, 1});
   fs::create_directories(options.run_dir / "events");
@@ -30,7 +30,8 @@ int run_evaluator(const Config& config, const LearnerOptions& options) {
   GPT model(config.model);
   const FragmentLayout layout = model_layout(model, config.diloco);
   const auto params = layout_parameters(model, layout);
-  LearnerLink link(options.syncer, make_handshake(config, layout), -1, "evaluator");
+  LearnerLink link(transport.connect_syncer(options.syncer), options.syncer, make_handshake(config, layout), -1,
+                   "evaluator", config.run.seed ^ 0xE7A1u);
   link.join(options.bootstrap_timeout_s);
 
   int64_t next_eval = config.train.eval_interval;
@@ -38,27 +39,22 @@ int run_evaluator(const Config& config, const LearnerOptions& options) {
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     const auto status = link.status();
     if (!status) continue;  // the syncer is away: try again
-    if (status->finished()) break;
-    if (config.train.eval_interval <= 0 || status->global_step() < next_eval) continue;
+    if (status->finished) break;
+    if (config.train.eval_interval <= 0 || status->global_step < next_eval) continue;
     const auto t0 = std::chrono::steady_clock::now();
     const auto snap = link.snapshot();
     if (!snap) continue;
     std::vector<int64_t> versions;
-    for (const auto& f : snap->fragments()) {
-      scatter_parameters(params, layout, f.fragment(), fragment_values(f));
-      versions.push_back(f.version());
+    for (const auto& f : snap->fragments) {
+      scatter_parameters(params, layout, f.fragment, wire::fragment_values(f));
+      versions.push_back(f.version);
     }
     const double loss = evaluate_loss(model, val, config.train.eval_tokens, config.train.batch_size, torch::kCPU);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    v1::EvalReport report;
-    report.set_global_step(snap->global_step());
-    report.set_val_loss(loss);
-    for (int64_t v : versions) report.add_fragment_versions(v);
-    report.set_seconds(secs);
-    link.report_eval(report);
-    events.emit("eval", {{"global_step", snap->global_step()}, {"val_loss", loss}, {"versions", versions},
+    link.report_eval({0, snap->global_step, loss, versions, secs});
+    events.emit("eval", {{"global_step", snap->global_step}, {"val_loss", loss}, {"versions", versions},
                          {"seconds", secs}});
-    while (next_eval <= snap->global_step()) next_eval += config.train.eval_interval;
+    while (next_eval <= snap->global_step) next_eval += config.train.eval_interval;
   }
   return 0;
 }

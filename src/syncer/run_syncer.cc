@@ -1,18 +1,14 @@
-// The syncer process: Θ initialised from the run seed (or restored from disk), the gRPC server, the merger.
+// The syncer process: Θ initialised from the run seed (or restored from disk), served on a transport, the merger.
 #include <csignal>
-#include <cstdlib>
 #include <thread>
 
-#include <grpcpp/grpcpp.h>
-
 #include "core/atomic_file.h"
-#include "data/tokenizer.h"
-#include "launcher/roles.h"
-#include "syncer/handshake.h"
+#include "syncer/syncer.h"
 #include "syncer/syncer_service.h"
+#include "train/checkpoint.h"
 #include "train/fragment_io.h"
 #include "train/threads.h"
-#include "transport/grpc_options.h"
+#include "transport/handshake.h"
 
 namespace dloco {
 
@@ -22,29 +18,9 @@ namespace {
 std::atomic<int> g_syncer_signal{0};
 extern "C" void on_syncer_signal(int sig) { g_syncer_signal.store(sig); }
 
-std::string secret_of(const Config& config) {
-  const char* env = std::getenv("DLOCO_SECRET");
-  return env && *env ? std::string(env) : config.run.secret;
-}
 }  // namespace
 
-v1::Handshake make_handshake(const Config& config, const FragmentLayout& layout) {
-  v1::Handshake h;
-  h.set_run_id(config.run.name);
-  h.set_protocol_version(kProtocolVersion);
-  h.set_secret(secret_of(config));
-  h.set_layout_hash(layout.hash);
-  h.set_model_hash(model_config_hash(config.model));
-  h.set_tokenizer_hash(tokenizer_file_hash(fs::path(config.data.dir) / "tokenizer.model"));
-  return h;
-}
-
-HandshakeExpectation expected_handshake(const Config& config, const FragmentLayout& layout) {
-  const auto h = make_handshake(config, layout);
-  return {h.run_id(), h.secret(), h.layout_hash(), h.model_hash(), h.tokenizer_hash()};
-}
-
-int run_syncer(const Config& config, const SyncerOptions& options) {
+int run_syncer(const Config& config, const SyncerOptions& options, wire::Transport& transport) {
   apply_thread_budget(ThreadBudget{1, 1});
   fs::create_directories(options.run_dir / "events");
   EventLog events(options.run_dir / "events" / "syncer.jsonl", Role::kSyncer, 0);
@@ -59,21 +35,13 @@ int run_syncer(const Config& config, const SyncerOptions& options) {
     theta.emplace_back(static_cast<size_t>(layout.fragments[p].numel));
     gather_parameters(params, layout, p, theta.back());
   }
-  const HandshakeExpectation expect = expected_handshake(config, layout);
   auto state = std::make_unique<SyncerState>(config, layout, std::move(theta), &GPTImpl::is_embedding);
-  SyncerService service(config, std::move(state), expect, options.run_dir, &events);
-
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(), &port);
-  configure_server(builder);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) {
-    throw InputError("the syncer cannot listen on '" + options.address + "' (address in use or invalid)");
-  }
-  const std::string host = options.address.substr(0, options.address.rfind(':'));
-  const std::string bound = (host == "0.0.0.0" || host.empty() ? "127.0.0.1" : host) + ":" + std::to_string(port);
+  const fs::path run_dir = options.run_dir;
+  SyncerService service(config, std::move(state), make_handshake(config, layout), options.run_dir, &events,
+                        [run_dir](const std::vector<SafetensorsEntry>& tensors, const nlohmann::json& manifest,
+                                  int64_t step) { return save_checkpoint_files(run_dir, step, tensors, manifest); });
+  std::unique_ptr<wire::Server> server = transport.serve_syncer(options.address, service);
+  const std::string bound = server->address();
   events.emit("listening", {{"address", bound}, {"layout_hash", layout.hash}, {"fragments", layout.fragments.size()},
                             {"parameters", layout.total_numel}});
   std::printf("[syncer] listening on %s: P = %zu fragments, %lld parameters, layout %016llx\n", bound.c_str(),
@@ -95,7 +63,7 @@ int run_syncer(const Config& config, const SyncerOptions& options) {
   service.stop();
   const auto ckpt = service.write_checkpoint();
   events.emit("checkpoint", {{"path", ckpt.string()}});
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server.reset();
   return 0;
 }
 

@@ -12,8 +12,7 @@
 #include "core/check.h"
 #include "core/hash.h"
 #include "core/safetensors.h"
-#include "train/checkpoint.h"
-#include "transport/grpc_options.h"
+#include "transport/codec.h"
 
 namespace dloco {
 
@@ -28,30 +27,6 @@ int64_t stream_tokens(const std::string& cursor_json) {
   return j.is_object() ? j.value("tokens_served", int64_t{0}) : 0;
 }
 
-std::string fp32_bytes(const std::vector<float>& v) {
-  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
-}
-
-// Decodes a tensor payload ("fp32" or "bf16") into fp32; returns false on a size that is not a whole number
-// of values or an unknown dtype.
-bool decode_values(const std::string& dtype, const std::string& bytes, std::vector<float>& out) {
-  if (dtype == "fp32") {
-    if (bytes.size() % 4) return false;
-    out.resize(bytes.size() / 4);
-    std::memcpy(out.data(), bytes.data(), bytes.size());
-    return true;
-  }
-  if (dtype == "bf16") {
-    if (bytes.size() % 2) return false;
-    std::vector<uint16_t> raw(bytes.size() / 2);
-    std::memcpy(raw.data(), bytes.data(), bytes.size());
-    out.resize(raw.size());
-    bf16_to_float(raw, out);
-    return true;
-  }
-  return false;
-}
-
 fs::path fragment_file(const fs::path& run_dir, int p) {
   char name[48];
   std::snprintf(name, sizeof(name), "fragment_%04d.safetensors", p);
@@ -60,27 +35,11 @@ fs::path fragment_file(const fs::path& run_dir, int p) {
 
 }  // namespace
 
-std::string check_handshake(const v1::Handshake& got, const HandshakeExpectation& want) {
-  if (got.protocol_version() != kProtocolVersion) {
-    return "protocol version " + std::to_string(got.protocol_version()) + " does not match the syncer's " +
-           std::to_string(kProtocolVersion);
-  }
-  if (got.secret() != want.secret) return "wrong shared secret (set run.secret or DLOCO_SECRET to the syncer's)";
-  if (got.run_id() != want.run_id) {
-    return "run id '" + got.run_id() + "' does not match the syncer's run '" + want.run_id + "'";
-  }
-  if (got.layout_hash() != want.layout_hash) {
-    return "fragment layout hash differs (different model shape, diloco.fragments or split_large_tensors)";
-  }
-  if (got.model_hash() != want.model_hash) return "model config hash differs (a [model] field differs)";
-  if (got.tokenizer_hash() != want.tokenizer_hash) return "tokenizer hash differs (another tokenizer.model)";
-  return "";
-}
-
-SyncerService::SyncerService(const Config& config, std::unique_ptr<SyncerState> state, HandshakeExpectation expect,
-                             fs::path run_dir, EventLog* events)
+SyncerService::SyncerService(const Config& config, std::unique_ptr<SyncerState> state, wire::Handshake expect,
+                             fs::path run_dir, EventLog* events, CheckpointWriter write_checkpoint)
     : config_(config),
       expect_(std::move(expect)),
+      checkpoint_writer_(std::move(write_checkpoint)),
       run_dir_(std::move(run_dir)),
       events_(events),
       generation_(std::random_device{}() * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(::time(nullptr))),
@@ -89,6 +48,9 @@ SyncerService::SyncerService(const Config& config, std::unique_ptr<SyncerState> 
       streams_(static_cast<size_t>(config_.data.streams > 0 ? config_.data.streams : config_.diloco.learners)) {
   fs::create_directories(run_dir_ / "syncer");
   restore();
+  for (int p = 0; p < static_cast<int>(state_->layout().fragments.size()); ++p) {
+    published_.push_back({state_->version(p), std::make_shared<const std::vector<float>>(state_->theta(p))});
+  }
 }
 
 SyncerService::~SyncerService() { stop(); }
@@ -153,30 +115,30 @@ bool SyncerService::session_valid(uint64_t session_id, int* learner) {
   return true;
 }
 
-int64_t SyncerService::choose_stream(int id, const v1::JoinRequest& req, grpc::Status* refusal) {
+int64_t SyncerService::choose_stream(int id, const wire::JoinRequest& req, wire::Status* refusal) {
   const int64_t S = static_cast<int64_t>(streams_.size());
   const double now = now_s();
   auto free_for = [&](int64_t s) {
     const int holder = streams_[s].holder;
     return holder < 0 || holder == id || !state_->is_live(holder, now);
   };
-  if (req.holds_stream()) {  // re-attaching (e.g. after a syncer restart): it keeps the stream whose log it holds
-    const int64_t s = req.held_stream();
+  if (req.held_stream) {  // re-attaching (e.g. after a syncer restart): it keeps the stream whose log it holds
+    const int64_t s = *req.held_stream;
     if (s < 0 || s >= S) {
-      *refusal = {grpc::StatusCode::FAILED_PRECONDITION,
+      *refusal = {wire::Code::kRefused,
                   "refused by the syncer: stream " + std::to_string(s) + " does not exist (data.streams = " +
                       std::to_string(S) + ")"};
       return -1;
     }
     if (!free_for(s)) {  // retryable: a joiner that found the log locked gives the lease back on its next Join
-      *refusal = {grpc::StatusCode::ABORTED,
+      *refusal = {wire::Code::kAborted,
                   "stream " + std::to_string(s) + " is leased to live learner " + std::to_string(streams_[s].holder) +
                       " (two learners must never train one stream): retry"};
       return -1;
     }
     return s;
   }
-  const std::set<int64_t> busy(req.busy_streams().begin(), req.busy_streams().end());
+  const std::set<int64_t> busy(req.busy_streams.begin(), req.busy_streams.end());
   for (int64_t s : busy) {  // locked by a process the syncer lost track of: not ours to hand out
     if (s >= 0 && s < S && streams_[s].holder == id) streams_[s].holder = -1;
   }
@@ -197,128 +159,114 @@ int64_t SyncerService::choose_stream(int id, const v1::JoinRequest& req, grpc::S
     }
   }
   if (best < 0) {
-    *refusal = {grpc::StatusCode::RESOURCE_EXHAUSTED,
+    *refusal = {wire::Code::kExhausted,
                 "no free data stream: all " + std::to_string(S) + " streams (data.streams) are leased to live "
                 "learners; a learner can join once one leaves or its lease runs out, or run with more streams"};
   }
   return best;
 }
 
-grpc::Status SyncerService::Join(grpc::ServerContext*, const v1::JoinRequest* req, v1::JoinReply* reply) {
-  const std::string mismatch = check_handshake(req->handshake(), expect_);
-  const int id = req->learner_id();
+wire::Result<wire::JoinReply> SyncerService::join(const wire::JoinRequest& req) {
+  const std::string mismatch = wire::check_handshake(req.handshake, expect_);
+  const int id = req.learner_id;
+  const std::string host = req.host.substr(0, 256);
   if (!mismatch.empty()) {
-    if (events_) events_->emit("join_refused", {{"learner", id}, {"host", req->host()}, {"reason", mismatch}});
+    if (events_) events_->emit("join_refused", {{"learner", id}, {"host", host}, {"reason", mismatch}});
     const bool secret = mismatch.find("secret") != std::string::npos;
-    return {secret ? grpc::StatusCode::UNAUTHENTICATED : grpc::StatusCode::FAILED_PRECONDITION,
-            "refused by the syncer: " + mismatch};
+    return wire::Status{secret ? wire::Code::kUnauthenticated : wire::Code::kRefused, "refused by the syncer: " + mismatch};
   }
   if (id < -1 || id >= kMaxLearnerId) {
-    return {grpc::StatusCode::INVALID_ARGUMENT,
-            "learner id " + std::to_string(id) + " is outside [0, " + std::to_string(kMaxLearnerId) + ")"};
+    return wire::Status{wire::Code::kInvalid,
+                        "learner id " + std::to_string(id) + " is outside [0, " + std::to_string(kMaxLearnerId) + ")"};
   }
   std::lock_guard lock(mu_);
   int64_t stream = -1;
   if (id >= 0) {
-    grpc::Status refusal;
-    stream = choose_stream(id, *req, &refusal);
+    wire::Status refusal;
+    stream = choose_stream(id, req, &refusal);
     if (stream < 0) {
-      if (events_) events_->emit("join_refused", {{"learner", id}, {"host", req->host()}, {"reason", refusal.error_message()}});
+      if (events_) events_->emit("join_refused", {{"learner", id}, {"host", host}, {"reason", refusal.message}});
       return refusal;
     }
   }
   uint64_t session = std::random_device{}();
   session = (session << 32) ^ std::random_device{}() ^ static_cast<uint64_t>(id + 2);
   sessions_[session] = id;
-  reply->set_session_id(session);
-  reply->set_syncer_generation(generation_);
-  reply->set_global_step(state_->global_step());
-  for (int64_t v : state_->versions()) reply->add_fragment_versions(v);
-  if (id >= 0) {
-    const bool replacing = outboxes_.count(id) > 0;
-    // Peers a joiner may bootstrap from: live learners serving their fragments, most recently heard from first.
-    std::vector<std::pair<double, int>> live_peers;
-    for (const auto& [peer, address] : peers_) {
-      if (peer == id || !state_->is_live(peer, now_s())) continue;
-      live_peers.emplace_back(-state_->learners().at(peer).state.last_seen_s, peer);
-    }
-    std::sort(live_peers.begin(), live_peers.end());
-    for (const auto& [seen, peer] : live_peers) {
-      auto* info = reply->add_peers();
-      info->set_learner(peer);
-      info->set_address(peers_[peer]);
-    }
-    if (req->peer_address().empty()) {
-      peers_.erase(id);
-    } else {
-      peers_[id] = req->peer_address();
-    }
-    // Live (in quorums and pulls) only from its first metadata that names its stream, i.e. once it has
-    // bootstrapped and trains: a joiner still fetching fragments must not hold rounds up.
-    const int previous = streams_[stream].holder;
-    for (auto& lease : streams_) {
-      if (lease.holder == id) lease.holder = -1;  // one stream per learner: a stale lease of this id is released
-    }
-    streams_[stream].holder = id;
-    reply->set_stream_index(stream);
-    reply->set_streams(static_cast<int64_t>(streams_.size()));
-    reply->set_stream_cursor_json(streams_[stream].cursor);
-    // Shared budget: the whole budget, or 0 once it is spent (a learner restarted at the very end trains nothing).
-    const int64_t S = static_cast<int64_t>(streams_.size());
-    reply->set_tokens_budget(config_.train.shared_budget ? (budget_spent_ ? 0 : config_.train.total_tokens)
-                                                         : config_.train.total_tokens / S);
-    if (events_) {
-      events_->emit("learner_joined", {{"learner", id}, {"host", req->host()}, {"global_step", state_->global_step()},
-                                       {"replacing_session", replacing}, {"stream", stream},
-                                       {"stream_previous_holder", previous}, {"peers_offered", reply->peers_size()}});
-    }
+  wire::JoinReply reply;
+  reply.session_id = session;
+  reply.syncer_generation = generation_;
+  reply.global_step = state_->global_step();
+  for (const auto& f : published_) reply.fragment_versions.push_back(f.version);  // durable versions only
+  if (id < 0) return reply;
+  const bool replacing = outboxes_.count(id) > 0;
+  // Peers a joiner may bootstrap from: live learners serving their fragments, most recently heard from first.
+  std::vector<std::pair<double, int>> live_peers;
+  for (const auto& [peer, address] : peers_) {
+    if (peer == id || !state_->is_live(peer, now_s())) continue;
+    live_peers.emplace_back(-state_->learners().at(peer).state.last_seen_s, peer);
   }
-  return grpc::Status::OK;
+  std::sort(live_peers.begin(), live_peers.end());
+  for (const auto& [seen, peer] : live_peers) reply.peers.push_back({peer, peers_[peer]});
+  if (req.peer_address.empty()) {
+    peers_.erase(id);
+  } else {
+    peers_[id] = req.peer_address.substr(0, 256);
+  }
+  // Live (in quorums and pulls) only from its first metadata that names its stream, i.e. once it has
+  // bootstrapped and trains: a joiner still fetching fragments must not hold rounds up.
+  const int previous = streams_[stream].holder;
+  for (auto& lease : streams_) {
+    if (lease.holder == id) lease.holder = -1;  // one stream per learner: a stale lease of this id is released
+  }
+  streams_[stream].holder = id;
+  const auto S = static_cast<int64_t>(streams_.size());
+  reply.stream_index = stream;
+  reply.streams = S;
+  reply.stream_cursor_json = streams_[stream].cursor;
+  // Shared budget: the whole budget, or 0 once it is spent (a learner restarted at the very end trains nothing).
+  reply.tokens_budget = config_.train.shared_budget ? (budget_spent_ ? 0 : config_.train.total_tokens)
+                                                    : config_.train.total_tokens / S;
+  if (events_) {
+    events_->emit("learner_joined", {{"learner", id}, {"host", host}, {"global_step", state_->global_step()},
+                                     {"replacing_session", replacing}, {"stream", stream},
+                                     {"stream_previous_holder", previous}, {"peers_offered", reply.peers.size()}});
+  }
+  return reply;
 }
 
-grpc::Status SyncerService::GetFragment(grpc::ServerContext*, const v1::FragmentRequest* req, v1::Fragment* out) {
+wire::Result<wire::Fragment> SyncerService::fragment(uint64_t session_id, int p) {
   std::lock_guard lock(mu_);
-  if (!session_valid(req->session_id(), nullptr)) return {grpc::StatusCode::UNAUTHENTICATED, "unknown session: Join first"};
-  const int p = req->fragment();
-  if (p < 0 || p >= static_cast<int>(state_->layout().fragments.size())) {
-    return {grpc::StatusCode::INVALID_ARGUMENT, "fragment " + std::to_string(p) + " does not exist"};
+  if (!session_valid(session_id, nullptr)) return wire::Status{wire::Code::kUnauthenticated, "unknown session: join first"};
+  if (p < 0 || p >= static_cast<int>(published_.size())) {
+    return wire::Status{wire::Code::kInvalid, "fragment " + std::to_string(p) + " does not exist"};
   }
-  out->set_fragment(p);
-  out->set_version(state_->version(p));
-  out->set_dtype("fp32");
-  out->set_data(fp32_bytes(state_->theta(p)));
-  bytes_sent_ += static_cast<int64_t>(out->ByteSizeLong());
-  return grpc::Status::OK;
+  wire::Fragment out{p, published_[p].version, wire::encode(*published_[p].theta, wire::Codec::kFp32)};
+  bytes_sent_ += static_cast<int64_t>(out.payload.bytes.size());
+  return out;
 }
 
-grpc::Status SyncerService::GetSnapshot(grpc::ServerContext*, const v1::SnapshotRequest* req, v1::Snapshot* out) {
+wire::Result<wire::Snapshot> SyncerService::snapshot(uint64_t session_id) {
   std::lock_guard lock(mu_);
-  if (!session_valid(req->session_id(), nullptr)) return {grpc::StatusCode::UNAUTHENTICATED, "unknown session: Join first"};
-  out->set_global_step(state_->global_step());
-  out->set_tokens_merged(state_->tokens_trained());
-  for (int p = 0; p < static_cast<int>(state_->layout().fragments.size()); ++p) {
-    auto* f = out->add_fragments();
-    f->set_fragment(p);
-    f->set_version(state_->version(p));
-    f->set_dtype("fp32");
-    f->set_data(fp32_bytes(state_->theta(p)));
+  if (!session_valid(session_id, nullptr)) return wire::Status{wire::Code::kUnauthenticated, "unknown session: join first"};
+  wire::Snapshot out;
+  out.global_step = state_->global_step();
+  out.tokens_merged = state_->tokens_trained();
+  for (int p = 0; p < static_cast<int>(published_.size()); ++p) {
+    out.fragments.push_back({p, published_[p].version, wire::encode(*published_[p].theta, wire::Codec::kFp32)});
+    bytes_sent_ += static_cast<int64_t>(out.fragments.back().payload.bytes.size());
   }
-  bytes_sent_ += static_cast<int64_t>(out->ByteSizeLong());
-  return grpc::Status::OK;
+  return out;
 }
 
-grpc::Status SyncerService::Session(grpc::ServerContext* ctx,
-                                    grpc::ServerReaderWriter<v1::SyncerMessage, v1::LearnerMessage>* stream) {
-  v1::LearnerMessage msg;
-  if (!stream->Read(&msg)) return grpc::Status::OK;
+wire::Status SyncerService::session(uint64_t session_id, wire::SessionPeer& peer) {
   int learner = -1;
   auto outbox = std::make_shared<Outbox>();
   {
     std::lock_guard lock(mu_);
-    if (!session_valid(msg.session_id(), &learner) || learner < 0) {
-      return {grpc::StatusCode::UNAUTHENTICATED, "unknown session: Join first"};
+    if (!session_valid(session_id, &learner) || learner < 0) {
+      return {wire::Code::kUnauthenticated, "unknown session: join first"};
     }
-    outbox->session_id = msg.session_id();
+    outbox->session_id = session_id;
     if (auto old = outboxes_.find(learner); old != outboxes_.end()) {  // a restarted learner replaces its slot
       std::lock_guard olock(old->second->mu);
       old->second->closed = true;
@@ -326,10 +274,10 @@ grpc::Status SyncerService::Session(grpc::ServerContext* ctx,
     }
     outboxes_[learner] = outbox;
   }
-  // The writer: drains this session's outbox onto the stream.
-  std::thread writer([this, stream, outbox, learner] {
+  // The writer: drains this session's outbox onto the session.
+  std::thread writer([this, &peer, outbox, learner] {
     for (;;) {
-      v1::SyncerMessage out;
+      wire::SyncerMessage out;
       {
         std::unique_lock lock(outbox->mu);
         outbox->cv.wait(lock, [&] { return outbox->closed || !outbox->queue.empty(); });
@@ -337,70 +285,27 @@ grpc::Status SyncerService::Session(grpc::ServerContext* ctx,
         out = std::move(outbox->queue.front());
         outbox->queue.pop_front();
       }
-      const auto size = static_cast<int64_t>(out.ByteSizeLong());
-      if (!stream->Write(out)) return;
+      const int64_t size = wire::approximate_bytes(out);
+      if (!peer.write(out)) return;
       std::lock_guard lock(mu_);
       bytes_sent_ += size;
       if (auto it = state_->learners().find(learner); it != state_->learners().end()) it->second.bytes_sent += size;
     }
   });
   // The reader: metadata and answers, in this handler thread.
-  do {
-    const auto size = static_cast<int64_t>(msg.ByteSizeLong());
+  wire::LearnerMessage msg;
+  while (peer.read(&msg)) {
+    const int64_t size = wire::approximate_bytes(msg);
     std::lock_guard lock(mu_);
-    if (outbox->closed || msg.session_id() != outbox->session_id) break;
+    if (outbox->closed) break;
     bytes_received_ += size;
     if (auto it = state_->learners().find(learner); it != state_->learners().end()) it->second.bytes_received += size;
-    if (msg.has_metadata()) {
-      const auto& m = msg.metadata();
-      LearnerReport r;
-      r.step = m.step();
-      r.steps.assign(m.steps().begin(), m.steps().end());
-      r.tokens.assign(m.tokens().begin(), m.tokens().end());
-      r.step_time_s = m.step_time_s();
-      r.tokens_trained = m.tokens_trained();
-      r.cursor_json = m.cursor_json();
-      r.tokens_per_s = m.tokens_per_s();
-      r.loss = m.loss();
-      r.finished = m.finished();
-      const int64_t stream = m.has_stream() ? m.stream() : -1;  // unset: an empty hello before its first step
-      const bool valid = stream >= 0 && stream < static_cast<int64_t>(streams_.size());
-      // A free stream is claimed back by the learner training it (its lease ran out while its link was cut, and
-      // the syncer gave the stream up; the log's lock kept it the only one training it).
-      if (valid && streams_[stream].holder < 0 && !m.leaving()) streams_[stream].holder = learner;
-      const bool holds = valid && streams_[stream].holder == learner;
-      r.stream = holds ? stream : -2;  // a learner that lost its lease (it re-joins and gets it back) counts nothing
-      if (holds && !r.cursor_json.empty()) streams_[stream].cursor = r.cursor_json;
-      const auto rec = state_->learners().find(learner);
-      if (holds && !m.leaving() && (rec == state_->learners().end() || !rec->second.state.joined)) {
-        state_->on_join(learner, now_s());  // bootstrapped and training: live from now on
-      }
-      state_->on_report(learner, r, now_s());
-      if (m.leaving()) {  // scavenging: a graceful leave frees the stream and the quorum at once
-        state_->on_leave(learner);
-        if (holds) streams_[stream].holder = -1;
-        peers_.erase(learner);
-        if (events_) {
-          events_->emit("learner_left", {{"learner", learner}, {"stream", stream}, {"step", m.step()},
-                                         {"tokens_served", m.tokens_trained()}});
-        }
-      }
-    } else if (msg.has_answer()) {
-      const auto& a = msg.answer();
-      PullAnswerData data{a.fragment(), a.round_step(), a.captured_step(), a.base_version(), a.steps(), a.tokens(), {}};
-      std::string reason;
-      AnswerOutcome outcome = AnswerOutcome::kRefused;
-      if (!decode_values(a.dtype(), a.delta(), data.delta)) {
-        reason = "undecodable payload (dtype '" + a.dtype() + "', " + std::to_string(a.delta().size()) + " bytes)";
-      } else {
-        outcome = state_->on_answer(learner, std::move(data), now_s(), &reason);
-      }
-      if (outcome != AnswerOutcome::kAccepted && events_) {
-        events_->emit(outcome == AnswerOutcome::kDroppedLate ? "answer_dropped" : "answer_refused",
-                      {{"learner", learner}, {"fragment", a.fragment()}, {"round", a.round_step()}, {"reason", reason}});
-      }
+    if (const auto* m = std::get_if<wire::Metadata>(&msg)) {
+      on_metadata(learner, *m);
+    } else {
+      on_answer(learner, std::get<wire::PullAnswer>(msg));
     }
-  } while (!ctx->IsCancelled() && stream->Read(&msg));
+  }
   {
     std::lock_guard lock(outbox->mu);
     outbox->closed = true;
@@ -409,63 +314,107 @@ grpc::Status SyncerService::Session(grpc::ServerContext* ctx,
   writer.join();
   std::lock_guard lock(mu_);
   if (auto it = outboxes_.find(learner); it != outboxes_.end() && it->second == outbox) outboxes_.erase(it);
-  return grpc::Status::OK;
+  return {};
 }
 
-void SyncerService::fill_status(v1::StatusReply* reply) {
-  const double now = now_s();
-  reply->set_global_step(state_->global_step());
-  reply->set_merges(state_->merges());
-  reply->set_last_quorum(state_->last_quorum());
-  for (const auto& [id, rec] : state_->learners()) {
-    auto* l = reply->add_learners();
-    l->set_id(id);
-    l->set_live(state_->is_live(id, now));
-    l->set_step(rec.state.step);
-    l->set_tokens_trained(rec.last.tokens_trained);
-    l->set_tokens_per_s(rec.last.tokens_per_s);
-    l->set_loss(rec.last.loss);
-    l->set_bytes_sent(rec.bytes_received);
-    l->set_bytes_received(rec.bytes_sent);
+// Under mu_.
+void SyncerService::on_metadata(int learner, const wire::Metadata& m) {
+  LearnerReport r;
+  r.step = m.step;
+  r.steps = m.steps;
+  r.tokens = m.tokens;
+  r.step_time_s = m.step_time_s;
+  r.tokens_trained = m.tokens_trained;
+  r.cursor_json = m.cursor_json;
+  r.tokens_per_s = m.tokens_per_s;
+  r.loss = m.loss;
+  r.finished = m.finished;
+  const int64_t stream = m.stream.value_or(-1);  // unset: an empty hello before its first step
+  const bool valid = stream >= 0 && stream < static_cast<int64_t>(streams_.size());
+  // A free stream is claimed back by the learner training it (its lease ran out while its link was cut, and the
+  // syncer gave the stream up; the log's lock kept it the only one training it).
+  if (valid && streams_[stream].holder < 0 && !m.leaving) streams_[stream].holder = learner;
+  const bool holds = valid && streams_[stream].holder == learner;
+  r.stream = holds ? stream : -2;  // a learner that lost its lease (it re-joins and gets it back) counts nothing
+  if (holds && !r.cursor_json.empty()) streams_[stream].cursor = r.cursor_json;
+  const auto rec = state_->learners().find(learner);
+  if (holds && !m.leaving && (rec == state_->learners().end() || !rec->second.state.joined)) {
+    state_->on_join(learner, now_s());  // bootstrapped and training: live from now on
   }
-  reply->set_last_val_loss(last_val_loss_);
-  reply->set_last_eval_step(last_eval_step_);
-  reply->set_tokens_trained(state_->tokens_trained());
-  reply->set_tokens_budget(config_.train.total_tokens);
-  reply->set_finished(state_->finished());
-  reply->set_bytes_sent(bytes_sent_);
-  reply->set_bytes_received(bytes_received_);
-  reply->set_answers_dropped(state_->answers_dropped());
-  reply->set_answers_refused(state_->answers_refused());
+  state_->on_report(learner, r, now_s());
+  if (m.leaving) {  // scavenging: a graceful leave frees the stream and the quorum at once
+    state_->on_leave(learner);
+    if (holds) streams_[stream].holder = -1;
+    peers_.erase(learner);
+    if (events_) {
+      events_->emit("learner_left", {{"learner", learner}, {"stream", stream}, {"step", m.step},
+                                     {"tokens_served", m.tokens_trained}});
+    }
+  }
 }
 
-grpc::Status SyncerService::Status(grpc::ServerContext*, const v1::StatusRequest*, v1::StatusReply* reply) {
-  std::lock_guard lock(mu_);
-  fill_status(reply);
-  return grpc::Status::OK;
+// Under mu_.
+void SyncerService::on_answer(int learner, const wire::PullAnswer& a) {
+  PullAnswerData data{a.fragment, a.round_step, a.captured_step, a.base_version, a.steps, a.tokens, {}};
+  std::string reason = wire::decode(a.delta, data.delta);
+  AnswerOutcome outcome = AnswerOutcome::kRefused;
+  if (!reason.empty()) {
+    reason = "undecodable payload: " + reason;
+  } else {
+    outcome = state_->on_answer(learner, std::move(data), now_s(), &reason);
+  }
+  if (outcome != AnswerOutcome::kAccepted && events_) {
+    events_->emit(outcome == AnswerOutcome::kDroppedLate ? "answer_dropped" : "answer_refused",
+                  {{"learner", learner}, {"fragment", a.fragment}, {"round", a.round_step}, {"reason", reason}});
+  }
 }
 
-grpc::Status SyncerService::ReportEval(grpc::ServerContext*, const v1::EvalReport* req, v1::StatusReply* reply) {
+wire::StatusReply SyncerService::fill_status() {
+  const double now = now_s();
+  wire::StatusReply reply;
+  reply.global_step = state_->global_step();
+  reply.merges = state_->merges();
+  reply.last_quorum = state_->last_quorum();
+  for (const auto& [id, rec] : state_->learners()) {
+    reply.learners.push_back({id, state_->is_live(id, now), rec.state.step, rec.last.tokens_trained,
+                              rec.last.tokens_per_s, rec.last.loss, rec.bytes_received, rec.bytes_sent});
+  }
+  reply.last_val_loss = last_val_loss_;
+  reply.last_eval_step = last_eval_step_;
+  reply.tokens_trained = state_->tokens_trained();
+  reply.tokens_budget = config_.train.total_tokens;
+  reply.finished = state_->finished();
+  reply.bytes_sent = bytes_sent_;
+  reply.bytes_received = bytes_received_;
+  reply.answers_dropped = state_->answers_dropped();
+  reply.answers_refused = state_->answers_refused();
+  return reply;
+}
+
+wire::StatusReply SyncerService::status() {
   std::lock_guard lock(mu_);
-  if (!session_valid(req->session_id(), nullptr)) return {grpc::StatusCode::UNAUTHENTICATED, "unknown session: Join first"};
-  if (req->global_step() >= last_eval_step_) {
-    last_val_loss_ = req->val_loss();
-    last_eval_step_ = req->global_step();
+  return fill_status();
+}
+
+wire::Result<wire::StatusReply> SyncerService::report_eval(const wire::EvalReport& req) {
+  std::lock_guard lock(mu_);
+  if (!session_valid(req.session_id, nullptr)) return wire::Status{wire::Code::kUnauthenticated, "unknown session: join first"};
+  if (req.global_step >= last_eval_step_) {
+    last_val_loss_ = req.val_loss;
+    last_eval_step_ = req.global_step;
   }
   if (events_) {
-    events_->emit("eval", {{"global_step", req->global_step()}, {"val_loss", req->val_loss()},
-                           {"versions", std::vector<int64_t>(req->fragment_versions().begin(), req->fragment_versions().end())},
-                           {"seconds", req->seconds()}});
+    events_->emit("eval", {{"global_step", req.global_step}, {"val_loss", req.val_loss},
+                           {"versions", req.fragment_versions}, {"seconds", req.seconds}});
   }
-  fill_status(reply);
-  return grpc::Status::OK;
+  return fill_status();
 }
 
-void SyncerService::send(int learner, v1::SyncerMessage msg) {
+void SyncerService::send(int learner, const wire::SyncerMessage& msg) {
   auto it = outboxes_.find(learner);
   if (it == outboxes_.end()) return;  // not connected: it fetches the current Θ when it (re)joins
   std::lock_guard lock(it->second->mu);
-  it->second->queue.push_back(std::move(msg));
+  it->second->queue.push_back(msg);
   it->second->cv.notify_one();
 }
 
@@ -499,11 +448,15 @@ fs::path SyncerService::write_checkpoint() {
   std::vector<std::vector<float>> tensors;
   for (const auto& t : layout.tensors) tensors.emplace_back(static_cast<size_t>(t.numel()));
   std::vector<std::span<float>> views(tensors.begin(), tensors.end());
-  for (int p = 0; p < static_cast<int>(layout.fragments.size()); ++p) scatter_fragment(layout, p, state_->theta(p), views);
+  std::vector<int64_t> versions;
+  for (int p = 0; p < static_cast<int>(layout.fragments.size()); ++p) {  // durable Θ only
+    scatter_fragment(layout, p, *published_[p].theta, views);
+    versions.push_back(published_[p].version);
+  }
   nlohmann::json manifest;
   manifest["config"] = to_json(config_);
   manifest["global_step"] = state_->global_step();
-  manifest["fragment_versions"] = state_->versions();
+  manifest["fragment_versions"] = versions;
   manifest["tokens_trained"] = state_->tokens_trained();
   manifest["tokenizer"] = {{"path", (fs::path(config_.data.dir) / "tokenizer.model").string()},
                            {"hash", expect_.tokenizer_hash}};
@@ -519,7 +472,7 @@ fs::path SyncerService::write_checkpoint() {
   for (size_t i = 0; i < layout.tensors.size(); ++i) {
     entries.push_back(f32_entry(layout.tensors[i].name, layout.tensors[i].shape, tensors[i]));
   }
-  return save_checkpoint_files(run_dir_, step, entries, manifest);
+  return checkpoint_writer_(entries, manifest, step);
 }
 
 void SyncerService::start() {
@@ -551,11 +504,9 @@ void SyncerService::merger_loop() {
       for (const auto& m : actions.merged) momenta.push_back(state_->momentum(m.fragment));
       // pulls go out at once (spec §4 step 3)
       for (const auto& pull : actions.pulls) {
-        v1::SyncerMessage msg;
-        msg.mutable_pull()->set_fragment(pull.fragment);
-        msg.mutable_pull()->set_round_step(pull.round_step);
-        msg.mutable_pull()->set_oldest_anchor(std::max<int64_t>(0, state_->version(pull.fragment) -
-                                                                       (config_.diloco.anchor_versions - 1)));
+        const wire::SyncerMessage msg = wire::PullRequest{
+            pull.fragment, pull.round_step,
+            std::max<int64_t>(0, state_->version(pull.fragment) - (config_.diloco.anchor_versions - 1))};
         for (int id : pull.learners) send(id, msg);
       }
       if (config_.train.checkpoint_interval > 0 &&
@@ -572,19 +523,17 @@ void SyncerService::merger_loop() {
         events_->emit(name, fields);
       }
     }
-    // step 8: persist (Θ_p, v_p, version_p) durably, then broadcast Θ_p to every live learner.
+    // Step 8: persist (Θ_p, v_p, version_p) durably; only then is the version published (fragment, snapshot,
+    // join, checkpoint) and broadcast. A syncer killed in between restarts from the previous version, which is
+    // all anyone was handed (docs/protocol.md "Durability").
     for (size_t i = 0; i < actions.merged.size(); ++i) {
-      const auto& m = actions.merged[i];
+      auto& m = actions.merged[i];
+      if (before_persist_) before_persist_(m.fragment, m.version);
       persist_fragment(m, momenta[i]);
-      v1::SyncerMessage msg;
-      auto* merged = msg.mutable_merged();
-      merged->mutable_fragment()->set_fragment(m.fragment);
-      merged->mutable_fragment()->set_version(m.version);
-      merged->mutable_fragment()->set_dtype("fp32");
-      merged->mutable_fragment()->set_data(fp32_bytes(m.theta));
-      merged->set_round_step(m.round_step);
-      for (int id : m.participants) merged->add_participants(id);
+      const wire::SyncerMessage msg = wire::MergedFragment{
+          {m.fragment, m.version, wire::encode(m.theta, wire::Codec::kFp32)}, m.round_step, m.participants};
       std::lock_guard lock(mu_);
+      published_[m.fragment] = {m.version, std::make_shared<const std::vector<float>>(std::move(m.theta))};
       for (const auto& [id, box] : outboxes_) send(id, msg);
     }
     if (checkpoint_due) write_checkpoint();
@@ -599,10 +548,8 @@ void SyncerService::merger_loop() {
         if (events_) events_->emit("budget_spent", {{"tokens", state_->tokens_trained()}, {"global_step", state_->global_step()}});
       }
       if (notify) {
-        v1::SyncerMessage msg;
-        msg.set_budget_spent(true);
         for (const auto& [id, rec] : state_->learners()) {
-          if (!rec.last.finished) send(id, msg);
+          if (!rec.last.finished) send(id, wire::BudgetSpent{});
         }
         last_budget_notice = now;
       }
@@ -622,9 +569,7 @@ void SyncerService::merger_loop() {
         events_->emit("final_state", {{"versions", state_->versions()}, {"hashes", hashes},
                                       {"global_step", state_->global_step()}});
       }
-      v1::SyncerMessage stop_msg;
-      stop_msg.set_stop(true);
-      for (const auto& [id, box] : outboxes_) send(id, stop_msg);
+      for (const auto& [id, box] : outboxes_) send(id, wire::Stop{});
       finished_ = true;
     }
   }

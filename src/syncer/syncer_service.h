@@ -1,5 +1,5 @@
-// The syncer process's service: the gRPC front of SyncerState (spec decoupled-diloco.md §4–§8).
-// Threads: gRPC's handler threads (Join, GetFragment, Session readers), one writer thread per learner session,
+// The syncer process's service: SyncerState behind the transport interface (docs/protocol.md "Syncer").
+// Threads: the transport's handler threads (join, fragment, session readers), one writer thread per session,
 // and one merger thread that ticks the state every few milliseconds, persists each merged fragment and only
 // then broadcasts it. One mutex guards the state; no network call is made while holding it.
 #pragma once
@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -15,70 +16,69 @@
 
 #include "core/config.h"
 #include "core/events.h"
-#include "proto/dloco.grpc.pb.h"
+#include "core/safetensors.h"
+#include "transport/transport.h"
 #include "syncer/syncer_state.h"
 
 namespace dloco {
 
-/// What every peer must agree on (the handshake, spec §4 "Durability", issue: run id, protocol version,
-/// secret, and hashes of the fragment layout, model config and tokenizer).
-struct HandshakeExpectation {
-  std::string run_id;
-  std::string secret;
-  uint64_t layout_hash = 0;
-  uint64_t model_hash = 0;
-  uint64_t tokenizer_hash = 0;
-};
-
-/// Checks a peer's handshake; returns "" when it matches, else a message naming the first mismatch.
-std::string check_handshake(const v1::Handshake& got, const HandshakeExpectation& want);
-
-class SyncerService final : public v1::Syncer::Service {
+class SyncerService final : public wire::SyncerHandler {
  public:
-  /// `state` is owned by the service. `persist_dir` receives one safetensors file per fragment (Θ_p, v_p,
-  /// version), written before the fragment is broadcast, and state.json (clock, cursors).
-  SyncerService(const Config& config, std::unique_ptr<SyncerState> state, HandshakeExpectation expect,
-                std::filesystem::path run_dir, EventLog* events);
+  /// Writes a full checkpoint of Θ (tensors in layout order, the manifest) under the run folder; returns its path.
+  using CheckpointWriter = std::function<std::filesystem::path(const std::vector<SafetensorsEntry>& tensors,
+                                                               const nlohmann::json& manifest, int64_t step)>;
+
+  /// `state` is owned by the service. run_dir/syncer receives one safetensors file per fragment (Θ_p, v_p,
+  /// version), written before the fragment is handed out, and state.json (clock, cursors). `expect` is the
+  /// syncer's own handshake, which every peer's must match.
+  SyncerService(const Config& config, std::unique_ptr<SyncerState> state, wire::Handshake expect,
+                std::filesystem::path run_dir, EventLog* events, CheckpointWriter write_checkpoint);
   ~SyncerService() override;
 
-  grpc::Status Join(grpc::ServerContext*, const v1::JoinRequest*, v1::JoinReply*) override;
-  grpc::Status GetFragment(grpc::ServerContext*, const v1::FragmentRequest*, v1::Fragment*) override;
-  grpc::Status GetSnapshot(grpc::ServerContext*, const v1::SnapshotRequest*, v1::Snapshot*) override;
-  grpc::Status Session(grpc::ServerContext*,
-                       grpc::ServerReaderWriter<v1::SyncerMessage, v1::LearnerMessage>*) override;
-  grpc::Status Status(grpc::ServerContext*, const v1::StatusRequest*, v1::StatusReply*) override;
-  grpc::Status ReportEval(grpc::ServerContext*, const v1::EvalReport*, v1::StatusReply*) override;
+  wire::Result<wire::JoinReply> join(const wire::JoinRequest& request) override;
+  wire::Result<wire::Fragment> fragment(uint64_t session_id, int p) override;
+  wire::Result<wire::Snapshot> snapshot(uint64_t session_id) override;
+  wire::Status session(uint64_t session_id, wire::SessionPeer& peer) override;
+  wire::StatusReply status() override;
+  wire::Result<wire::StatusReply> report_eval(const wire::EvalReport& report) override;
 
   /// Starts the merger thread.
   void start();
   /// Stops the merger thread and closes every session (learners see the stream end).
   void stop();
   bool finished() const { return finished_.load(); }
-  /// Writes a full checkpoint of Θ (model.safetensors + manifest) under run_dir/checkpoints. Thread-safe.
+  /// Writes a full checkpoint of the durable Θ (model.safetensors + manifest) under run_dir/checkpoints.
+  /// Thread-safe.
   std::filesystem::path write_checkpoint();
+  /// Test hook: called by the merger after a merge and before it is persisted (fragment, version), e.g. to kill
+  /// the syncer in that window. Set before start().
+  void set_before_persist(std::function<void(int, int64_t)> hook) { before_persist_ = std::move(hook); }
 
  private:
   struct Outbox {  // messages to one learner session, drained by its writer thread
     std::mutex mu;
     std::condition_variable cv;
-    std::deque<v1::SyncerMessage> queue;
+    std::deque<wire::SyncerMessage> queue;
     bool closed = false;
     uint64_t session_id = 0;
   };
 
   void merger_loop();
-  void send(int learner, v1::SyncerMessage msg);
+  void send(int learner, const wire::SyncerMessage& msg);
+  void on_metadata(int learner, const wire::Metadata& m);
+  void on_answer(int learner, const wire::PullAnswer& a);
   void persist_fragment(const MergedFragmentData& merged, const std::vector<float>& momentum);
   void persist_state();
   void restore();
   bool session_valid(uint64_t session_id, int* learner);
   /// The stream to lease to learner `id` for this Join, or -1 with `refusal` set (code and message).
-  int64_t choose_stream(int id, const v1::JoinRequest& req, grpc::Status* refusal);
-  void fill_status(v1::StatusReply* reply);
+  int64_t choose_stream(int id, const wire::JoinRequest& req, wire::Status* refusal);
+  wire::StatusReply fill_status();
   double now_s() const;
 
   Config config_;
-  HandshakeExpectation expect_;
+  wire::Handshake expect_;
+  CheckpointWriter checkpoint_writer_;
   std::filesystem::path run_dir_;
   EventLog* events_;
   uint64_t generation_;
@@ -96,6 +96,13 @@ class SyncerService final : public v1::Syncer::Service {
     std::string cursor;   // its persisted cursor ("" = the start of the stream)
   };
   std::vector<StreamLease> streams_;
+  // Θ_p as handed out: the newest durable version of each fragment (persisted before it appears here).
+  struct Published {
+    int64_t version = 0;
+    std::shared_ptr<const std::vector<float>> theta;
+  };
+  std::vector<Published> published_;
+  std::function<void(int, int64_t)> before_persist_;
   std::map<int, std::string> peers_;                  // learner id -> its peer server (diloco.bootstrap = "peers")
   double last_val_loss_ = NAN;
   int64_t last_eval_step_ = -1;

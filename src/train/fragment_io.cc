@@ -60,10 +60,4 @@ void scatter_parameters(const std::vector<torch::Tensor>& params, const Fragment
   });
 }
 
-uint64_t model_config_hash(const ModelConfig& model) {
-  Config c;
-  c.model = model;
-  return fnv1a64(to_json(c)["model"].dump());
-}
-
 }  // namespace dloco

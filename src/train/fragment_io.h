@@ -31,7 +31,4 @@ void gather_parameters(const std::vector<torch::Tensor>& params, const FragmentL
 void scatter_parameters(const std::vector<torch::Tensor>& params, const FragmentLayout& layout, int p,
                         std::span<const float> in);
 
-/// FNV-1a 64 of the model config's JSON: the model part of the handshake.
-uint64_t model_config_hash(const ModelConfig& model);
-
 }  // namespace dloco

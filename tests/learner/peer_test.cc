@@ -1,26 +1,23 @@
-// Bootstrap from peers (learner/peer.h, spec decoupled-diloco.md §7): a joiner takes each fragment from the first
-// source holding at least the syncer's version; a source that dies mid-transfer is left for the next one.
+// Bootstrap from peers (learner/peer.h, docs/protocol.md "Join and bootstrap"): a joiner takes each fragment from
+// the first source holding at least the syncer's version; a source that dies mid-transfer is left for the next one.
+// Over the gRPC transport: a real server per peer on loopback.
 #include "learner/peer.h"
 
 #include <gtest/gtest.h>
 
 #include "core/check.h"
-#include "transport/grpc_options.h"
+#include "transport/codec.h"
+#include "transport/grpc/grpc_transport.h"
 
 namespace dloco {
 namespace {
 
-HandshakeExpectation expectation() { return {"run", "s3cret", 11, 22, 33}; }
+wire::Handshake handshake() { return {"run", wire::kProtocolVersion, "s3cret", 11, 22, 33}; }
+wire::Handshake expectation() { return handshake(); }
 
-v1::Handshake handshake() {
-  v1::Handshake h;
-  h.set_run_id("run");
-  h.set_protocol_version(kProtocolVersion);
-  h.set_secret("s3cret");
-  h.set_layout_hash(11);
-  h.set_model_hash(22);
-  h.set_tokenizer_hash(33);
-  return h;
+wire::Transport& grpc() {
+  static const auto transport = grpc_transport::make_transport();
+  return *transport;
 }
 
 std::shared_ptr<const std::vector<float>> filled(float value, size_t n = 5000) {
@@ -29,22 +26,22 @@ std::shared_ptr<const std::vector<float>> filled(float value, size_t n = 5000) {
 
 TEST(PeerBootstrap, ServesWhatTheBoardHoldsAndRefusesAnotherModel) {
   FragmentBoard board(2);
-  PeerServer server("127.0.0.1", expectation(), board);
-  const FragmentSource peer = peer_source("peer", server.address(), handshake(), 5.0);
+  PeerServer server(grpc(), "127.0.0.1", expectation(), board);
+  const FragmentSource peer = peer_source(grpc(), "peer", server.address(), handshake(), 5.0);
   EXPECT_THROW(peer.fetch(0), InputError);  // nothing published yet: it has not bootstrapped
   board.publish(0, 7, filled(1.5f));
   board.publish(1, 3, filled(2.5f));
-  const v1::Fragment f = peer.fetch(1);
-  EXPECT_EQ(f.fragment(), 1);
-  EXPECT_EQ(f.version(), 3);
-  const auto values = fragment_values(f);
+  const wire::Fragment f = peer.fetch(1);
+  EXPECT_EQ(f.fragment, 1);
+  EXPECT_EQ(f.version, 3);
+  const auto values = wire::fragment_values(f);
   ASSERT_EQ(values.size(), 5000u);
   EXPECT_EQ(values[4999], 2.5f);
   EXPECT_THROW(peer.fetch(2), InputError);  // no such fragment
-  v1::Handshake other = handshake();
-  other.set_layout_hash(12);
+  wire::Handshake other = handshake();
+  other.layout_hash = 12;
   try {
-    peer_source("peer", server.address(), other, 5.0).fetch(0);
+    peer_source(grpc(), "peer", server.address(), other, 5.0).fetch(0);
     FAIL() << "a peer of another model was served";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("layout"), std::string::npos) << e.what();
@@ -58,9 +55,9 @@ TEST(PeerBootstrap, ASourceThatDiesMidTransferIsLeftForTheNext) {
     a_board.publish(p, 5, filled(1.0f + p));
     b_board.publish(p, 5, filled(10.0f + p));
   }
-  auto a_server = std::make_unique<PeerServer>("127.0.0.1", expectation(), a_board);
-  PeerServer b_server("127.0.0.1", expectation(), b_board);
-  const FragmentSource a = peer_source("peer A", a_server->address(), handshake(), 5.0);
+  auto a_server = std::make_unique<PeerServer>(grpc(), "127.0.0.1", expectation(), a_board);
+  PeerServer b_server(grpc(), "127.0.0.1", expectation(), b_board);
+  const FragmentSource a = peer_source(grpc(), "peer A", a_server->address(), handshake(), 5.0);
   int asked_a = 0;
   const FragmentSource dying{"peer A", [&](int p) {
                                ++asked_a;
@@ -68,11 +65,11 @@ TEST(PeerBootstrap, ASourceThatDiesMidTransferIsLeftForTheNext) {
                                return a.fetch(p);
                              }};
   const FetchedFragments got =
-      fetch_fragments({dying, peer_source("peer B", b_server.address(), handshake(), 5.0)}, {5, 5, 5, 5});
+      fetch_fragments({dying, peer_source(grpc(), "peer B", b_server.address(), handshake(), 5.0)}, {5, 5, 5, 5});
   EXPECT_EQ(got.source, (std::vector<std::string>{"peer A", "peer A", "peer B", "peer B"}));
   EXPECT_EQ(asked_a, 3) << "a source that failed was asked again";
   for (int p = 0; p < 4; ++p) {
-    EXPECT_EQ(fragment_values(got.fragments[p])[0], p < 2 ? 1.0f + p : 10.0f + p) << "fragment " << p;
+    EXPECT_EQ(wire::fragment_values(got.fragments[p])[0], p < 2 ? 1.0f + p : 10.0f + p) << "fragment " << p;
   }
   ASSERT_EQ(got.failures.size(), 1u);
   EXPECT_NE(got.failures[0].find("fragment 2"), std::string::npos) << got.failures[0];
@@ -83,30 +80,25 @@ TEST(PeerBootstrap, APeerBehindTheSyncerIsPassedOverForThatFragmentOnly) {
   board.publish(0, 4, filled(1.0f));
   board.publish(1, 2, filled(2.0f));  // the syncer already merged version 3: the peer has not applied it yet
   board.publish(2, 9, filled(3.0f));
-  PeerServer server("127.0.0.1", expectation(), board);
+  PeerServer server(grpc(), "127.0.0.1", expectation(), board);
   int asked_syncer = 0;
   const FragmentSource syncer{"syncer", [&](int p) {
                                 ++asked_syncer;
-                                v1::Fragment f;
-                                f.set_fragment(p);
-                                f.set_version(3);
-                                f.set_dtype("fp32");
                                 const std::vector<float> v(5000, 7.0f);
-                                f.set_data(std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4));
-                                return f;
+                                return wire::Fragment{p, 3, wire::encode(v, wire::Codec::kFp32)};
                               }};
   const FetchedFragments got =
-      fetch_fragments({peer_source("peer", server.address(), handshake(), 5.0), syncer}, {4, 3, 9});
+      fetch_fragments({peer_source(grpc(), "peer", server.address(), handshake(), 5.0), syncer}, {4, 3, 9});
   EXPECT_EQ(got.source, (std::vector<std::string>{"peer", "syncer", "peer"}));
   EXPECT_EQ(asked_syncer, 1);
-  EXPECT_EQ(got.fragments[1].version(), 3);
+  EXPECT_EQ(got.fragments[1].version, 3);
   ASSERT_EQ(got.failures.size(), 1u);
   EXPECT_NE(got.failures[0].find("older"), std::string::npos) << got.failures[0];
 }
 
 TEST(PeerBootstrap, NoSourceLeftIsAClearError) {
   try {
-    fetch_fragments({peer_source("peer 9 (127.0.0.1:1)", "127.0.0.1:1", handshake(), 2.0)}, {0, 0});
+    fetch_fragments({peer_source(grpc(), "peer 9 (127.0.0.1:1)", "127.0.0.1:1", handshake(), 2.0)}, {0, 0});
     FAIL() << "fragments came from nowhere";
   } catch (const InputError& e) {
     const std::string what = e.what();

@@ -1,11 +1,7 @@
 // gRPC settings; see grpc_options.h.
-#include "transport/grpc_options.h"
+#include "transport/grpc/grpc_options.h"
 
-#include <cstring>
-
-#include "core/check.h"
-
-namespace dloco {
+namespace dloco::grpc_transport {
 
 std::shared_ptr<grpc::Channel> make_channel(const std::string& address) {
   grpc::ChannelArguments args;
@@ -30,20 +26,10 @@ void configure_server(grpc::ServerBuilder& builder) {
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
 }
 
-std::vector<float> fragment_values(const v1::Fragment& fragment) {
-  if (fragment.dtype() != "fp32" || fragment.data().size() % sizeof(float) != 0) {
-    throw InputError("fragment " + std::to_string(fragment.fragment()) + " arrived as '" + fragment.dtype() + "' with " +
-                     std::to_string(fragment.data().size()) + " bytes: expected whole fp32 values");
-  }
-  std::vector<float> out(fragment.data().size() / sizeof(float));
-  std::memcpy(out.data(), fragment.data().data(), fragment.data().size());
-  return out;
-}
-
 std::unique_ptr<grpc::ClientContext> context_with_deadline(std::chrono::milliseconds timeout) {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(std::chrono::system_clock::now() + timeout);
   return ctx;
 }
 
-}  // namespace dloco
+}  // namespace dloco::grpc_transport

@@ -1,0 +1,42 @@
+// A learner's inner job (docs/protocol.md "Learner loop", steps 1–2): whatever trains the replica between two
+// outer syncs. Today one process holding the whole GPT (learner/gpt_inner_job.h); next a group of ranks with
+// sharded state, and a SkipPipe pipeline. The outer sync (learner/outer_sync.h) sees only this interface.
+// Deliberately not here: the network, the syncer's protocol, LibTorch.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+
+#include "data/stream.h"
+
+namespace dloco {
+
+/// What one inner step did.
+struct InnerStep {
+  double loss = 0;       // mean training loss of the step, nats/token (NaN allowed: a skipped step)
+  int64_t tokens = 0;    // tokens consumed (B·T·accum), also when skipped
+  bool skipped = false;  // non-finite loss or gradients: parameters and moments untouched
+};
+
+class InnerJob {
+ public:
+  virtual ~InnerJob() = default;
+  /// Steps 1–2: one inner optimizer step at global step `step` (the lr schedule is global) on the next batch of its
+  /// data stream.
+  virtual InnerStep step(int64_t step) = 0;
+  /// Where its data stream stands: the batch the next step reads.
+  virtual StreamCursor cursor() const = 0;
+  /// Fragment p of its parameters as fp32, layout.fragments[p].numel values in layout order.
+  virtual void read_fragment(int p, std::span<float> out) = 0;
+  /// Overwrites fragment p of its parameters in place (the inner optimizer keeps its moments).
+  virtual void write_fragment(int p, std::span<const float> values) = 0;
+  /// Saves the inner optimizer state under `dir` (atomically: a kill mid-save leaves the previous one).
+  virtual void save_state(const std::filesystem::path& dir, int64_t step) = 0;
+  /// Restores what save_state wrote; returns the step it was saved at, or −1 when there is none or it is unusable
+  /// (`why` says which; empty when there is none).
+  virtual int64_t restore_state(const std::filesystem::path& dir, std::string* why) = 0;
+};
+
+}  // namespace dloco

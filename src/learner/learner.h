@@ -1,0 +1,29 @@
+// Entry points of the learner and evaluator processes (docs/protocol.md "Learner loop").
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include "core/check.h"
+#include "core/config.h"
+#include "transport/transport.h"
+
+namespace dloco {
+
+struct LearnerOptions {
+  std::string syncer;                  // "host:port"
+  int id = 0;                          // learner slot, 0 ≤ id < M
+  std::filesystem::path run_dir;       // where its events go (run_dir/events/learner_<id>.jsonl)
+  double bootstrap_timeout_s = 120;    // how long to try to reach the syncer before giving up
+};
+
+/// Runs one learner over `transport`: bootstrap from the syncer (blocking, with a deadline), then train without ever waiting on
+/// the network until the syncer says stop. Returns the exit code; a refused handshake throws InputError with
+/// the syncer's reason.
+int run_learner(const Config& config, const LearnerOptions& options, wire::Transport& transport);
+
+/// Runs the evaluator: evaluates consistent snapshots of the global model every train.eval_interval global
+/// steps at low priority and reports them to the syncer, until the run is finished.
+int run_evaluator(const Config& config, const LearnerOptions& options, wire::Transport& transport);
+
+}  // namespace dloco

@@ -1,0 +1,173 @@
+// The learner's outer sync; see outer_sync.h. Step numbers follow docs/protocol.md "Learner loop".
+#include "learner/outer_sync.h"
+
+#include <algorithm>
+
+#include "core/fragments.h"
+#include "core/hash.h"
+
+namespace dloco {
+
+OuterSync::OuterSync(OuterSyncConfig config, InnerJob& job, LearnerLink& link, EventLog* events, FragmentBoard* board)
+    : config_(std::move(config)),
+      job_(job),
+      link_(link),
+      events_(events),
+      board_(board),
+      base_(static_cast<size_t>(config_.fragments)),
+      version_(static_cast<size_t>(config_.fragments), 0),
+      steps_since_(static_cast<size_t>(config_.fragments), 0),
+      tokens_since_(static_cast<size_t>(config_.fragments), 0) {
+  DLOCO_CHECK_EQ(config_.fragment_numel.size(), static_cast<size_t>(config_.fragments));
+}
+
+void OuterSync::emit(const char* event, const nlohmann::json& fields) const {
+  if (events_) events_->emit(event, fields);
+}
+
+void OuterSync::adopt(int p, int64_t version, std::shared_ptr<const std::vector<float>> theta) {
+  job_.write_fragment(p, *theta);
+  version_[p] = version;
+  base_[p] = std::move(theta);
+  if (board_) board_->publish(p, version, base_[p]);
+}
+
+void OuterSync::count_step(int64_t tokens) {
+  for (int p = 0; p < config_.fragments; ++p) {
+    steps_since_[p] += 1;
+    tokens_since_[p] += tokens;
+  }
+}
+
+void OuterSync::fill_counters(wire::Metadata& metadata) const {
+  metadata.steps = steps_since_;
+  metadata.tokens = tokens_since_;
+}
+
+BoundaryOutcome OuterSync::boundary(int64_t step, bool finished) {
+  BoundaryOutcome out;
+  wire::SyncerMessage in;
+  while (link_.poll(&in)) {
+    if (std::holds_alternative<wire::Stop>(in)) {
+      out.stop = true;
+    } else if (std::holds_alternative<wire::BudgetSpent>(in)) {  // the others trained the rest of the shared budget
+      out.budget_spent = true;
+    } else if (const auto* pull = std::get_if<wire::PullRequest>(&in)) {
+      answer(*pull, step);  // 5)
+    } else if (auto* merged = std::get_if<wire::MergedFragment>(&in)) {
+      receive(std::move(*merged), step);
+    }
+  }
+  finished = finished || out.budget_spent;
+  for (auto it = pending_.begin(); it != pending_.end();) {  // 6) apply the merges whose step has come
+    if (it->apply_at > step && !finished) {
+      ++it;
+      continue;
+    }
+    apply(*it, step);
+    it = pending_.erase(it);
+  }
+  return out;
+}
+
+// 5) Δ_p = Θ_p^base − θ_p against the version last applied, or raw θ_p when the syncer no longer holds that base.
+void OuterSync::answer(const wire::PullRequest& pull, int64_t step) {
+  const int p = pull.fragment;
+  if (p < 0 || p >= config_.fragments) return;
+  wire::PullAnswer a{p, pull.round_step, step, version_[p], steps_since_[p], tokens_since_[p], {}};
+  std::vector<float> theta(static_cast<size_t>(config_.fragment_numel[p]));
+  job_.read_fragment(p, theta);
+  if (version_[p] < pull.oldest_anchor && config_.reanchor) {
+    a.base_version = -1;  // re-anchoring: raw θ in fp32
+    a.delta = wire::encode(theta, wire::Codec::kFp32);
+  } else {
+    const std::vector<float>& anchor = *base_[p];
+    for (size_t i = 0; i < theta.size(); ++i) theta[i] = anchor[i] - theta[i];
+    a.delta = wire::encode(theta, config_.codec);
+  }
+  answered_[p] = {pull.round_step, step, steps_since_[p], true};
+  if (config_.blocking) awaiting_merge_[p] = step + config_.overlap;
+  link_.post(std::move(a));
+}
+
+// A merged fragment: held back until τ steps after the capture of this learner's answer to that round (s + τ),
+// or applied at the next boundary when this learner was not part of it.
+void OuterSync::receive(wire::MergedFragment merged, int64_t step) {
+  const int p = merged.fragment.fragment;
+  if (p < 0 || p >= config_.fragments || merged.fragment.version <= version_[p]) return;  // stale or duplicate
+  Pending m{p, merged.fragment.version, step, false, {}};
+  try {
+    m.theta = wire::fragment_values(merged.fragment);
+  } catch (const InputError& e) {
+    emit("merged_refused", {{"fragment", p}, {"version", m.version}, {"reason", e.what()}});
+    return;
+  }
+  if (static_cast<int64_t>(m.theta.size()) != config_.fragment_numel[p]) {
+    emit("merged_refused", {{"fragment", p}, {"version", m.version}, {"reason", "wrong size"}});
+    return;
+  }
+  if (auto it = answered_.find(p); it != answered_.end() && it->second.round == merged.round_step) {
+    m.participated = std::find(merged.participants.begin(), merged.participants.end(), config_.learner_id) !=
+                     merged.participants.end();
+    if (m.participated) m.apply_at = it->second.captured_step + config_.overlap;
+    if (it->second.open) {  // goodput: the work that answer carried was kept, or not
+      emit(m.participated ? "kept" : "answer_not_merged",
+           {{"fragment", p}, {"round", merged.round_step}, {"steps", it->second.steps}, {"version", m.version}});
+      it->second.open = false;
+    }
+  }
+  pending_.push_back(std::move(m));
+}
+
+// 6) θ_p ← Θ_p (or α·θ_p + (1 − α)·Θ_p); Θ_p becomes the base of the next Δ_p.
+void OuterSync::apply(Pending& m, int64_t step) {
+  const int p = m.fragment;
+  if (m.participated) awaiting_merge_.erase(p);
+  if (m.version <= version_[p]) return;
+  if (!m.participated && steps_since_[p] > 0) {
+    lost_steps_ += steps_since_[p];
+    emit("work_lost", {{"fragment", p}, {"steps", steps_since_[p]}, {"version", m.version},
+                       {"reason", "merged without this learner's answer"}});
+  }
+  if (config_.alpha > 0) {
+    std::vector<float> local(m.theta.size());
+    job_.read_fragment(p, local);
+    for (size_t i = 0; i < local.size(); ++i) {
+      local[i] = static_cast<float>(config_.alpha * local[i] + (1 - config_.alpha) * m.theta[i]);
+    }
+    job_.write_fragment(p, local);
+  } else {
+    job_.write_fragment(p, m.theta);
+  }
+  base_[p] = std::make_shared<const std::vector<float>>(std::move(m.theta));
+  version_[p] = m.version;
+  if (board_) board_->publish(p, version_[p], base_[p]);  // a pointer swap: joiners read it from the peer server
+  steps_since_[p] = tokens_since_[p] = 0;
+  emit("applied", {{"step", step}, {"fragment", p}, {"version", version_[p]}});
+}
+
+bool OuterSync::blocked(int64_t step) const {
+  for (int p = 0; p < config_.fragments; ++p) {
+    if (!fragment_due(p, step, static_cast<int>(config_.inner_steps), config_.fragments)) continue;
+    const auto it = answered_.find(p);
+    if (it == answered_.end() || it->second.round != step) return true;  // the pull of this round has not come
+  }
+  for (const auto& [p, apply_at] : awaiting_merge_) {
+    if (apply_at <= step) return true;  // its merge has not been applied yet
+  }
+  return false;
+}
+
+int64_t OuterSync::unmerged_steps() const { return *std::max_element(steps_since_.begin(), steps_since_.end()); }
+
+std::vector<std::string> OuterSync::parameter_hashes() const {
+  std::vector<std::string> out;
+  for (int p = 0; p < config_.fragments; ++p) {
+    std::vector<float> theta(static_cast<size_t>(config_.fragment_numel[p]));
+    job_.read_fragment(p, theta);
+    out.push_back(fnv1a64_hex(theta));
+  }
+  return out;
+}
+
+}  // namespace dloco

@@ -1,0 +1,25 @@
+// The syncer process's entry point (docs/protocol.md "Syncer"): Θ initialised from the run seed or restored
+// from run_dir/syncer, served on a transport until the run is finished.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include "core/check.h"
+#include "core/config.h"
+#include "transport/transport.h"
+
+namespace dloco {
+
+struct SyncerOptions {
+  std::filesystem::path run_dir;       // run folder: events, syncer/ persistence, checkpoints
+  std::string address;                 // listen address, e.g. "0.0.0.0:7070"; port 0 picks a free port
+  std::filesystem::path address_file;  // if set, the bound "host:port" is written here (atomically)
+};
+
+/// Runs the syncer, served on `transport`, until the run is finished (then writes the final checkpoint) or SIGTERM/SIGINT (then
+/// persists and checkpoints). Returns the process exit code. Throws InputError on bad set-up (cannot listen,
+/// missing tokenizer).
+int run_syncer(const Config& config, const SyncerOptions& options, wire::Transport& transport);
+
+}  // namespace dloco

@@ -1,0 +1,531 @@
+// The gRPC transport; see grpc_transport.h. Three parts: the mapping between wire types and proto messages,
+// the client side (SyncerClient, PeerClient over stubs) and the server side (the generated services forwarding
+// to a SyncerHandler / PeerHandler).
+#include "transport/grpc/grpc_transport.h"
+
+#include "core/check.h"
+#include "proto/dloco.grpc.pb.h"
+#include "transport/grpc/grpc_options.h"
+
+namespace dloco::grpc_transport {
+
+namespace {
+
+using wire::Code;
+
+// ---- status codes ----
+
+wire::Status from_grpc(const grpc::Status& s) {
+  Code code = Code::kUnavailable;
+  switch (s.error_code()) {
+    case grpc::StatusCode::OK: return {};
+    case grpc::StatusCode::DEADLINE_EXCEEDED: code = Code::kDeadline; break;
+    case grpc::StatusCode::FAILED_PRECONDITION: code = Code::kRefused; break;
+    case grpc::StatusCode::UNAUTHENTICATED: code = Code::kUnauthenticated; break;
+    case grpc::StatusCode::INVALID_ARGUMENT: code = Code::kInvalid; break;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: code = Code::kExhausted; break;
+    case grpc::StatusCode::ABORTED: code = Code::kAborted; break;
+    default: code = Code::kUnavailable; break;
+  }
+  return {code, s.error_message()};
+}
+
+grpc::Status to_grpc(const wire::Status& s) {
+  grpc::StatusCode code = grpc::StatusCode::UNAVAILABLE;
+  switch (s.code) {
+    case Code::kOk: return grpc::Status::OK;
+    case Code::kUnavailable: code = grpc::StatusCode::UNAVAILABLE; break;
+    case Code::kDeadline: code = grpc::StatusCode::DEADLINE_EXCEEDED; break;
+    case Code::kRefused: code = grpc::StatusCode::FAILED_PRECONDITION; break;
+    case Code::kUnauthenticated: code = grpc::StatusCode::UNAUTHENTICATED; break;
+    case Code::kInvalid: code = grpc::StatusCode::INVALID_ARGUMENT; break;
+    case Code::kExhausted: code = grpc::StatusCode::RESOURCE_EXHAUSTED; break;
+    case Code::kAborted: code = grpc::StatusCode::ABORTED; break;
+  }
+  return {code, s.message};
+}
+
+// ---- messages ----
+
+void to_proto(const wire::Handshake& h, v1::Handshake* out) {
+  out->set_run_id(h.run_id);
+  out->set_protocol_version(h.protocol_version);
+  out->set_secret(h.secret);
+  out->set_layout_hash(h.layout_hash);
+  out->set_model_hash(h.model_hash);
+  out->set_tokenizer_hash(h.tokenizer_hash);
+}
+
+wire::Handshake from_proto(const v1::Handshake& h) {
+  return {h.run_id(), h.protocol_version(), h.secret(), h.layout_hash(), h.model_hash(), h.tokenizer_hash()};
+}
+
+void to_proto(const wire::Fragment& f, v1::Fragment* out) {
+  out->set_fragment(f.fragment);
+  out->set_version(f.version);
+  out->set_dtype(f.payload.codec);
+  out->set_data(f.payload.bytes);
+}
+
+wire::Fragment from_proto(const v1::Fragment& f) { return {f.fragment(), f.version(), {f.dtype(), f.data()}}; }
+
+template <class T>
+std::vector<T> vec(const google::protobuf::RepeatedField<T>& r) {
+  return {r.begin(), r.end()};
+}
+
+void to_proto(const wire::JoinRequest& r, v1::JoinRequest* out) {
+  to_proto(r.handshake, out->mutable_handshake());
+  out->set_learner_id(r.learner_id);
+  out->set_host(r.host);
+  if (r.held_stream) {
+    out->set_holds_stream(true);
+    out->set_held_stream(*r.held_stream);
+  }
+  for (int64_t s : r.busy_streams) out->add_busy_streams(s);
+  out->set_peer_address(r.peer_address);
+}
+
+wire::JoinRequest from_proto(const v1::JoinRequest& r) {
+  wire::JoinRequest out;
+  out.handshake = from_proto(r.handshake());
+  out.learner_id = r.learner_id();
+  out.host = r.host();
+  if (r.holds_stream()) out.held_stream = r.held_stream();
+  out.busy_streams = vec(r.busy_streams());
+  out.peer_address = r.peer_address();
+  return out;
+}
+
+void to_proto(const wire::JoinReply& r, v1::JoinReply* out) {
+  out->set_session_id(r.session_id);
+  out->set_syncer_generation(r.syncer_generation);
+  out->set_global_step(r.global_step);
+  for (int64_t v : r.fragment_versions) out->add_fragment_versions(v);
+  out->set_stream_index(r.stream_index);
+  out->set_stream_cursor_json(r.stream_cursor_json);
+  out->set_tokens_budget(r.tokens_budget);
+  for (const auto& p : r.peers) {
+    auto* info = out->add_peers();
+    info->set_learner(p.learner);
+    info->set_address(p.address);
+  }
+  out->set_streams(r.streams);
+}
+
+wire::JoinReply from_proto(const v1::JoinReply& r) {
+  wire::JoinReply out;
+  out.session_id = r.session_id();
+  out.syncer_generation = r.syncer_generation();
+  out.global_step = r.global_step();
+  out.fragment_versions = vec(r.fragment_versions());
+  out.stream_index = r.stream_index();
+  out.stream_cursor_json = r.stream_cursor_json();
+  out.tokens_budget = r.tokens_budget();
+  for (const auto& p : r.peers()) out.peers.push_back({p.learner(), p.address()});
+  out.streams = r.streams();
+  return out;
+}
+
+void to_proto(const wire::Snapshot& s, v1::Snapshot* out) {
+  out->set_global_step(s.global_step);
+  out->set_tokens_merged(s.tokens_merged);
+  for (const auto& f : s.fragments) to_proto(f, out->add_fragments());
+}
+
+wire::Snapshot from_proto(const v1::Snapshot& s) {
+  wire::Snapshot out{s.global_step(), {}, s.tokens_merged()};
+  for (const auto& f : s.fragments()) out.fragments.push_back(from_proto(f));
+  return out;
+}
+
+void to_proto(const wire::StatusReply& s, v1::StatusReply* out) {
+  out->set_global_step(s.global_step);
+  out->set_merges(s.merges);
+  out->set_last_quorum(s.last_quorum);
+  for (const auto& l : s.learners) {
+    auto* o = out->add_learners();
+    o->set_id(l.id);
+    o->set_live(l.live);
+    o->set_step(l.step);
+    o->set_tokens_trained(l.tokens_trained);
+    o->set_tokens_per_s(l.tokens_per_s);
+    o->set_loss(l.loss);
+    o->set_bytes_sent(l.bytes_sent);
+    o->set_bytes_received(l.bytes_received);
+  }
+  out->set_last_val_loss(s.last_val_loss);
+  out->set_last_eval_step(s.last_eval_step);
+  out->set_tokens_trained(s.tokens_trained);
+  out->set_tokens_budget(s.tokens_budget);
+  out->set_finished(s.finished);
+  out->set_bytes_sent(s.bytes_sent);
+  out->set_bytes_received(s.bytes_received);
+  out->set_answers_dropped(s.answers_dropped);
+  out->set_answers_refused(s.answers_refused);
+}
+
+wire::StatusReply from_proto(const v1::StatusReply& s) {
+  wire::StatusReply out;
+  out.global_step = s.global_step();
+  out.merges = s.merges();
+  out.last_quorum = s.last_quorum();
+  for (const auto& l : s.learners()) {
+    out.learners.push_back({l.id(), l.live(), l.step(), l.tokens_trained(), l.tokens_per_s(), l.loss(), l.bytes_sent(),
+                            l.bytes_received()});
+  }
+  out.last_val_loss = s.last_val_loss();
+  out.last_eval_step = s.last_eval_step();
+  out.tokens_trained = s.tokens_trained();
+  out.tokens_budget = s.tokens_budget();
+  out.finished = s.finished();
+  out.bytes_sent = s.bytes_sent();
+  out.bytes_received = s.bytes_received();
+  out.answers_dropped = s.answers_dropped();
+  out.answers_refused = s.answers_refused();
+  return out;
+}
+
+void to_proto(const wire::EvalReport& r, v1::EvalReport* out) {
+  out->set_session_id(r.session_id);
+  out->set_global_step(r.global_step);
+  out->set_val_loss(r.val_loss);
+  for (int64_t v : r.fragment_versions) out->add_fragment_versions(v);
+  out->set_seconds(r.seconds);
+}
+
+wire::EvalReport from_proto(const v1::EvalReport& r) {
+  return {r.session_id(), r.global_step(), r.val_loss(), vec(r.fragment_versions()), r.seconds()};
+}
+
+void to_proto(uint64_t session, const wire::LearnerMessage& m, v1::LearnerMessage* out) {
+  out->set_session_id(session);
+  if (const auto* meta = std::get_if<wire::Metadata>(&m)) {
+    auto* o = out->mutable_metadata();
+    o->set_step(meta->step);
+    for (int64_t s : meta->steps) o->add_steps(s);
+    for (int64_t t : meta->tokens) o->add_tokens(t);
+    o->set_step_time_s(meta->step_time_s);
+    o->set_tokens_trained(meta->tokens_trained);
+    o->set_cursor_json(meta->cursor_json);
+    o->set_tokens_per_s(meta->tokens_per_s);
+    o->set_loss(meta->loss);
+    o->set_finished(meta->finished);
+    if (meta->stream) o->set_stream(*meta->stream);
+    o->set_leaving(meta->leaving);
+  } else {
+    const auto& a = std::get<wire::PullAnswer>(m);
+    auto* o = out->mutable_answer();
+    o->set_fragment(a.fragment);
+    o->set_round_step(a.round_step);
+    o->set_captured_step(a.captured_step);
+    o->set_base_version(a.base_version);
+    o->set_steps(a.steps);
+    o->set_tokens(a.tokens);
+    o->set_dtype(a.delta.codec);
+    o->set_delta(a.delta.bytes);
+  }
+}
+
+// False for a message with neither body (a peer of another protocol): the session ignores it.
+bool from_proto(const v1::LearnerMessage& m, wire::LearnerMessage* out) {
+  if (m.has_metadata()) {
+    const auto& i = m.metadata();
+    wire::Metadata meta;
+    meta.step = i.step();
+    meta.steps = vec(i.steps());
+    meta.tokens = vec(i.tokens());
+    meta.step_time_s = i.step_time_s();
+    meta.tokens_trained = i.tokens_trained();
+    meta.cursor_json = i.cursor_json();
+    meta.tokens_per_s = i.tokens_per_s();
+    meta.loss = i.loss();
+    meta.finished = i.finished();
+    if (i.has_stream()) meta.stream = i.stream();
+    meta.leaving = i.leaving();
+    *out = std::move(meta);
+    return true;
+  }
+  if (m.has_answer()) {
+    const auto& i = m.answer();
+    *out = wire::PullAnswer{i.fragment(), i.round_step(), i.captured_step(), i.base_version(), i.steps(), i.tokens(),
+                            {i.dtype(), i.delta()}};
+    return true;
+  }
+  return false;
+}
+
+void to_proto(const wire::SyncerMessage& m, v1::SyncerMessage* out) {
+  if (const auto* pull = std::get_if<wire::PullRequest>(&m)) {
+    out->mutable_pull()->set_fragment(pull->fragment);
+    out->mutable_pull()->set_round_step(pull->round_step);
+    out->mutable_pull()->set_oldest_anchor(pull->oldest_anchor);
+  } else if (const auto* merged = std::get_if<wire::MergedFragment>(&m)) {
+    to_proto(merged->fragment, out->mutable_merged()->mutable_fragment());
+    out->mutable_merged()->set_round_step(merged->round_step);
+    for (int who : merged->participants) out->mutable_merged()->add_participants(who);
+  } else if (const auto* clock = std::get_if<wire::GlobalStep>(&m)) {
+    out->set_global_step(clock->step);
+  } else if (std::holds_alternative<wire::Stop>(m)) {
+    out->set_stop(true);
+  } else {
+    out->set_budget_spent(true);
+  }
+}
+
+bool from_proto(const v1::SyncerMessage& m, wire::SyncerMessage* out) {
+  switch (m.body_case()) {
+    case v1::SyncerMessage::kPull:
+      *out = wire::PullRequest{m.pull().fragment(), m.pull().round_step(), m.pull().oldest_anchor()};
+      return true;
+    case v1::SyncerMessage::kMerged: {
+      const auto& p = m.merged().participants();
+      *out = wire::MergedFragment{from_proto(m.merged().fragment()), m.merged().round_step(), {p.begin(), p.end()}};
+      return true;
+    }
+    case v1::SyncerMessage::kGlobalStep: *out = wire::GlobalStep{m.global_step()}; return true;
+    case v1::SyncerMessage::kStop: *out = wire::Stop{}; return true;
+    case v1::SyncerMessage::kBudgetSpent: *out = wire::BudgetSpent{}; return true;
+    default: return false;
+  }
+}
+
+// ---- client side ----
+
+class GrpcSession final : public wire::SessionStream {
+ public:
+  GrpcSession(v1::Syncer::Stub& stub, uint64_t session) : session_(session) {
+    stream_ = stub.Session(&context_);
+  }
+  ~GrpcSession() override {
+    context_.TryCancel();
+    stream_->Finish();
+  }
+  bool write(const wire::LearnerMessage& message) override {
+    v1::LearnerMessage out;
+    to_proto(session_, message, &out);
+    return stream_->Write(out);
+  }
+  bool read(wire::SyncerMessage* message) override {
+    v1::SyncerMessage in;
+    while (stream_->Read(&in)) {
+      if (from_proto(in, message)) return true;  // a body this build does not know is skipped
+    }
+    return false;
+  }
+  void cancel() override { context_.TryCancel(); }
+
+ private:
+  uint64_t session_;
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::LearnerMessage, v1::SyncerMessage>> stream_;
+};
+
+class GrpcSyncerClient final : public wire::SyncerClient {
+ public:
+  explicit GrpcSyncerClient(const std::string& address) : stub_(v1::Syncer::NewStub(make_channel(address))) {}
+
+  wire::Result<wire::JoinReply> join(const wire::JoinRequest& request, wire::Deadline deadline) override {
+    v1::JoinRequest req;
+    to_proto(request, &req);
+    v1::JoinReply reply;
+    auto ctx = context_with_deadline(deadline);
+    const grpc::Status s = stub_->Join(ctx.get(), req, &reply);
+    if (!s.ok()) return from_grpc(s);
+    return from_proto(reply);
+  }
+  wire::Result<wire::Fragment> fragment(uint64_t session, int p, wire::Deadline deadline) override {
+    v1::FragmentRequest req;
+    req.set_session_id(session);
+    req.set_fragment(p);
+    v1::Fragment out;
+    auto ctx = context_with_deadline(deadline);
+    const grpc::Status s = stub_->GetFragment(ctx.get(), req, &out);
+    if (!s.ok()) return from_grpc(s);
+    return from_proto(out);
+  }
+  wire::Result<wire::Snapshot> snapshot(uint64_t session, wire::Deadline deadline) override {
+    v1::SnapshotRequest req;
+    req.set_session_id(session);
+    v1::Snapshot out;
+    auto ctx = context_with_deadline(deadline);
+    const grpc::Status s = stub_->GetSnapshot(ctx.get(), req, &out);
+    if (!s.ok()) return from_grpc(s);
+    return from_proto(out);
+  }
+  wire::Result<wire::StatusReply> status(wire::Deadline deadline) override {
+    v1::StatusReply out;
+    auto ctx = context_with_deadline(deadline);
+    const grpc::Status s = stub_->Status(ctx.get(), v1::StatusRequest(), &out);
+    if (!s.ok()) return from_grpc(s);
+    return from_proto(out);
+  }
+  wire::Result<wire::StatusReply> report_eval(const wire::EvalReport& report, wire::Deadline deadline) override {
+    v1::EvalReport req;
+    to_proto(report, &req);
+    v1::StatusReply out;
+    auto ctx = context_with_deadline(deadline);
+    const grpc::Status s = stub_->ReportEval(ctx.get(), req, &out);
+    if (!s.ok()) return from_grpc(s);
+    return from_proto(out);
+  }
+  std::unique_ptr<wire::SessionStream> session(uint64_t session_id) override {
+    return std::make_unique<GrpcSession>(*stub_, session_id);
+  }
+
+ private:
+  std::unique_ptr<v1::Syncer::Stub> stub_;
+};
+
+class GrpcPeerClient final : public wire::PeerClient {
+ public:
+  explicit GrpcPeerClient(const std::string& address) : stub_(v1::Peer::NewStub(make_channel(address))) {}
+  wire::Result<wire::Fragment> fragment(const wire::Handshake& handshake, int p, wire::Deadline deadline) override {
+    v1::PeerFragmentRequest req;
+    to_proto(handshake, req.mutable_handshake());
+    req.set_fragment(p);
+    v1::Fragment out;
+    auto ctx = context_with_deadline(deadline);
+    const grpc::Status s = stub_->GetFragment(ctx.get(), req, &out);
+    if (!s.ok()) return from_grpc(s);
+    return from_proto(out);
+  }
+
+ private:
+  std::unique_ptr<v1::Peer::Stub> stub_;
+};
+
+// ---- server side ----
+
+class SyncerService final : public v1::Syncer::Service {
+ public:
+  explicit SyncerService(wire::SyncerHandler& handler) : handler_(handler) {}
+
+  grpc::Status Join(grpc::ServerContext*, const v1::JoinRequest* req, v1::JoinReply* reply) override {
+    auto r = handler_.join(from_proto(*req));
+    if (r.ok()) to_proto(r.value, reply);
+    return to_grpc(r.status);
+  }
+  grpc::Status GetFragment(grpc::ServerContext*, const v1::FragmentRequest* req, v1::Fragment* out) override {
+    auto r = handler_.fragment(req->session_id(), req->fragment());
+    if (r.ok()) to_proto(r.value, out);
+    return to_grpc(r.status);
+  }
+  grpc::Status GetSnapshot(grpc::ServerContext*, const v1::SnapshotRequest* req, v1::Snapshot* out) override {
+    auto r = handler_.snapshot(req->session_id());
+    if (r.ok()) to_proto(r.value, out);
+    return to_grpc(r.status);
+  }
+  grpc::Status Session(grpc::ServerContext* ctx,
+                       grpc::ServerReaderWriter<v1::SyncerMessage, v1::LearnerMessage>* stream) override {
+    // The first message names the session; the handler reads it (and the rest) through the peer.
+    v1::LearnerMessage first;
+    if (!stream->Read(&first)) return grpc::Status::OK;
+    Peer peer(ctx, stream, std::move(first));
+    return to_grpc(handler_.session(peer.session_id(), peer));
+  }
+  grpc::Status Status(grpc::ServerContext*, const v1::StatusRequest*, v1::StatusReply* reply) override {
+    to_proto(handler_.status(), reply);
+    return grpc::Status::OK;
+  }
+  grpc::Status ReportEval(grpc::ServerContext*, const v1::EvalReport* req, v1::StatusReply* reply) override {
+    auto r = handler_.report_eval(from_proto(*req));
+    if (r.ok()) to_proto(r.value, reply);
+    return to_grpc(r.status);
+  }
+
+ private:
+  class Peer final : public wire::SessionPeer {
+   public:
+    Peer(grpc::ServerContext* ctx, grpc::ServerReaderWriter<v1::SyncerMessage, v1::LearnerMessage>* stream,
+         v1::LearnerMessage first)
+        : ctx_(ctx), stream_(stream), first_(std::move(first)), session_(first_.session_id()) {}
+    uint64_t session_id() const { return session_; }
+    bool read(wire::LearnerMessage* message) override {
+      v1::LearnerMessage in;
+      for (;;) {
+        if (has_first_) {
+          in = std::move(first_);
+          has_first_ = false;
+        } else if (ctx_->IsCancelled() || !stream_->Read(&in)) {
+          return false;
+        }
+        if (in.session_id() != session_) return false;  // a message of another session ends this one
+        if (from_proto(in, message)) return true;
+      }
+    }
+    bool write(const wire::SyncerMessage& message) override {
+      v1::SyncerMessage out;
+      to_proto(message, &out);
+      return stream_->Write(out);
+    }
+
+   private:
+    grpc::ServerContext* ctx_;
+    grpc::ServerReaderWriter<v1::SyncerMessage, v1::LearnerMessage>* stream_;
+    v1::LearnerMessage first_;
+    bool has_first_ = true;
+    uint64_t session_;
+  };
+
+  wire::SyncerHandler& handler_;
+};
+
+class PeerService final : public v1::Peer::Service {
+ public:
+  explicit PeerService(wire::PeerHandler& handler) : handler_(handler) {}
+  grpc::Status GetFragment(grpc::ServerContext*, const v1::PeerFragmentRequest* req, v1::Fragment* out) override {
+    auto r = handler_.fragment(from_proto(req->handshake()), req->fragment());
+    if (r.ok()) to_proto(r.value, out);
+    return to_grpc(r.status);
+  }
+
+ private:
+  wire::PeerHandler& handler_;
+};
+
+class GrpcServer final : public wire::Server {
+ public:
+  GrpcServer(std::unique_ptr<grpc::Service> service, const std::string& address, const std::string& what)
+      : service_(std::move(service)) {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+    configure_server(builder);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    if (!server_ || port == 0) throw InputError(what + " cannot listen on '" + address + "' (address in use or invalid)");
+    const std::string host = address.substr(0, address.rfind(':'));
+    address_ = (host == "0.0.0.0" || host.empty() ? std::string("127.0.0.1") : host) + ":" + std::to_string(port);
+  }
+  ~GrpcServer() override { server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2)); }
+  const std::string& address() const override { return address_; }
+
+ private:
+  std::unique_ptr<grpc::Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+};
+
+class GrpcTransport final : public wire::Transport {
+ public:
+  std::unique_ptr<wire::SyncerClient> connect_syncer(const std::string& address) override {
+    return std::make_unique<GrpcSyncerClient>(address);
+  }
+  std::unique_ptr<wire::PeerClient> connect_peer(const std::string& address) override {
+    return std::make_unique<GrpcPeerClient>(address);
+  }
+  std::unique_ptr<wire::Server> serve_syncer(const std::string& address, wire::SyncerHandler& handler) override {
+    return std::make_unique<GrpcServer>(std::make_unique<SyncerService>(handler), address, "the syncer");
+  }
+  std::unique_ptr<wire::Server> serve_peer(const std::string& host, wire::PeerHandler& handler) override {
+    return std::make_unique<GrpcServer>(std::make_unique<PeerService>(handler), host + ":0",
+                                        "the learner's peer server");
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<wire::Transport> make_transport() { return std::make_unique<GrpcTransport>(); }
+
+}  // namespace dloco::grpc_transport

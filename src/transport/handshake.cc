@@ -1,0 +1,30 @@
+// The handshake; see handshake.h.
+#include "transport/handshake.h"
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "core/hash.h"
+#include "data/tokenizer.h"
+
+namespace dloco {
+
+uint64_t model_config_hash(const ModelConfig& model) {
+  Config c;
+  c.model = model;
+  return fnv1a64(to_json(c)["model"].dump());
+}
+
+wire::Handshake make_handshake(const Config& config, const FragmentLayout& layout) {
+  const char* env = std::getenv("DLOCO_SECRET");
+  wire::Handshake h;
+  h.run_id = config.run.name;
+  h.protocol_version = wire::kProtocolVersion;
+  h.secret = env && *env ? std::string(env) : config.run.secret;
+  h.layout_hash = layout.hash;
+  h.model_hash = model_config_hash(config.model);
+  h.tokenizer_hash = tokenizer_file_hash(std::filesystem::path(config.data.dir) / "tokenizer.model");
+  return h;
+}
+
+}  // namespace dloco

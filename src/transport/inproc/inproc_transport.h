@@ -1,0 +1,45 @@
+// The in-process transport: a syncer, learners and peers as threads of one process (protocol tests with no
+// sockets and no wall-clock races). One InprocNetwork holds the servers by address; each participant gets its
+// own endpoint (a wire::Transport named after it), and the network's fault hooks act on one endpoint's link:
+//   cut(name)          every call fails with kUnavailable and its open sessions break (a reset, not silence);
+//   delay(name, d)     each message and call on the link waits d more, each way (on the link's own threads);
+//   drop_answers(name, n)  the next n pull answers it sends vanish (the learner believes they were sent).
+// Messages are passed as the plain types, payloads encoded as on the wire (transport/codec.h).
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "transport/transport.h"
+
+namespace dloco::inproc {
+
+class InprocNetwork {
+ public:
+  InprocNetwork();
+  ~InprocNetwork();
+  InprocNetwork(const InprocNetwork&) = delete;
+  InprocNetwork& operator=(const InprocNetwork&) = delete;
+
+  /// The transport of participant `name` ("learner 2", "syncer", ...); lives as long as the network.
+  wire::Transport& endpoint(const std::string& name);
+
+  /// Fault hooks on `name`'s link (see the header comment). Take effect at once, from any thread.
+  void cut(const std::string& name, bool cut = true);
+  void delay(const std::string& name, std::chrono::milliseconds delay);
+  void drop_answers(const std::string& name, int count);
+  /// Pull answers `name` sent so far that were dropped by drop_answers.
+  int dropped_answers(const std::string& name) const;
+
+  struct State;  // shared with the endpoints, servers and sessions
+
+ private:
+  std::shared_ptr<State> state_;
+  mutable std::mutex mu_;
+  std::map<std::string, std::unique_ptr<wire::Transport>> endpoints_;
+};
+
+}  // namespace dloco::inproc

@@ -1,0 +1,170 @@
+// The learner ↔ syncer protocol as plain C++ types (docs/protocol.md): what the roles send and receive,
+// independent of how it travels. transport/grpc maps these one to one onto proto/dloco.proto (wire version 1);
+// transport/inproc passes them between threads of one process. Tensor payloads stay encoded (a codec name and
+// its bytes, transport/codec.h) so every transport refuses the same malformed payloads.
+// Deliberately not here: gRPC, protobuf, sockets, threads, LibTorch.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace dloco::wire {
+
+/// The wire protocol's version; a peer with another one is refused with both versions named.
+inline constexpr uint32_t kProtocolVersion = 1;
+
+/// An encoded tensor payload: `codec` names the encoding ("fp32" | "bf16"), `bytes` the little-endian values.
+struct Payload {
+  std::string codec;
+  std::string bytes;
+};
+
+/// What every peer must agree on before it may take part (docs/protocol.md "Handshake").
+struct Handshake {
+  std::string run_id;
+  uint32_t protocol_version = kProtocolVersion;
+  std::string secret;
+  uint64_t layout_hash = 0;
+  uint64_t model_hash = 0;
+  uint64_t tokenizer_hash = 0;
+};
+
+struct JoinRequest {
+  Handshake handshake;
+  int learner_id = 0;                 // [0, 65536) for a learner; -1 for the evaluator (no session, no stream)
+  std::string host;                   // for logs
+  std::optional<int64_t> held_stream; // a running learner re-attaching keeps the stream whose log it holds
+  std::vector<int64_t> busy_streams;  // streams it found locked by another live process: lease another
+  std::string peer_address;           // where it serves its fragments to joiners ("" = it does not)
+};
+
+struct PeerInfo {
+  int learner = 0;
+  std::string address;
+};
+
+struct JoinReply {
+  uint64_t session_id = 0;
+  uint64_t syncer_generation = 0;      // changes when the syncer restarts
+  int64_t global_step = 0;
+  std::vector<int64_t> fragment_versions;
+  int64_t stream_index = -1;           // data stream leased to this learner
+  std::string stream_cursor_json;      // its persisted cursor ("" = start of the stream)
+  int64_t tokens_budget = 0;           // this stream's share of the token budget (the whole one if shared)
+  std::vector<PeerInfo> peers;         // live learners serving their fragments, most recently heard from first
+  int64_t streams = 0;                 // S: the syncer's count of data streams
+};
+
+/// Θ_p at a version (bootstrap, snapshots, peer transfers). Always fp32 on the wire today.
+struct Fragment {
+  int fragment = 0;
+  int64_t version = 0;
+  Payload payload;
+};
+
+struct Snapshot {
+  int64_t global_step = 0;
+  std::vector<Fragment> fragments;
+  int64_t tokens_merged = 0;
+};
+
+/// A learner's metadata after each step (docs/protocol.md "Learner loop", step 4).
+struct Metadata {
+  int64_t step = 0;                  // t_m
+  std::vector<int64_t> steps;        // steps[m][p] since p was last applied, P entries
+  std::vector<int64_t> tokens;       // tokens[m][p]
+  double step_time_s = 0;            // EMA of its step time
+  int64_t tokens_trained = 0;        // tokens its stream has served
+  std::string cursor_json;           // its data stream cursor (persisted by the syncer)
+  double tokens_per_s = 0;
+  double loss = 0;                   // EMA of its training loss
+  bool finished = false;             // spent its token budget
+  std::optional<int64_t> stream;     // the data stream it trains; unset before it has one
+  bool leaving = false;              // leaves gracefully after this message: release its lease now
+};
+
+/// The answer to PullRequest(p, u): Δ = Θ_p^base − θ_{m,p}, or raw θ_{m,p} in fp32 when base_version = −1
+/// (re-anchoring: the syncer no longer holds the learner's base).
+struct PullAnswer {
+  int fragment = 0;
+  int64_t round_step = 0;     // u of the request it answers
+  int64_t captured_step = 0;  // t_m at the capture
+  int64_t base_version = 0;
+  int64_t steps = 0;          // steps[m][p] at the capture
+  int64_t tokens = 0;         // tokens[m][p] at the capture
+  Payload delta;
+};
+
+using LearnerMessage = std::variant<Metadata, PullAnswer>;
+
+struct PullRequest {
+  int fragment = 0;
+  int64_t round_step = 0;     // u; −1 for the final flush
+  int64_t oldest_anchor = 0;  // oldest version of Θ_p the syncer can rebuild a delta against
+};
+
+struct MergedFragment {
+  Fragment fragment;
+  int64_t round_step = 0;         // u of the round that produced it
+  std::vector<int> participants;  // learners whose answers were merged
+};
+
+struct GlobalStep { int64_t step = 0; };  // the clock, when it moves
+struct Stop {};                           // the run is over: stop after this step
+struct BudgetSpent {};                    // the learners' tokens reached the shared budget: stop training, answer
+                                          // the final flush
+
+using SyncerMessage = std::variant<PullRequest, MergedFragment, GlobalStep, Stop, BudgetSpent>;
+
+struct LearnerStatus {
+  int id = 0;
+  bool live = false;
+  int64_t step = 0;
+  int64_t tokens_trained = 0;
+  double tokens_per_s = 0;
+  double loss = 0;
+  int64_t bytes_sent = 0;      // learner → syncer
+  int64_t bytes_received = 0;  // syncer → learner
+};
+
+struct StatusReply {
+  int64_t global_step = 0;
+  int64_t merges = 0;
+  int64_t last_quorum = 0;
+  std::vector<LearnerStatus> learners;
+  double last_val_loss = 0;
+  int64_t last_eval_step = -1;
+  int64_t tokens_trained = 0;
+  int64_t tokens_budget = 0;
+  bool finished = false;
+  int64_t bytes_sent = 0;
+  int64_t bytes_received = 0;
+  int64_t answers_dropped = 0;
+  int64_t answers_refused = 0;
+};
+
+struct EvalReport {
+  uint64_t session_id = 0;
+  int64_t global_step = 0;
+  double val_loss = 0;
+  std::vector<int64_t> fragment_versions;
+  double seconds = 0;
+};
+
+/// Approximate encoded size in bytes (payloads plus a fixed overhead), for the byte accounting of transports
+/// that do not serialise (in-process); gRPC counts its real message sizes.
+int64_t approximate_bytes(const LearnerMessage& message);
+int64_t approximate_bytes(const SyncerMessage& message);
+
+}  // namespace dloco::wire
+
+namespace dloco::wire {
+
+/// Checks a peer's handshake against this process's own; returns "" when they match, else a message naming the
+/// first mismatch (protocol version, secret, run, layout, model, tokenizer).
+std::string check_handshake(const Handshake& got, const Handshake& want);
+
+}  // namespace dloco::wire
