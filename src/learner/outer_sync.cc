@@ -87,6 +87,8 @@ void OuterSync::answer(const wire::PullRequest& pull, int64_t step) {
   }
   answered_[p] = {pull.round_step, step, steps_since_[p], true};
   if (config_.blocking) awaiting_merge_[p] = step + config_.overlap;
+  emit("answered", {{"fragment", p}, {"round", pull.round_step}, {"step", step}, {"base_version", a.base_version},
+                    {"steps", a.steps}});
   link_.post(std::move(a));
 }
 
@@ -112,7 +114,8 @@ void OuterSync::receive(wire::MergedFragment merged, int64_t step) {
     if (m.participated) m.apply_at = it->second.captured_step + config_.overlap;
     if (it->second.open) {  // goodput: the work that answer carried was kept, or not
       emit(m.participated ? "kept" : "answer_not_merged",
-           {{"fragment", p}, {"round", merged.round_step}, {"steps", it->second.steps}, {"version", m.version}});
+           {{"fragment", p}, {"round", merged.round_step}, {"steps", it->second.steps}, {"version", m.version},
+            {"captured_step", it->second.captured_step}});
       it->second.open = false;
     }
   }

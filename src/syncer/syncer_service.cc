@@ -528,7 +528,10 @@ void SyncerService::merger_loop() {
     // all anyone was handed (docs/protocol.md "Durability").
     for (size_t i = 0; i < actions.merged.size(); ++i) {
       auto& m = actions.merged[i];
-      if (before_persist_) before_persist_(m.fragment, m.version);
+      if (before_persist_ && !before_persist_(m.fragment, m.version)) {
+        running_ = false;  // died between merge and persist
+        return;
+      }
       persist_fragment(m, momenta[i]);
       const wire::SyncerMessage msg = wire::MergedFragment{
           {m.fragment, m.version, wire::encode(m.theta, wire::Codec::kFp32)}, m.round_step, m.participants};

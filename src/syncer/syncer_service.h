@@ -50,9 +50,10 @@ class SyncerService final : public wire::SyncerHandler {
   /// Writes a full checkpoint of the durable Θ (model.safetensors + manifest) under run_dir/checkpoints.
   /// Thread-safe.
   std::filesystem::path write_checkpoint();
-  /// Test hook: called by the merger after a merge and before it is persisted (fragment, version), e.g. to kill
-  /// the syncer in that window. Set before start().
-  void set_before_persist(std::function<void(int, int64_t)> hook) { before_persist_ = std::move(hook); }
+  /// Test hook: called by the merger after a merge and before it is persisted (fragment, version). Returning false
+  /// stands for the process dying there: the merger stops at once, nothing of that merge is persisted, published
+  /// or broadcast. Set before start().
+  void set_before_persist(std::function<bool(int, int64_t)> hook) { before_persist_ = std::move(hook); }
 
  private:
   struct Outbox {  // messages to one learner session, drained by its writer thread
@@ -102,7 +103,7 @@ class SyncerService final : public wire::SyncerHandler {
     std::shared_ptr<const std::vector<float>> theta;
   };
   std::vector<Published> published_;
-  std::function<void(int, int64_t)> before_persist_;
+  std::function<bool(int, int64_t)> before_persist_;
   std::map<int, std::string> peers_;                  // learner id -> its peer server (diloco.bootstrap = "peers")
   double last_val_loss_ = NAN;
   int64_t last_eval_step_ = -1;
