@@ -3,7 +3,8 @@
 # Packages only from Debian's registry: LibTorch (CPU), OpenBLAS (pthread build, so matmul is not ~17x slow),
 # tcmalloc (gperftools; glibc's malloc hands large tensors back to the kernel and re-faults them every step),
 # gRPC + protobuf, Gloo (c10d's collectives for the baselines), SentencePiece, CLI11, spdlog, toml++, nlohmann-json, GoogleTest, Google Benchmark,
-# the KJV corpus (bible-kjv) and gnuplot for plots.
+# the KJV corpus (bible-kjv), gnuplot for plots, and Debian's PyTorch + numpy for /usr/bin/python3 (the golden
+# test of the GPT against an independent PyTorch implementation, tests/model/golden_gpt.py).
 set -euo pipefail
 
 packages=(
@@ -13,7 +14,7 @@ packages=(
   libsentencepiece-dev sentencepiece
   libcli11-dev libspdlog-dev libfmt-dev libtomlplusplus-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  bible-kjv gnuplot-nox python3
+  bible-kjv gnuplot-nox python3 python3-torch python3-numpy
 )
 
 missing=()
