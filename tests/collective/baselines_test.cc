@@ -1,7 +1,8 @@
 // The baselines pinned down by equivalences (never bit-identical across modes, always within a tolerance):
 // - dp with 2 workers: identical parameters on both, and within 1e-4 of one process on the doubled batch;
 // - diloco with H = 1, η = 1, μ = 0 is averaging the workers' parameters after every step;
-// - streaming with P = 1 and τ = 0 equals diloco; decoupled configured synchronously equals diloco (1e-5);
+// - streaming with P = 1 and τ = 0 equals diloco bit for bit, though the two run separate code
+//   (collective/outer_sync.cc); decoupled configured synchronously equals diloco (1e-5);
 // - the all-reduce form of the merge equals the syncer's merge fed the same outer gradients.
 // The last three run the real `dloco train` (workers over Gloo, or syncer + learners over gRPC) on a tiny model.
 #include <gtest/gtest.h>
@@ -80,6 +81,18 @@ class Baselines : public ::testing::Test {
     GPT model(config.model);
     load_model_weights(ckpt, model);
     return flat_parameters(model);
+  }
+
+  // The "applied" events of worker 0 of a run, in order.
+  static std::vector<nlohmann::json> applied_events(const Config& config) {
+    std::ifstream in(config.run_dir() / "events" / "worker_0.jsonl");
+    std::vector<nlohmann::json> out;
+    std::string line;
+    while (std::getline(in, line)) {
+      auto e = nlohmann::json::parse(line);
+      if (e["event"] == "applied") out.push_back(std::move(e));
+    }
+    return out;
   }
 
   // Θ0 of a config: what every mode starts from (seed run.seed).
@@ -228,17 +241,35 @@ TEST_F(Baselines, DilocoWithOneInnerStepAveragesTheParametersEveryStep) {
 }
 
 TEST_F(Baselines, StreamingWithOneFragmentAndNoOverlapEqualsDiloco) {
-  const Config diloco_config = tiny_config("diloco_h4", "diloco", "inner_steps = 4\n");
+  // 22 steps per worker, H = 4: merges at steps 4, 8, …, 20 and the final flush of the 2 steps after 20.
+  const Config diloco_config = tiny_config("diloco_h4", "diloco", "inner_steps = 4\n", 22);
+  const Config streaming_config =
+      tiny_config("streaming_p1", "streaming", "inner_steps = 4\nfragments = 1\noverlap = 0\n", 22);
   const auto diloco = train_and_load(diloco_config);
+  const auto streaming = train_and_load(streaming_config);
   EXPECT_GT(relative_difference(diloco, initial_parameters(diloco_config)), 1e-3) << "training did not move Θ";
-  const auto streaming =
-      train_and_load(tiny_config("streaming_p1", "streaming", "inner_steps = 4\nfragments = 1\noverlap = 0\n"));
-  EXPECT_LT(relative_difference(streaming, diloco), 1e-5);
+  // Two code paths (collective/outer_sync.cc): diloco's whole-model sync, streaming's fragment path; the same
+  // merges at the same steps.
+  const auto by_diloco = applied_events(diloco_config), by_streaming = applied_events(streaming_config);
+  const std::vector<int64_t> merge_steps = {4, 8, 12, 16, 20, 22};
+  ASSERT_EQ(by_diloco.size(), merge_steps.size());
+  ASSERT_EQ(by_streaming.size(), merge_steps.size());
+  for (size_t i = 0; i < merge_steps.size(); ++i) {
+    EXPECT_EQ(by_diloco[i]["step"], merge_steps[i]);
+    EXPECT_EQ(by_streaming[i]["step"], merge_steps[i]);
+    EXPECT_TRUE(by_diloco[i].value("whole_model", false)) << by_diloco[i].dump();
+    EXPECT_FALSE(by_streaming[i].contains("whole_model")) << by_streaming[i].dump();
+  }
+  // Measured bit-identical: both paths do the same fp32 arithmetic per element (Δ, w·Δ, a two-rank sum that
+  // commutes, the division, Nesterov), only over different buffers (the model in parameter order vs fragment 0 in
+  // the layout's order).
+  EXPECT_TRUE(torch::equal(streaming, diloco))
+      << "streaming (P = 1, τ = 0) vs diloco: max relative difference " << relative_difference(streaming, diloco);
   std::printf("streaming (P = 1, τ = 0) vs diloco: max relative difference %.2e\n",
               relative_difference(streaming, diloco));
   // And overlap changes the result (the equivalence above is not vacuous).
-  const auto overlapped =
-      train_and_load(tiny_config("streaming_p1_tau1", "streaming", "inner_steps = 4\nfragments = 1\noverlap = 1\n"));
+  const auto overlapped = train_and_load(
+      tiny_config("streaming_p1_tau1", "streaming", "inner_steps = 4\nfragments = 1\noverlap = 1\n", 22));
   EXPECT_GT(relative_difference(overlapped, diloco), 1e-4);
 }
 
