@@ -3,8 +3,8 @@
 // - diloco with H = 1, η = 1, μ = 0 is averaging the workers' parameters after every step;
 // - streaming with P = 1 and τ = 0 equals diloco bit for bit, though the two run separate code
 //   (collective/outer_sync.cc); decoupled configured synchronously equals diloco (1e-5);
-// - the all-reduce form of the merge equals the syncer's merge fed the same outer gradients.
 // The last three run the real `dloco train` (workers over Gloo, or syncer + learners over gRPC) on a tiny model.
+// The merge itself, through a real Gloo group, against the syncer's: outer_sync_test.cc.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -181,31 +181,6 @@ TEST_F(Baselines, DpTwoWorkersMatchOneProcessOnTheDoubledBatch) {
   EXPECT_LT(relative_difference(finals[0], expected), 1e-4);
   std::printf("dp (2 workers) vs one process on the doubled batch: max relative difference %.2e\n",
               relative_difference(finals[0], expected));
-}
-
-TEST_F(Baselines, AllReduceMergeEqualsTheSyncersMerge) {
-  // Three workers' outer gradients of a two-tensor fragment with uneven weights.
-  const FragmentLayout layout = make_fragment_layout({{"a.weight", {3, 4}}, {"b.weight", {5}}}, 1, false);
-  const int64_t n = layout.fragments[0].numel;
-  std::mt19937 rng(3);
-  std::normal_distribution<float> normal;
-  std::vector<std::vector<float>> grads(3, std::vector<float>(static_cast<size_t>(n)));
-  for (auto& g : grads) for (auto& v : g) v = normal(rng);
-  const std::vector<double> weights = {1.0, 0.0, 2.5};
-  std::vector<float> syncer(static_cast<size_t>(n));
-  merge_fragment(layout, 0, {grads[0], grads[1], grads[2]}, weights, MergeRule::kMean,
-                 [](const std::string&) { return false; }, syncer);
-  std::vector<float> sum(static_cast<size_t>(n) + 1, 0.0f), buffer(sum.size());
-  for (int m = 0; m < 3; ++m) {
-    weighted_sum_contribution(grads[m], weights[m], buffer);
-    for (size_t i = 0; i < sum.size(); ++i) sum[i] += buffer[i];  // what the all-reduce does
-  }
-  std::vector<float> reduced(static_cast<size_t>(n));
-  ASSERT_TRUE(mean_from_weighted_sums(sum, reduced));
-  for (size_t i = 0; i < reduced.size(); ++i) EXPECT_NEAR(reduced[i], syncer[i], 1e-6) << i;
-  std::fill(sum.begin(), sum.end(), 0.0f);
-  EXPECT_FALSE(mean_from_weighted_sums(sum, reduced));  // nobody trained: nothing to merge
-  EXPECT_THROW(weighted_sum_contribution(grads[0], -1.0, buffer), InputError);
 }
 
 TEST_F(Baselines, DilocoWithOneInnerStepAveragesTheParametersEveryStep) {
