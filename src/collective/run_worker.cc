@@ -21,6 +21,7 @@
 #include "collective/flat_model.h"
 #include "collective/outer_sync.h"
 #include "collective/process_group.h"
+#include "collective/worker_status.h"
 #include "core/atomic_file.h"
 #include "core/control_file.h"
 #include "core/events.h"
@@ -202,13 +203,13 @@ int run_worker_group(const Config& config, const WorkerOptions& options) {
   };
   auto write_status = [&](int64_t step, bool finished) {
     const double secs = seconds_since(started);
-    const nlohmann::json status = {
+    const nlohmann::json status = stamp_worker_status({
         {"mode", mode}, {"global_step", step}, {"tokens_trained", tokens_trained()}, {"world", W},
         {"generation", options.generation},
         {"tokens_budget", budget * M}, {"val_loss", std::isfinite(last_val) ? nlohmann::json(last_val) : nlohmann::json()},
         {"last_eval_step", last_eval_step}, {"loss", std::isfinite(loss_ema) ? nlohmann::json(loss_ema) : nlohmann::json()},
         {"syncs", syncs}, {"tokens_per_s", (stream.cursor().tokens_served - start_cursors[slot].tokens_served) / std::max(secs, 1e-9)},
-        {"wait_s", wait_s}, {"eval_s", eval_s}, {"bytes_sent", group.bytes_sent()}, {"finished", finished}};
+        {"wait_s", wait_s}, {"eval_s", eval_s}, {"bytes_sent", group.bytes_sent()}, {"finished", finished}});
     write_file_atomically(options.run_dir / "status.json", status.dump() + "\n");
   };
 

@@ -5,13 +5,16 @@
 // the syncer accumulates in double. Measured: 9e-8 of the largest |Δ_m| with token weights (0 with uniform ones);
 // the bound is 4e-7 ≈ (M + 3)·2⁻²⁴ for M = 3 (one rounding of each w·Δ_m, of each of the M − 1 sums, of the
 // division and of the syncer's result).
+// Also: the status.json format version the launcher checks (collective/worker_status.h).
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <thread>
 
 #include "collective/outer_sync.h"
+#include "collective/worker_status.h"
 #include "core/check.h"
 #include "core/merge.h"
 
@@ -132,6 +135,36 @@ TEST(AllReduceMerge, RejectsBadInputBeforeTheCollective) {
   EXPECT_THROW(contribution_weight("squared", 1, 1, 1), InputError);
   EXPECT_DOUBLE_EQ(contribution_weight("tokens", 512, 4, 128), 512.0);  // 512²/4 / 128
   EXPECT_DOUBLE_EQ(contribution_weight("uniform", 0, 0, 128), 0.0);
+  fs::remove_all(dir);
+}
+
+TEST(WorkerStatus, ReaderRefusesAnotherFormatVersion) {
+  const fs::path dir = fresh_dir("status");
+  const fs::path file = dir / "status.json";
+  EXPECT_TRUE(read_worker_status(file).is_null()) << "no file yet";
+  const auto stamped = stamp_worker_status({{"global_step", 12}});
+  EXPECT_EQ(stamped["format_version"], kWorkerStatusVersion);
+  std::ofstream(file) << stamped.dump();
+  EXPECT_EQ(read_worker_status(file)["global_step"], 12);
+  std::ofstream(file) << "{\"global_st";  // not JSON (never, atomically written): not read
+  EXPECT_TRUE(read_worker_status(file).is_null());
+  auto expect_refused = [&](nlohmann::json status, const std::string& says) {
+    std::ofstream(file) << status.dump();
+    try {
+      (void)read_worker_status(file);
+      ADD_FAILURE() << "accepted " << status.dump();
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("reads format_version 1"), std::string::npos) << e.what();
+    }
+  };
+  auto future = stamped;
+  future["format_version"] = kWorkerStatusVersion + 1;
+  expect_refused(future, "has format_version 2");
+  expect_refused({{"global_step", 12}}, "has no \"dloco-worker-status\" format_version");  // before versions
+  auto foreign = stamped;
+  foreign["format"] = "something-else";
+  expect_refused(foreign, "has no");
   fs::remove_all(dir);
 }
 
