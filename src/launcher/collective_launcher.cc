@@ -351,7 +351,9 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume, const 
     }
   }
   injector.release(children, elapsed_s());
-  if (!failure.empty()) {
+  if (!failure.empty() && !status_error.empty()) {
+    std::printf("[launcher] %s: stopping the workers\n", failure.c_str());
+  } else if (!failure.empty()) {
     std::printf("[launcher] %s: stopped the other workers (synchronous training needs all %d; run.recovery = "
                 "\"restart\" or \"elastic\" re-forms the group)\n", failure.c_str(), M);
   }
