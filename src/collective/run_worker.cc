@@ -3,10 +3,10 @@
 //   dp         every step: all-reduce the gradients (and the loss), then clip, guard and AdamW on every rank
 //   diloco     H inner steps, then a blocking all-reduce of the whole model's outer gradients (P = 1, τ = 0)
 //   streaming  fragment p's outer gradient is all-reduced from its due step u (u mod H = S_p) and applied at u + τ
-// The outer step is the decoupled syncer's, replicated on every rank: Δ_p = Σ w_m·(Θ_p − θ_{m,p}) / Σ w_m (weights
-// "uniform": 1 if the worker trained on p since it last received it, "tokens": tokens²/steps), then Nesterov
-// (core/merge.h), then θ_p ← α·θ_p + (1 − α)·Θ_p. A run that spends its budget flushes every fragment once more,
-// like the syncer's final flush, so a synchronously configured decoupled run and these modes match step for step.
+// The outer loops (collective/outer_sync.h, one implementation per mode) replicate the decoupled syncer's outer
+// step on every rank: Δ_p = Σ w_m·(Θ_p − θ_{m,p}) / Σ w_m, then Nesterov (core/merge.h), then
+// θ_p ← α·θ_p + (1 − α)·Θ_p. A run that spends its budget flushes every fragment once more, like the syncer's final
+// flush, so a synchronously configured decoupled run and these modes match step for step.
 // Rank 0 evaluates the model that matters (dp: the parameters; diloco/streaming: Θ), writes the status file the
 // launcher reads and the checkpoints. Every rank writes events/worker_<rank>.jsonl.
 #include <unistd.h>
@@ -14,22 +14,21 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
-#include <deque>
 #include <optional>
 #include <thread>
 
 #include "collective/dp.h"
+#include "collective/flat_model.h"
+#include "collective/outer_sync.h"
 #include "collective/process_group.h"
+#include "collective/worker_status.h"
 #include "core/atomic_file.h"
 #include "core/control_file.h"
 #include "core/events.h"
-#include "core/fragments.h"
-#include "core/merge.h"
 #include "data/stream.h"
 #include "data/tokenizer.h"
 #include "collective/worker.h"
 #include "train/checkpoint.h"
-#include "train/fragment_io.h"
 #include "train/threads.h"
 #include "train/trainer.h"
 
@@ -45,67 +44,8 @@ extern "C" void on_worker_signal(int sig) { g_worker_signal.store(sig); }
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// All parameters flattened into one fp32 tensor, in model->parameters() order.
-torch::Tensor flatten_parameters(GPT& model, bool grads) {
-  std::vector<torch::Tensor> parts;
-  for (auto& p : model->parameters()) {
-    const auto& t = grads ? p.grad() : p;
-    parts.push_back(t.defined() ? t.detach().reshape({-1}).to(torch::kCPU) : torch::zeros({p.numel()}));
-  }
-  return torch::cat(parts);
-}
-
-// The inverse of flatten_parameters: copies `flat` back into the parameters (or their gradients), in place.
-void unflatten_into(GPT& model, const torch::Tensor& flat, bool grads) {
-  torch::NoGradGuard no_grad;
-  int64_t offset = 0;
-  for (auto& p : model->parameters()) {
-    auto slice = flat.narrow(0, offset, p.numel()).view(p.sizes());
-    if (grads) {
-      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-      p.mutable_grad().copy_(slice);
-    } else {
-      p.copy_(slice);
-    }
-    offset += p.numel();
-  }
-}
-
-}  // namespace
-
-InnerTrainer::GradientHook dp_gradient_hook(GPT model, Collective& group, double* wait_s, int64_t* syncs,
-                                            double* stop_votes) {
-  return [model, &group, wait_s, syncs, stop_votes](double loss) mutable {
-    const auto t0 = Clock::now();
-    const int64_t extra = stop_votes ? 2 : 1;  // the loss, then the stop votes
-    std::vector<torch::Tensor> parts{flatten_parameters(model, /*grads=*/true), torch::full({1}, loss, torch::kFloat)};
-    if (stop_votes) parts.push_back(torch::full({1}, *stop_votes, torch::kFloat));
-    auto flat = torch::cat(parts);
-    group.allreduce_sum(flat);
-    if (stop_votes) *stop_votes = flat[flat.numel() - 1].item<double>();
-    flat.div_(static_cast<double>(group.world()));
-    unflatten_into(model, flat.narrow(0, 0, flat.numel() - extra), /*grads=*/true);
-    if (wait_s) *wait_s += seconds_since(t0);
-    if (syncs) ++*syncs;
-    return flat[flat.numel() - extra].item<double>();
-  };
-}
-
-namespace {
-
-// One outer sync of fragment p in flight: started at its due step, applied at apply_at.
-struct InFlight {
-  int fragment = 0;
-  int64_t round = 0;     // due step u; -1 for the final flush
-  int64_t apply_at = 0;  // step boundary at which the merged fragment is applied (u + τ)
-  torch::Tensor buffer;  // (numel + 1) fp32: Σ w_m·Δ_m, then Σ w_m
-  Collective::Pending work;
-};
-
-}  // namespace
-
-namespace {
 int run_worker_group(const Config& config, const WorkerOptions& options);
+
 }  // namespace
 
 int run_worker(const Config& config, const WorkerOptions& options) {
@@ -181,18 +121,6 @@ int run_worker_group(const Config& config, const WorkerOptions& options) {
               mode.c_str(), W, slot, static_cast<long long>(options.generation), static_cast<long long>(start_step));
   std::fflush(stdout);
 
-  const FragmentLayout layout = model_layout(model, config.diloco);
-  const auto params = layout_parameters(model, layout);
-  const int P = static_cast<int>(layout.fragments.size());
-  const int H = static_cast<int>(config.diloco.inner_steps), tau = static_cast<int>(config.diloco.overlap);
-  std::vector<std::vector<float>> theta(P), momentum(P);  // the global Θ_p and v_p, replicated on every rank
-  for (int p = 0; p < P && outer; ++p) {
-    theta[p].resize(static_cast<size_t>(layout.fragments[p].numel));
-    gather_parameters(params, layout, p, theta[p]);
-    momentum[p].assign(theta[p].size(), 0.0f);
-  }
-  std::vector<int64_t> version(P, 0), steps_since(P, 0), tokens_since(P, 0);
-
   // Every slot's data cursor at start_step (from the checkpoint when resuming): rank 0 writes them all into its
   // checkpoints, each slot of the group advanced by the steps trained since (all ranks step together).
   const int64_t S = config.data.streams > 0 ? config.data.streams : M;
@@ -236,49 +164,9 @@ int run_worker_group(const Config& config, const WorkerOptions& options) {
   };
   auto tokens_trained = [&] { return outer ? stream.cursor().tokens_served * M : tokens_total; };
 
-  std::deque<InFlight> in_flight;
-  auto start_sync = [&](int p, int64_t round, int64_t apply_at) {
-    const auto n = static_cast<size_t>(layout.fragments[p].numel);
-    std::vector<float> local(n);
-    gather_parameters(params, layout, p, local);
-    double w = config.diloco.weights == "tokens" ? token_weight(tokens_since[p], steps_since[p]) / tokens_per_step
-                                                 : (steps_since[p] > 0 ? 1.0 : 0.0);
-    outer_gradient(theta[p], local, local);  // Δ = Θ_p − θ_p, in place
-    auto buffer = torch::empty({static_cast<int64_t>(n) + 1}, torch::kFloat);
-    weighted_sum_contribution(local, w, std::span<float>(buffer.data_ptr<float>(), n + 1));  // [w·Δ, w]
-    InFlight f{p, round, apply_at, buffer, {}};
-    f.work = group.allreduce_sum_async(buffer);
-    in_flight.push_back(std::move(f));
-  };
-  auto finish_sync = [&](InFlight& f, int64_t step) {
-    const auto t0 = Clock::now();
-    f.work.wait();
-    wait_s += seconds_since(t0);
-    const int p = f.fragment;
-    const auto n = static_cast<size_t>(layout.fragments[p].numel);
-    std::vector<float> delta(n);
-    if (!mean_from_weighted_sums(std::span<const float>(f.buffer.data_ptr<float>(), n + 1), delta)) {
-      events.emit("round_skipped", {{"fragment", p}, {"round", f.round}, {"reason", "no worker trained on it"}});
-      return;
-    }
-    nesterov_outer_step(theta[p], momentum[p], delta, static_cast<float>(config.diloco.outer_lr),
-                        static_cast<float>(config.diloco.outer_momentum));
-    if (config.diloco.alpha > 0) {  // θ ← α·θ + (1 − α)·Θ
-      std::vector<float> local(n);
-      gather_parameters(params, layout, p, local);
-      for (size_t i = 0; i < n; ++i) {
-        local[i] = static_cast<float>(config.diloco.alpha * local[i] + (1 - config.diloco.alpha) * theta[p][i]);
-      }
-      scatter_parameters(params, layout, p, local);
-    } else {
-      scatter_parameters(params, layout, p, theta[p]);
-    }
-    version[p] += 1;
-    steps_since[p] = tokens_since[p] = 0;
-    ++syncs;
-    events.emit("applied", {{"step", step}, {"fragment", p}, {"round", f.round}, {"version", version[p]},
-                            {"outer_grad_norm", l2_norm(delta)}});
-  };
+  // diloco/streaming: the outer loop, Θ replicated on every rank (collective/outer_sync.h)
+  std::unique_ptr<OuterSync> outer_sync = outer ? make_outer_sync(config, model, group, events, wait_s, syncs) : nullptr;
+  auto versions = [&] { return outer ? outer_sync->versions() : std::vector<int64_t>{}; };
 
   // Rank 0: the evaluated model (dp: the parameters; diloco/streaming: Θ), status and checkpoints.
   GPT global_model(nullptr);
@@ -289,8 +177,7 @@ int run_worker_group(const Config& config, const WorkerOptions& options) {
   }
   auto evaluated_model = [&]() -> GPT& {
     if (!outer) return model;
-    const auto gparams = layout_parameters(global_model, layout);
-    for (int p = 0; p < P; ++p) scatter_parameters(gparams, layout, p, theta[p]);
+    outer_sync->write_global(global_model);
     return global_model;
   };
   const auto started = Clock::now();
@@ -301,7 +188,7 @@ int run_worker_group(const Config& config, const WorkerOptions& options) {
     m["config"] = to_json(config);
     m["mode"] = mode;
     m["global_step"] = step;
-    m["fragment_versions"] = version;
+    m["fragment_versions"] = versions();
     m["tokens_trained"] = tokens_trained();
     if (!outer) {
       m["cursors"] = cursors_at(step);
@@ -316,13 +203,13 @@ int run_worker_group(const Config& config, const WorkerOptions& options) {
   };
   auto write_status = [&](int64_t step, bool finished) {
     const double secs = seconds_since(started);
-    const nlohmann::json status = {
+    const nlohmann::json status = stamp_worker_status({
         {"mode", mode}, {"global_step", step}, {"tokens_trained", tokens_trained()}, {"world", W},
         {"generation", options.generation},
         {"tokens_budget", budget * M}, {"val_loss", std::isfinite(last_val) ? nlohmann::json(last_val) : nlohmann::json()},
         {"last_eval_step", last_eval_step}, {"loss", std::isfinite(loss_ema) ? nlohmann::json(loss_ema) : nlohmann::json()},
         {"syncs", syncs}, {"tokens_per_s", (stream.cursor().tokens_served - start_cursors[slot].tokens_served) / std::max(secs, 1e-9)},
-        {"wait_s", wait_s}, {"eval_s", eval_s}, {"bytes_sent", group.bytes_sent()}, {"finished", finished}};
+        {"wait_s", wait_s}, {"eval_s", eval_s}, {"bytes_sent", group.bytes_sent()}, {"finished", finished}});
     write_file_atomically(options.run_dir / "status.json", status.dump() + "\n");
   };
 
@@ -348,20 +235,8 @@ int run_worker_group(const Config& config, const WorkerOptions& options) {
       tokens_total += W * r.tokens;
       voted_stop = stop_votes > 0;
     }
-    for (int p = 0; p < P; ++p) {
-      steps_since[p] += 1;
-      tokens_since[p] += r.tokens;
-    }
     if (std::isfinite(r.loss)) loss_ema = std::isnan(loss_ema) ? r.loss : 0.9 * loss_ema + 0.1 * r.loss;
-    if (outer) {
-      for (int p = 0; p < P; ++p) {
-        if (fragment_due(p, step, H, P)) start_sync(p, step, step + tau);
-      }
-      while (!in_flight.empty() && in_flight.front().apply_at <= step) {
-        finish_sync(in_flight.front(), step);
-        in_flight.pop_front();
-      }
-    }
+    if (outer) outer_sync->after_step(step, r.tokens);
     events.emit("step", {{"step", step}, {"loss", r.loss}, {"step_s", step_s}, {"wait_s", wait_s - wait_before},
                          {"skipped", r.skipped}, {"tokens", stream.cursor().tokens_served}});
     if (rank != 0) continue;
@@ -385,20 +260,9 @@ int run_worker_group(const Config& config, const WorkerOptions& options) {
   // dp: the budget is spent when no further step of this group fits, also if the stop vote fell on the last step
   const bool budget_spent = !outer && tokens_total + W * tokens_per_step > config.train.total_tokens;
   const bool interrupted = (g_worker_signal.load() != 0 || voted_stop) && !budget_spent;
-  if (outer && !interrupted) {  // land what is in flight, then the final flush of every fragment trained on
-    while (!in_flight.empty()) {
-      finish_sync(in_flight.front(), step);
-      in_flight.pop_front();
-    }
-    for (int p = 0; p < P; ++p) {
-      if (steps_since[p] == 0) continue;  // lock-step: the same on every rank
-      start_sync(p, -1, step);
-      finish_sync(in_flight.back(), step);
-      in_flight.pop_back();
-    }
-  }
+  if (outer && !interrupted) outer_sync->flush(step);  // land what is in flight, then the final flush
   events.emit("stopped", {{"step", step}, {"signal", g_worker_signal.load()}, {"syncs", syncs}, {"wait_s", wait_s},
-                          {"bytes_sent", group.bytes_sent()}, {"versions", version}});
+                          {"bytes_sent", group.bytes_sent()}, {"versions", versions()}});
   if (rank == 0) {
     // also when interrupted; dp: with the AdamW state and every cursor, so a re-formed group continues from here.
     // A resumed group that trained no step leaves its checkpoint alone (the other ranks may still be reading it).

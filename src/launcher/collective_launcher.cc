@@ -14,6 +14,7 @@
 #include <fstream>
 #include <thread>
 
+#include "collective/worker_status.h"
 #include "core/atomic_file.h"
 #include "core/console.h"
 #include "core/events.h"
@@ -32,16 +33,6 @@ namespace {
 
 std::atomic<int> g_collective_signal{0};
 extern "C" void on_collective_signal(int sig) { g_collective_signal.store(sig); }
-
-nlohmann::json read_status(const fs::path& file) {
-  std::ifstream in(file);
-  if (!in) return nullptr;
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception&) {
-    return nullptr;  // written atomically, so only a missing file or a foreign one gets here
-  }
-}
 
 // Sums a numeric field over events/worker_<rank>.jsonl "stopped" records (bytes, syncs, waits per rank).
 nlohmann::json worker_summaries(const fs::path& run_dir, int M) {
@@ -121,6 +112,17 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume, const 
   const auto plan_started = Clock::now();  // a fault plan's clock: seconds since the first group was started
   auto elapsed_s = [&] { return std::chrono::duration<double>(Clock::now() - plan_started).count(); };
   nlohmann::json last;
+  // Rank 0's status.json (collective/worker_status.h). One of another format version ends the run with its
+  // message: the fields it holds may not mean what this launcher reads.
+  std::string status_error;
+  auto poll_status = [&] {
+    try {
+      if (auto status = read_worker_status(run_dir / "status.json"); !status.is_null()) last = status;
+    } catch (const InputError& e) {
+      if (status_error.empty()) status_error = e.what();
+    }
+    return status_error.empty();
+  };
   auto form = [&](const std::string& reason) {
     group.clear();
     for (int s = 0; s < M; ++s) {
@@ -213,7 +215,10 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume, const 
   while (g_collective_signal.load() == 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     reap(children);
-    if (auto status = read_status(run_dir / "status.json"); !status.is_null()) last = status;
+    if (!poll_status()) {
+      failure = status_error;
+      break;
+    }
     run_finished = last.is_object() && last.value("finished", false);
     injector.tick(elapsed_s(), last.is_object() ? last.value("global_step", int64_t{0}) : 0, run_finished, children);
     // A member that died (not by a clean exit) takes the group down with it.
@@ -315,7 +320,10 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume, const 
       events.emit("group_stopped", {{"generation", generation}, {"reason", "grow"}, {"at_step", at_step},
                                     {"at_s", elapsed_s()}});
       hold_out_planned_kills(members_before);  // a plan kill that landed while the group was stopping
-      if (auto status = read_status(run_dir / "status.json"); !status.is_null()) last = status;
+      if (!poll_status()) {
+        failure = status_error;
+        break;
+      }
       if (last.is_object() && last.value("finished", false)) break;
       for (int s : returning) {
         down[s] = false;
@@ -344,7 +352,9 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume, const 
     }
   }
   injector.release(children, elapsed_s());
-  if (!failure.empty()) {
+  if (!failure.empty() && !status_error.empty()) {
+    std::printf("[launcher] %s: stopping the workers\n", failure.c_str());
+  } else if (!failure.empty()) {
     std::printf("[launcher] %s: stopped the other workers (synchronous training needs all %d; run.recovery = "
                 "\"restart\" or \"elastic\" re-forms the group)\n", failure.c_str(), M);
   }
@@ -361,7 +371,8 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume, const 
   stop_children(children, std::chrono::seconds(30));
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
-  if (auto status = read_status(run_dir / "status.json"); !status.is_null()) last = status;
+  poll_status();
+  if (!status_error.empty()) throw InputError(status_error);
   const bool finished = last.is_object() && last.value("finished", false) && failure.empty();
   if (!latest_checkpoint(run_dir)) {
     throw InputError("the " + config.diloco.mode + " run stopped before rank 0 wrote a checkpoint" +
