@@ -354,7 +354,7 @@ void add_chaos_command(CLI::App& app) {
            << seconds(p.pause_s) << " | " << p.rolled_back_steps << " | " << p.world_after << " |\n";
       }
     }
-    md << "\nDefinitions: src/chaos/chaos_report.h (goodput, uptime, recovery); spec decoupled-diloco.md §7.\n";
+    md << "\nDefinitions: src/chaos/chaos_report.h (goodput, uptime, recovery); docs/protocol.md §7.\n";
 
     nlohmann::json out = {{"config", config_path}, {"plan", plan.to_json(static_cast<int>(faulted.diloco.learners))},
                           {"runs", nlohmann::json::array()}};

@@ -1,4 +1,4 @@
-// `dloco sim ...`: the goodput and bandwidth simulators on the command line (spec goodput-and-bandwidth.md).
+// `dloco sim ...`: the goodput and bandwidth simulators on the command line (docs/sim.md).
 //   dloco sim goodput    simulate methods × learners × chip counts; table, CSV, JSON, plot
 //   dloco sim fit        fit the shared knobs on the paper's two DP rows only (--write saves them)
 //   dloco sim grid       the paper's goodput grid: DP rows fitted, Decoupled rows predicted, differences in points

@@ -1,4 +1,4 @@
-// What a chaos run measured (spec decoupled-diloco.md §7, "Goodput of a real run"), computed after the run from
+// What a chaos run measured (docs/protocol.md §7, "Goodput of a real run"), computed after the run from
 // the run folder alone: the processes' event logs (events/*.jsonl), the data streams' logs (streams/*.jsonl) and
 // the launcher's report. Nothing here trusts a process's own summary: a SIGKILLed learner writes none.
 //

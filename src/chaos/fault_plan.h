@@ -1,4 +1,4 @@
-// Fault plans for chaos runs (the chaos issue; spec decoupled-diloco.md §7): a list of faults to inject into a
+// Fault plans for chaos runs (the chaos issue; docs/protocol.md §7): a list of faults to inject into a
 // real run, each at a time (seconds since the learners were started) or at a global step, written as TOML
 // (plans/*.toml) or built in C++ with FaultPlanBuilder, plus random learner failures drawn from a mean time
 // between failures with a seed. The launcher carries the plan out (launcher.cc); `dloco chaos` reports on it.

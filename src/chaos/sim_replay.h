@@ -1,4 +1,4 @@
-// The simulator tie-in of chaos runs (spec goodput-and-bandwidth.md, "Tie to the real system"): the learner faults
+// The simulator tie-in of chaos runs (docs/sim.md, "Tie to the real system"): the learner faults
 // a chaos run actually received are replayed, at the same times, through the goodput simulator's Decoupled DiLoCo
 // model with the run's own M, K, H, P, τ and measured step and rejoin times, so the real goodput and the simulated
 // one can be set side by side:

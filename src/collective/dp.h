@@ -1,4 +1,4 @@
-// The dp baseline's piece of the inner step (spec decoupled-diloco.md §11 "DP"), shared by the worker process
+// The dp baseline's piece of the inner step (docs/protocol.md §11 "DP"), shared by the worker process
 // and the tests.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The outer loop of the diloco and streaming baselines (spec decoupled-diloco.md §11), replicated on every worker
+// The outer loop of the diloco and streaming baselines (docs/protocol.md §11), replicated on every worker
 // of one Gloo group. Two separate implementations behind one interface, so that the equivalence "streaming with
 // P = 1, τ = 0 equals diloco" compares two code paths, not one path with itself:
 //   diloco     every H steps, the whole model as one flat vector (model->parameters() order): all-reduce [w·Δ, w],

@@ -1,6 +1,6 @@
 // The one adapter around c10d (NOTES.md: ProcessGroupGloo derives from ProcessGroup in LibTorch 1.13 and from
 // Backend in 2.x, so nothing else in dloco includes c10d). Used by the synchronous baselines (dp, diloco,
-// streaming; spec decoupled-diloco.md §11): sums of tensors across M worker processes over Gloo, every call with a
+// streaming; docs/protocol.md §11): sums of tensors across M worker processes over Gloo, every call with a
 // deadline.
 #pragma once
 

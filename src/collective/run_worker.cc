@@ -1,4 +1,4 @@
-// A worker of the synchronous baselines (spec decoupled-diloco.md §11), one process per rank, all ranks in one
+// A worker of the synchronous baselines (docs/protocol.md §11), one process per rank, all ranks in one
 // Gloo group (collective/process_group.h):
 //   dp         every step: all-reduce the gradients (and the loss), then clip, guard and AdamW on every rank
 //   diloco     H inner steps, then a blocking all-reduce of the whole model's outer gradients (P = 1, τ = 0)

@@ -21,7 +21,7 @@ struct WorkerOptions {
   std::filesystem::path resume_from; // checkpoint (model, AdamW, every slot's cursor) to start from; empty = Θ0
 };
 
-/// Runs one worker of a baseline (diloco.mode = "dp", "diloco" or "streaming"; spec §11): joins the Gloo group
+/// Runs one worker of a baseline (diloco.mode = "dp", "diloco" or "streaming"; docs/protocol.md §11): joins the Gloo group
 /// (deadline run.collective_timeout_s), trains its share of the token budget in lock-step with the others and
 /// returns 0. Throws InputError on bad set-up; returns kPeerFailedExit when a peer dies or a collective passes its
 /// deadline (synchronous training cannot go on without every worker).

@@ -1,5 +1,5 @@
 // Atomic file replacement: a reader sees either the old file or the complete new one, never a torn write
-// (spec decoupled-diloco.md §7: "a checkpoint cut off mid-write is detected and skipped"). Used for safetensors
+// (docs/protocol.md §7: "a checkpoint cut off mid-write is detected and skipped"). Used for safetensors
 // checkpoints and JSON manifests.
 #pragma once
 

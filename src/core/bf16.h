@@ -1,4 +1,4 @@
-// fp32 <-> bfloat16 conversion (outer gradients on the wire, spec decoupled-diloco.md §9; BF16 safetensors).
+// fp32 <-> bfloat16 conversion (outer gradients on the wire, docs/protocol.md §9; BF16 safetensors).
 // bf16 keeps fp32's sign and 8 exponent bits and the top 7 mantissa bits: relative error ≤ 2^-8 after
 // round-to-nearest-even. NaN stays NaN (quiet), ±inf stays ±inf, values above the largest bf16 round to ±inf.
 // Stored as uint16_t bit patterns, so no compiler bf16 support is needed.

@@ -348,7 +348,7 @@ Config parse_config(const std::string& toml_text, const std::vector<std::string>
     throw InputError((src.path ? *src.path : source_name) + ":" + std::to_string(src.begin.line) +
                      ": TOML syntax error: " + std::string(e.description()));
   }
-  // The baselines' fixed settings (spec §11): DiLoCo syncs the whole model at once without overlap; every
+  // The baselines' fixed settings (docs/protocol.md §11): DiLoCo syncs the whole model at once without overlap; every
   // baseline waits for all M workers.
   if (c.diloco.mode == "diloco") {
     c.diloco.fragments = 1;

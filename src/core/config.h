@@ -1,7 +1,7 @@
 // The one configuration of a dloco run: model, data, inner training, Decoupled DiLoCo (outer) and run
 // settings, each field with its default and unit. Loaded from TOML; unknown keys and out-of-range values
 // are errors (InputError naming the key); the resolved config is printed and saved with every checkpoint.
-// Symbols follow spec decoupled-diloco.md §2 (M, H, P, τ, K, γ, η, μ).
+// Symbols follow docs/protocol.md §2 (M, H, P, τ, K, γ, η, μ).
 // Deliberately not here: flags of single commands (those live in src/apps).
 #pragma once
 
@@ -53,14 +53,14 @@ struct DataConfig {
   int64_t streams = 0;           // S data streams the train split is cut into; 0 = one per learner (S = M)
 };
 
-/// The inner optimisation a learner runs (AdamW, warmup + cosine), spec §2 "inner".
+/// The inner optimisation a learner runs (AdamW, warmup + cosine), docs/protocol.md §2 "inner".
 struct TrainConfig {
   int64_t batch_size = 16;       // B: sequences per micro-batch
   int64_t grad_accum = 1;        // micro-batches per optimizer step
   int64_t total_tokens = 2000000;// token budget of the whole run (all learners), tokens
   bool shared_budget = false;    // decoupled: false = each learner slot trains total/M tokens; true = the learners
                                  // share the budget and the syncer ends training when their sum reaches it, so a
-                                 // slot that was down or slow leaves its share to the others (chaos runs, spec §7)
+                                 // slot that was down or slow leaves its share to the others (chaos runs, docs/protocol.md §7)
   double lr = 2e-3;              // peak inner learning rate
   int64_t warmup_steps = 50;     // steps
   double min_lr_ratio = 0.1;     // cosine floor as a fraction of lr
@@ -80,10 +80,10 @@ struct TrainConfig {
   int64_t tokens_per_step(const ModelConfig& m) const { return batch_size * m.seq_len * grad_accum; }
 };
 
-/// Decoupled DiLoCo's outer loop, spec §2–§8.
+/// Decoupled DiLoCo's outer loop, docs/protocol.md §2–§8.
 struct DilocoConfig {
   // "local": one process, no syncer. "decoupled": the spine (syncer + M learners that never wait).
-  // Baselines (spec §11), M worker processes over c10d/Gloo that all wait for each other:
+  // Baselines (docs/protocol.md §11), M worker processes over c10d/Gloo that all wait for each other:
   // "dp": gradients all-reduced every step; "diloco": H inner steps, then a blocking all-reduce of the whole
   // model's outer gradients (P = 1 and τ = 0 are forced); "streaming": P fragments on the staggered schedule,
   // all-reduce started at u and awaited at u + τ. The baselines set quorum = M, grace_window = false and
@@ -113,7 +113,7 @@ struct DilocoConfig {
 };
 
 /// Learner ids are in [0, kMaxLearnerId): the launcher starts 0 … M−1; learners joining a running job
-/// (scavenging, spec §7) may take any other id in the range.
+/// (scavenging, docs/protocol.md §7) may take any other id in the range.
 inline constexpr int kMaxLearnerId = 65536;
 
 /// Process and run settings.
@@ -136,7 +136,7 @@ struct RunSettings {
                                    // "restart": every worker stops and the full group restarts from the last
                                    // checkpoint once the dead worker is back; "elastic" (torchelastic): the
                                    // survivors re-form at once without it from the last checkpoint, and the group
-                                   // re-forms again with it when it is back (spec decoupled-diloco.md §11, chaos)
+                                   // re-forms again with it when it is back (docs/protocol.md §11, chaos)
 };
 
 /// The slowdown factor of learner `id` from run.slowdown (1 when not listed). Throws InputError on a malformed

@@ -1,4 +1,4 @@
-// The syncer's pure decisions: global clock, liveness, quorum and grace window (spec decoupled-diloco.md §4, §5).
+// The syncer's pure decisions: global clock, liveness, quorum and grace window (docs/protocol.md §4, §5).
 #include "core/decisions.h"
 
 #include <algorithm>

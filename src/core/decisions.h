@@ -22,7 +22,7 @@ struct LearnerState {
   bool joined = false;       // bootstrapped and attached; a learner not joined is never live
 };
 
-/// Liveness lease (spec §4): a learner is absent after no metadata for max(step_multiple·ξ_step, min_lease_s).
+/// Liveness lease (docs/protocol.md §4): a learner is absent after no metadata for max(step_multiple·ξ_step, min_lease_s).
 struct LeaseConfig {
   double step_multiple = 3.0;  // lease in units of the learner's step time
   double min_lease_s = 5.0;    // floor of the lease, s
@@ -42,12 +42,12 @@ struct ClockDecision {
   std::string reason;       // e.g. "t 40 -> 48: 2nd largest step of 3 live learners is 48"
 };
 
-/// Global clock (spec §4, ours): t = max(previous, K-th largest step among live learners). With fewer than K live
+/// Global clock (docs/protocol.md §4, ours): t = max(previous, K-th largest step among live learners). With fewer than K live
 /// learners t stays. Throws InputError if K < 1 or previous < 0.
 ClockDecision advance_global_clock(int64_t previous, std::span<const LearnerState> learners, double now_s, int K,
                                    const LeaseConfig& lease);
 
-/// The due steps u of fragment p (u mod H == S_p, spec §4) with from_exclusive < u ≤ to_inclusive, ascending.
+/// The due steps u of fragment p (u mod H == S_p, docs/protocol.md §4) with from_exclusive < u ≤ to_inclusive, ascending.
 /// Empty if to_inclusive ≤ from_exclusive. Throws InputError on an invalid schedule or p out of range.
 std::vector<int64_t> due_steps_crossed(int p, int64_t from_exclusive, int64_t to_inclusive, int H, int P);
 
@@ -80,12 +80,12 @@ class Ema {
   bool has_value_ = false;
 };
 
-/// Adaptive grace window (spec §5): ξ_grace = max(0, γ·(τ·ξ_step − (ξ_quorum + ξ_sync))), seconds.
+/// Adaptive grace window (docs/protocol.md §5): ξ_grace = max(0, γ·(τ·ξ_step − (ξ_quorum + ξ_sync))), seconds.
 /// tau_steps = τ, slowest_step_s = ξ_step of the slowest live learner, quorum_s = ξ_quorum (schedule → quorum),
 /// sync_s = ξ_sync (pull + merge + broadcast), gamma = γ. Throws InputError on negative inputs or γ ∉ [0, 1].
 double grace_window_s(double tau_steps, double slowest_step_s, double quorum_s, double sync_s, double gamma);
 
-/// Quorum and grace configuration (spec §2, §4, §5).
+/// Quorum and grace configuration (docs/protocol.md §2, §4, §5).
 struct QuorumConfig {
   int K = 1;               // minimum quorum
   bool grace = true;       // adaptive grace window on/off
@@ -126,7 +126,7 @@ struct MergeDecision {
   std::string reason;             // e.g. "quorum 1/1 reached; grace 0.40 s left for 2 more live learners"
 };
 
-/// Merge now or wait (spec §4 steps 1–3, §5):
+/// Merge now or wait (docs/protocol.md §4 steps 1–3, §5):
 ///  1. participants = live learners whose reported step ≥ u. Fewer than K → kWaitQuorum.
 ///  2. Every live learner is a participant → kPullNow (nobody left to wait for).
 ///  3. Grace off → kPullNow. Otherwise ξ_grace = grace_window_s(τ, slowest live step time, ξ_quorum, ξ_sync, γ),

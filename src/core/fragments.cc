@@ -1,4 +1,4 @@
-// Balanced tensor fragmentation: LPT greedy over row blocks (spec decoupled-diloco.md §8).
+// Balanced tensor fragmentation: LPT greedy over row blocks (docs/protocol.md §8).
 #include "core/fragments.h"
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// Balanced tensor fragmentation (spec decoupled-diloco.md §8) and the staggered sync schedule (§2, §4).
+// Balanced tensor fragmentation (docs/protocol.md §8) and the staggered sync schedule (§2, §4).
 //
 // The model's parameters are split into P fragments of near-equal size with LPT greedy bin-packing; tensors
 // larger than total/P are first cut into row blocks along dimension 0 (ours, on by default), so one large
@@ -63,7 +63,7 @@ struct FragmentLayout {
   std::string summary() const;
 };
 
-/// Builds the LPT layout (spec §8).
+/// Builds the LPT layout (docs/protocol.md §8).
 ///  1. Sort the tensors by name. With split_large_tensors, a tensor of ≥ 2 rows with numel > total/P is cut into
 ///     n = min(rows, ceil(numel·P / total)) row blocks of near-equal rows (the first rows % n blocks get one more).
 ///  2. Sort all blocks by numel descending (ties: tensor name, then row_begin) and put each into the currently
@@ -76,14 +76,14 @@ struct FragmentLayout {
 /// has an empty shape, a negative dimension, an empty name or a duplicate name.
 FragmentLayout make_fragment_layout(std::vector<TensorSpec> tensors, int P, bool split_large_tensors = true);
 
-/// Step offset S_p = p·H/P (integer division) at which fragment p syncs (spec §2). Requires 0 ≤ p < P;
+/// Step offset S_p = p·H/P (integer division) at which fragment p syncs (docs/protocol.md §2). Requires 0 ≤ p < P;
 /// throws InputError otherwise or if H < 1 or P < 1.
 int64_t fragment_offset(int p, int H, int P);
 
-/// True when fragment p is due at global step `step`: step mod H == S_p (spec §4). Same errors as fragment_offset.
+/// True when fragment p is due at global step `step`: step mod H == S_p (docs/protocol.md §4). Same errors as fragment_offset.
 bool fragment_due(int p, int64_t step, int H, int P);
 
-/// Start-up check of the sync schedule (spec §8): throws InputError unless H ≥ 1, P ≥ 1 and H is a multiple of P.
+/// Start-up check of the sync schedule (docs/protocol.md §8): throws InputError unless H ≥ 1, P ≥ 1 and H is a multiple of P.
 void validate_schedule(int H, int P);
 
 /// Copies fragment p out of the full model: `tensors[i]` is the flat data of layout.tensors[i] (numel elements);

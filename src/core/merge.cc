@@ -1,4 +1,4 @@
-// Merge math of the syncer (spec decoupled-diloco.md §4 steps 4–7, §6). Norms and sums in double.
+// Merge math of the syncer (docs/protocol.md §4 steps 4–7, §6). Norms and sums in double.
 #include "core/merge.h"
 
 #include <cmath>
@@ -9,7 +9,7 @@
 namespace dloco {
 namespace {
 
-// Below this norm the mean direction carries no direction (spec §6).
+// Below this norm the mean direction carries no direction (docs/protocol.md §6).
 constexpr double kMinDirectionNorm = 1e-12;
 
 void check_weights(std::span<const double> w) {
@@ -156,7 +156,7 @@ void merge_fragment(const FragmentLayout& layout, int p, const std::vector<std::
   }
   check_merge_shapes(outer_grads, weights, out);  // counts and weights (sizes checked above)
 
-  // One block at a time: RDA norms are per block (spec §6, §8), the embedding takes the plain mean.
+  // One block at a time: RDA norms are per block (docs/protocol.md §6, §8), the embedding takes the plain mean.
   std::vector<std::span<const float>> block_inputs(outer_grads.size());
   int64_t pos = 0;
   for (const FragmentBlock& b : fragment.blocks) {

@@ -1,4 +1,4 @@
-// Merge math of the syncer (spec decoupled-diloco.md §4 steps 4–7, §6): outer gradients, token weights,
+// Merge math of the syncer (docs/protocol.md §4 steps 4–7, §6): outer gradients, token weights,
 // radial-directional averaging (RDA), the weighted mean, and the Nesterov outer step.
 //
 // Buffers are flat fp32 spans of one fragment (or one block of it); all norms and accumulations are done in
@@ -18,17 +18,17 @@ namespace dloco {
 
 /// How the outer gradients of one fragment are combined.
 enum class MergeRule {
-  kRda,   // radial-directional averaging per block (spec §6); the embedding still uses the weighted mean
+  kRda,   // radial-directional averaging per block (docs/protocol.md §6); the embedding still uses the weighted mean
   kMean,  // plain token-weighted mean everywhere (ablation baseline)
 };
 
-/// "quantity × quality" weight of one contribution (spec §4 step 5): tokens² / steps, or 0 if steps == 0.
+/// "quantity × quality" weight of one contribution (docs/protocol.md §4 step 5): tokens² / steps, or 0 if steps == 0.
 /// tokens and steps are the learner's counters since it last received the fragment. Throws InputError if either
 /// is negative.
 double token_weight(int64_t tokens, int64_t steps);
 
 /// Divides weights by their sum so they sum to 1. Throws InputError if the span is empty, any weight is negative
-/// or not finite, or all weights are zero. Choice (spec silent): all-zero weights mean no participant trained on
+/// or not finite, or all weights are zero. Choice (the paper is silent): all-zero weights mean no participant trained on
 /// the fragment since it last received it, so there is nothing to merge; the caller skips the round instead of
 /// guessing a uniform fallback (use merge_has_weight() to test first).
 std::vector<double> normalise_weights(std::span<const double> weights);
@@ -41,7 +41,7 @@ bool merge_has_weight(std::span<const double> weights);
 /// invalid as in normalise_weights. n == 0 is allowed (nothing to do).
 void weighted_mean(std::span<const std::span<const float>> v, std::span<const double> w, std::span<float> out);
 
-/// Radial-directional average (spec §6):
+/// Radial-directional average (docs/protocol.md §6):
 ///   RDA({v_m, w_m}) = (Σ w_m‖v_m‖ / Σ w_m) · φ(Σ w_m φ(v_m) / Σ w_m),  φ(x) = x/‖x‖, φ(0) = 0,
 /// with ‖·‖ the L2 norm over the whole span. If the weighted mean direction has norm < 1e-12 (all inputs zero,
 /// or directions cancel) the result is the weighted mean instead. If every ‖v_m‖ = R the result has norm R.
@@ -49,7 +49,7 @@ void weighted_mean(std::span<const std::span<const float>> v, std::span<const do
 void radial_directional_average(std::span<const std::span<const float>> v, std::span<const double> w,
                                 std::span<float> out);
 
-/// Merges fragment p (spec §4 step 6). outer_grads: one flat buffer per participant, each the fragment's numel
+/// Merges fragment p (docs/protocol.md §4 step 6). outer_grads: one flat buffer per participant, each the fragment's numel
 /// elements in block order; weights: one per participant (≥ 0, Σ > 0); out: fragment numel elements.
 /// Per block: RDA with norms taken over that block, unless rule is kMean or is_embedding(tensor name) is true
 /// (the token embedding and a tied output head), which use the plain weighted mean.
@@ -58,7 +58,7 @@ void merge_fragment(const FragmentLayout& layout, int p, const std::vector<std::
                     std::span<const double> weights, MergeRule rule,
                     const std::function<bool(const std::string& tensor_name)>& is_embedding, std::span<float> out);
 
-/// The all-reduce form of the weighted mean, used by the baselines (spec §11): each worker m writes
+/// The all-reduce form of the weighted mean, used by the baselines (docs/protocol.md §11): each worker m writes
 ///   buffer = [w_m·Δ_m (n values), w_m]
 /// and the element-wise sum of the M buffers, given to mean_from_weighted_sums(), is Σ w_m·Δ_m / Σ w_m: the same
 /// outer gradient as weighted_mean() over the M inputs, but computed without any worker seeing another's Δ.
@@ -71,12 +71,12 @@ void weighted_sum_contribution(std::span<const float> delta, double weight, std:
 /// elements (InputError otherwise).
 bool mean_from_weighted_sums(std::span<const float> buffer, std::span<float> out);
 
-/// Outer gradient of one learner (spec §4 step 4): delta = global − local (Θ_p − θ_{m,p}), elementwise.
+/// Outer gradient of one learner (docs/protocol.md §4 step 4): delta = global − local (Θ_p − θ_{m,p}), elementwise.
 /// Sign convention: the outer step subtracts η·Δ, so a learner that moved θ toward a target moves Θ toward it.
 /// All three spans have the same size n (InputError otherwise); delta may alias either input.
 void outer_gradient(std::span<const float> global, std::span<const float> local, std::span<float> delta);
 
-/// Nesterov outer step (spec §4 step 7), elementwise, in place:
+/// Nesterov outer step (docs/protocol.md §4 step 7), elementwise, in place:
 ///   v ← μ·v + Δ ;  Θ ← Θ − η·(Δ + μ·v)
 /// theta: Θ_p (n), v: the fragment's momentum buffer (n, starts at 0), delta: merged outer gradient Δ_p (n);
 /// lr = η (DiLoCo: 0.7), mu = μ (0.9). Throws InputError on a size mismatch or a non-finite lr/mu.

@@ -1,6 +1,6 @@
 // Learning-rate schedule of the inner optimizer: linear warmup, then cosine decay to a floor.
 // A pure function of the global step, so a learner that (re)joins at global step t adopts the same lr as
-// every other learner (spec decoupled-diloco.md §4, "A learner adopts t").
+// every other learner (docs/protocol.md §4, "A learner adopts t").
 #pragma once
 
 #include <cmath>

@@ -1,4 +1,4 @@
-// Data streams (spec decoupled-diloco.md §7, "Data streams"): the train split is cut into S contiguous,
+// Data streams (docs/protocol.md §7, "Data streams"): the train split is cut into S contiguous,
 // disjoint streams; a learner slot reads one stream through a cursor that only moves forward, so no token of a
 // stream is trained twice or skipped within an epoch. The cursor is plain data, persisted before each step and
 // restored exactly on resume.

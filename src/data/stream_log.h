@@ -1,4 +1,4 @@
-// Exact data across kills and restarts (spec decoupled-diloco.md §7, "Data streams"): an append-only log per data
+// Exact data across kills and restarts (docs/protocol.md §7, "Data streams"): an append-only log per data
 // stream of every batch handed to training. A learner records the batch's cursor here, flushed to the kernel,
 // *before* the step that trains it; a restarted learner resumes one batch after the last record. So no batch of a
 // stream is trained twice or skipped, whatever moment a SIGKILL lands; a batch whose step never reached a merge

@@ -1,4 +1,4 @@
-// Bootstrap from a healthy peer (spec decoupled-diloco.md §7; the chaos issue's "scavenging"). With
+// Bootstrap from a healthy peer (docs/protocol.md §7; the chaos issue's "scavenging"). With
 // diloco.bootstrap = "peers", every learner serves the fragments it holds (Θ_p at the version it last applied)
 // on a small server of its own (any transport), and a learner that joins or restarts takes each fragment from a peer instead
 // of the syncer: the syncer's bandwidth stays for merges. The learner's training thread only swaps a pointer

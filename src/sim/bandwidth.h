@@ -1,6 +1,6 @@
 // Compute utilisation (CU = compute time / wall time) as a function of the link bandwidth between workers
 // (datacenters), for DP, DiLoCo and Streaming DiLoCo (± overlap, ± low-precision outer gradients), and the
-// bandwidth needed for a target CU (spec goodput-and-bandwidth.md, "Bandwidth"). The model (docs/sim.md):
+// bandwidth needed for a target CU (docs/sim.md, "Bandwidth"). The model (docs/sim.md):
 //   - a step is a forward (fraction f of t_step) then a backward over L equal layers; all traffic crosses one
 //     link of bandwidth W, one transfer at a time; an all-reduce over n workers moves 2(n−1)/n × the payload;
 //   - DP: each layer's gradient is all-reduced as soon as its backward is done; the next step's forward of a

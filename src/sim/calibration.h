@@ -1,4 +1,4 @@
-// Honest calibration of the goodput simulator against the paper's grid (spec goodput-and-bandwidth.md):
+// Honest calibration of the goodput simulator against the paper's grid (docs/sim.md):
 // the knobs shared by all methods are fitted on the two DP rows only; the Decoupled rows are then
 // predictions, reported beside the paper's cells with the difference in points.
 // Deliberately not here: file I/O (goodput_config.h reads and writes calibration files) and printing.

@@ -1,4 +1,4 @@
-// Configuration of the goodput simulator (spec goodput-and-bandwidth.md, "Goodput"): every knob of the model
+// Configuration of the goodput simulator (docs/sim.md, "Goodput"): every knob of the model
 // is a field here with its unit and default, settable by name from a TOML calibration file or a CLI flag.
 // Unknown names and out-of-range values are InputErrors that name the knob.
 // Deliberately not here: the event loop (goodput_sim.h) and any file reading beyond the calibration file.

@@ -1,4 +1,4 @@
-// The goodput simulator (spec goodput-and-bandwidth.md, "Goodput"): a seeded, deterministic discrete-event
+// The goodput simulator (docs/sim.md, "Goodput"): a seeded, deterministic discrete-event
 // simulation of one training run under chip failures, for DP, elastic DP, DiLoCo, Streaming DiLoCo and
 // Decoupled DiLoCo. The model is written out in docs/sim.md; in short:
 //   1. chips fail as a Poisson process (rate N / chip MTBF); a failure takes its slice away for a random

@@ -167,11 +167,11 @@ std::string format_reference_points() {
   const double int4 = hidden_fragment_bandwidth(5e9, Precision::kInt4, 256, 24, 2, 1.0);
   std::ostringstream os;
   os << "Reference points: 5B parameters, 1 s step, two datacenters.\n"
-     << "  DP, 90% CU (24 layers, bf16 gradients):    " << fmt("%7.2f", dp_gbps) << " Gbit/s  (spec ~104, "
+     << "  DP, 90% CU (24 layers, bf16 gradients):    " << fmt("%7.2f", dp_gbps) << " Gbit/s  (paper ~104, "
      << fmt("%+.1f%%", 100 * (dp_gbps / 104 - 1)) << ")\n"
-     << "  Decoupled, P = 24, tau = 2, bf16:            " << fmt("%7.3f", bf16) << " Gbit/s  (spec 1.7, "
+     << "  Decoupled, P = 24, tau = 2, bf16:            " << fmt("%7.3f", bf16) << " Gbit/s  (paper 1.7, "
      << fmt("%+.1f%%", 100 * (bf16 / 1.7 - 1)) << ")\n"
-     << "  Decoupled, P = 24, tau = 2, int4 (block 256): " << fmt("%7.3f", int4) << " Gbit/s  (spec 0.43, "
+     << "  Decoupled, P = 24, tau = 2, int4 (block 256): " << fmt("%7.3f", int4) << " Gbit/s  (paper 0.43, "
      << fmt("%+.1f%%", 100 * (int4 / 0.43 - 1)) << ")\n";
   return os.str();
 }

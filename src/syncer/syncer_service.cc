@@ -502,7 +502,7 @@ void SyncerService::merger_loop() {
       std::lock_guard lock(mu_);
       actions = state_->tick(now_s());
       for (const auto& m : actions.merged) momenta.push_back(state_->momentum(m.fragment));
-      // pulls go out at once (spec §4 step 3)
+      // pulls go out at once (docs/protocol.md §4 step 3)
       for (const auto& pull : actions.pulls) {
         const wire::SyncerMessage msg = wire::PullRequest{
             pull.fragment, pull.round_step,

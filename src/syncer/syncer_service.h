@@ -89,7 +89,7 @@ class SyncerService final : public wire::SyncerHandler {
   std::unique_ptr<SyncerState> state_;
   std::map<uint64_t, int> sessions_;                  // session id -> learner slot (-1: evaluator)
   std::map<int, std::shared_ptr<Outbox>> outboxes_;   // learner id -> its live session's outbox
-  // Data streams (spec §7): S leases. A learner holds one stream while it is live; a restarted learner gets its
+  // Data streams (docs/protocol.md §7): S leases. A learner holds one stream while it is live; a restarted learner gets its
   // stream back, a joiner gets a free one (never leased, released by a learner that left, or held by one whose
   // lease ran out). On one machine the stream log's file lock is what makes a lease exclusive (run_learner.cc).
   struct StreamLease {

@@ -1,4 +1,4 @@
-// Syncer state transitions; see syncer_state.h. Steps in comments follow spec decoupled-diloco.md §4.
+// Syncer state transitions; see syncer_state.h. Steps in comments follow docs/protocol.md §4.
 #include "syncer/syncer_state.h"
 
 #include <algorithm>
@@ -124,7 +124,7 @@ AnswerOutcome SyncerState::on_answer(int learner, PullAnswerData answer, double 
       round.answers.count(learner)) {
     return drop("learner " + std::to_string(learner) + " was not asked, or already answered, in this round");
   }
-  if (answer.base_version >= 0) {  // a delta: its base must still be known (stale anchors, spec §4)
+  if (answer.base_version >= 0) {  // a delta: its base must still be known (stale anchors, docs/protocol.md §4)
     const bool known = std::any_of(frag.anchors.begin(), frag.anchors.end(),
                                    [&](const auto& a) { return a.first == answer.base_version; });
     if (!known) {
@@ -186,7 +186,7 @@ SyncerActions SyncerState::tick(double now_s) {
     }
   }
 
-  // 2) the end: every live learner spent its budget -> flush every fragment once more (spec §4).
+  // 2) the end: every live learner spent its budget -> flush every fragment once more (docs/protocol.md §4).
   int live = 0, live_finished = 0;
   for (const auto& [id, rec] : learners_) {
     if (is_live(id, now_s)) {

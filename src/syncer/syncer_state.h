@@ -1,4 +1,4 @@
-// The syncer's state and its transitions (spec decoupled-diloco.md §4–§8), with no network and no clocks:
+// The syncer's state and its transitions (docs/protocol.md §4–§8), with no network and no clocks:
 // the service (syncer_service.cc) feeds it metadata and pull answers with the current time, calls tick(), and
 // carries out the actions it returns (send pull requests, persist then broadcast merged fragments).
 // Everything here is deterministic for a given sequence of calls, so it is tested by driving it by hand.
@@ -25,7 +25,7 @@
 
 namespace dloco {
 
-/// What a learner reports after each step (spec §3 step 4).
+/// What a learner reports after each step (docs/protocol.md §3 step 4).
 struct LearnerReport {
   int64_t step = 0;                 // t_m
   std::vector<int64_t> steps;       // steps[m][p], P entries
@@ -95,9 +95,9 @@ class SyncerState {
 
   /// A learner (re)joined: it is live from now on with step = the global step it adopts.
   void on_join(int learner, double now_s);
-  /// Metadata from a learner (spec §3 step 4). Unknown learners are ignored.
+  /// Metadata from a learner (docs/protocol.md §3 step 4). Unknown learners are ignored.
   void on_report(int learner, const LearnerReport& report, double now_s);
-  /// The learner left gracefully (spec §7, scavenging): absent from quorums at once, not after its lease.
+  /// The learner left gracefully (docs/protocol.md §7, scavenging): absent from quorums at once, not after its lease.
   void on_leave(int learner);
   /// An answer to a pull. Late answers (round already merged, or never asked) are dropped; malformed ones
   /// (wrong size, non-finite, unknown base version under stale_policy "skip") are refused. `reason` says why.

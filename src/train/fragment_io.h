@@ -1,4 +1,4 @@
-// Moving fragments between a GPT's parameters and flat fp32 buffers (spec decoupled-diloco.md §3 steps 5–6,
+// Moving fragments between a GPT's parameters and flat fp32 buffers (docs/protocol.md §3 steps 5–6,
 // §8). The layout is computed from the model's (name, shape) list, so every process derives the same one.
 // Copies go block by block through LibTorch, so parameters may live on any device; they are changed in place
 // under NoGradGuard (the optimizer's moments stay attached to the same tensors).

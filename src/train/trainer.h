@@ -1,4 +1,4 @@
-// The inner optimisation of one learner (spec decoupled-diloco.md §3 steps 1–3): micro-batches with gradient
+// The inner optimisation of one learner (docs/protocol.md §3 steps 1–3): micro-batches with gradient
 // accumulation, global-norm clipping, AdamW with warmup + cosine, and a guard that skips a step whose loss or
 // gradients are not finite. Also the evaluation of a model on the validation split.
 // Deliberately not here: anything about the syncer or the network; this is the hot path and adds nothing to a

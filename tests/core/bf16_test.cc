@@ -1,4 +1,4 @@
-// fp32 <-> bf16 round trip (spec decoupled-diloco.md §9).
+// fp32 <-> bf16 round trip (docs/protocol.md §9).
 #include "core/bf16.h"
 
 #include <gtest/gtest.h>

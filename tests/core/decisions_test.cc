@@ -1,4 +1,4 @@
-// Table tests of the syncer's pure decisions (spec decoupled-diloco.md §4 clock, lease, quorum; §5 grace).
+// Table tests of the syncer's pure decisions (docs/protocol.md §4 clock, lease, quorum; §5 grace).
 #include "core/decisions.h"
 
 #include <gtest/gtest.h>

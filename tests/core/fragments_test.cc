@@ -1,4 +1,4 @@
-// Tests of the LPT fragment layout and the sync schedule (spec decoupled-diloco.md §8).
+// Tests of the LPT fragment layout and the sync schedule (docs/protocol.md §8).
 #include "core/fragments.h"
 
 #include <gtest/gtest.h>
@@ -159,7 +159,7 @@ Stats stats_of(const FragmentLayout& layout) {
 }
 
 // Graham's theorem for LPT: largest fragment ≤ (4/3 − 1/(3P))·OPT, OPT computed exactly on small instances.
-// This is the true form of spec §8's bound: max(largest block, total/P) is a lower bound of OPT, not OPT.
+// This is the true form of docs/protocol.md §8's bound: max(largest block, total/P) is a lower bound of OPT, not OPT.
 TEST(Fragments, LptIsWithinFourThirdsOfOptimal) {
   std::mt19937_64 rng(7);
   int checked = 0;
@@ -189,7 +189,7 @@ TEST(Fragments, LptIsWithinFourThirdsOfOptimal) {
 }
 
 // On any instance, greedy-into-the-lightest gives largest ≤ total/P + (1 − 1/P)·largest block (Graham's list
-// bound), and when every block is ≤ total/(3P), spec §8's 4/3·max(largest block, total/P) follows.
+// bound), and when every block is ≤ total/(3P), docs/protocol.md §8's 4/3·max(largest block, total/P) follows.
 TEST(Fragments, ListBoundHoldsOnLargeRandomShapes) {
   std::mt19937_64 rng(17);
   int checked = 0, spec_bound_checked = 0;

@@ -1,4 +1,4 @@
-// Property and hand-computed tests of the merge math (spec decoupled-diloco.md §4 steps 4–7, §6).
+// Property and hand-computed tests of the merge math (docs/protocol.md §4 steps 4–7, §6).
 #include "core/merge.h"
 
 #include <gtest/gtest.h>

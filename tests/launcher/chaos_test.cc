@@ -367,7 +367,7 @@ TEST_F(ChaosTest, ALearnerJoiningMidRunNeverMakesTheOtherWait) {
 }
 
 TEST_F(ChaosTest, LearnersJoiningAndLeavingMidRunNeverMakeTheOthersWait) {
-  // Scavenging (spec §7). M = 2 learners, S = 3 data streams, a shared budget, bootstrap from peers.
+  // Scavenging (docs/protocol.md §7). M = 2 learners, S = 3 data streams, a shared budget, bootstrap from peers.
   //   4 s  learner 2 joins: it leases the free stream 2 and takes Θ from the live peers 0 and 1;
   //   7 s  learner 1 is killed for good: stream 1 is orphaned, its lease runs out ~5 s later;
   //   8 s  learner 3 joins: no stream is free until learner 1's lease runs out, then it takes stream 1 over

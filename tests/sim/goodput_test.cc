@@ -1,4 +1,4 @@
-// Analytic and property tests of the goodput simulator (spec goodput-and-bandwidth.md, issue 3 "Tests").
+// Analytic and property tests of the goodput simulator (docs/sim.md, issue 3 "Tests").
 #include <gtest/gtest.h>
 
 #include <cmath>
