@@ -27,6 +27,8 @@ int64_t stream_tokens(const std::string& cursor_json) {
   return j.is_object() ? j.value("tokens_served", int64_t{0}) : 0;
 }
 
+constexpr int kStateFormat = 1;  // of syncer/state.json
+
 fs::path fragment_file(const fs::path& run_dir, int p) {
   char name[48];
   std::snprintf(name, sizeof(name), "fragment_%04d.safetensors", p);
@@ -80,6 +82,10 @@ void SyncerService::restore() {
   if (in) {
     try {
       const auto j = nlohmann::json::parse(in);
+      if (const int format = j.value("format", kStateFormat); format != kStateFormat) {  // none: written before 1
+        throw InputError("state.json has format " + std::to_string(format) + ", this build reads " +
+                         std::to_string(kStateFormat));
+      }
       state_->restore_clock(j.at("global_step").get<int64_t>());
       for (const auto& [key, cursor] : j.at("cursors").items()) {  // keyed by stream
         const int64_t s = std::stoll(key);
@@ -430,6 +436,7 @@ void SyncerService::persist_fragment(const MergedFragmentData& merged, const std
 
 void SyncerService::persist_state() {
   nlohmann::json j;
+  j["format"] = kStateFormat;
   j["global_step"] = state_->global_step();
   j["versions"] = state_->versions();
   j["cursors"] = nlohmann::json::object();  // stream -> cursor
