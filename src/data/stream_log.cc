@@ -65,10 +65,20 @@ StreamLog::StreamLog(const fs::path& path) : path_(path) {
     ::close(fd);
     throw InputError("cannot open stream log " + path.string() + ": " + std::strerror(errno));
   }
+  try {
+    resume();
+  } catch (...) {  // no destructor runs for a half-built object: close the file, which also drops the lock
+    std::fclose(file_);
+    file_ = nullptr;
+    throw;
+  }
+}
+
+void StreamLog::resume() {
   size_t complete = 0;
-  const auto lines = complete_lines(path, &complete);
-  if (complete != fs::file_size(path)) fs::resize_file(path, complete);  // torn last line: never trained
-  if (!lines.empty()) last_ = parse_record(lines.back(), path, lines.size() - 1).cursor;
+  const auto lines = complete_lines(path_, &complete);
+  if (complete != fs::file_size(path_)) fs::resize_file(path_, complete);  // torn last line: never trained
+  if (!lines.empty()) last_ = parse_record(lines.back(), path_, lines.size() - 1).cursor;
 }
 
 StreamLog::~StreamLog() {

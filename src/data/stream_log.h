@@ -48,6 +48,8 @@ class StreamLog {
   void take(const StreamCursor& cursor, int learner, int64_t step);
 
  private:
+  void resume();  // reads the locked file: drops a torn last line, finds last_
+
   std::filesystem::path path_;
   FILE* file_ = nullptr;
   std::optional<StreamCursor> last_;
