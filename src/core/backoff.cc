@@ -1,13 +1,40 @@
 // Jittered exponential backoff, deterministic for a seed.
 #include "core/backoff.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <string>
 
 #include "core/check.h"
 
 namespace dloco {
+
+namespace {
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+uint64_t mix_backoff_seed(uint64_t pid, uint64_t time_ns, uint64_t counter) {
+  // Chained, not xor-ed: (pid, time) and (pid ^ d, time ^ d) must not collide.
+  return splitmix64(splitmix64(splitmix64(pid) ^ time_ns) ^ counter);
+}
+
+uint64_t process_backoff_seed() {
+  static std::atomic<uint64_t> counter{0};
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  return mix_backoff_seed(static_cast<uint64_t>(::getpid()),
+                          static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now).count()),
+                          counter.fetch_add(1, std::memory_order_relaxed));
+}
+
+uint64_t backoff_seed_for(uint64_t id, uint64_t salt) { return splitmix64(splitmix64(id) ^ splitmix64(~salt)); }
 
 Backoff::Backoff(const BackoffConfig& config) : config_(config), rng_(config.seed) {
   if (config.initial.count() <= 0) {

@@ -34,14 +34,47 @@ std::vector<std::string> complete_lines(const fs::path& path, size_t* complete_b
   return lines;
 }
 
-StreamRecord parse_record(const std::string& line, const fs::path& path, size_t index) {
+// `line_number` is 1-based, as an editor shows it.
+StreamRecord parse_record(const std::string& line, const fs::path& path, size_t line_number) {
   try {
     const auto j = nlohmann::json::parse(line);
     return {StreamCursor::from_json(j), j.value("learner", -1), j.value("step", int64_t{0})};
   } catch (const nlohmann::json::exception& e) {
-    throw InputError("stream log " + path.string() + ", line " + std::to_string(index + 1) + ": not JSON (" +
+    throw InputError("stream log " + path.string() + ", line " + std::to_string(line_number) + ": not JSON (" +
                      e.what() + ")");
   }
+}
+
+nlohmann::json header_json() { return {{"format", kStreamLogFormat}, {"version", kStreamLogVersion}}; }
+
+// The format version of a log whose complete lines are `lines`; removes the header line from them. A first line
+// without a "format" key is a record: a legacy log. Throws InputError for another format or an unknown version.
+int strip_header(std::vector<std::string>& lines, const fs::path& path) {
+  if (lines.empty()) return kStreamLogLegacyVersion;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(lines.front());
+  } catch (const nlohmann::json::exception&) {
+    return kStreamLogLegacyVersion;  // not JSON: parse_record names the line
+  }
+  if (!j.is_object() || !j.contains("format")) return kStreamLogLegacyVersion;
+  const std::string where = "stream log " + path.string() + ", line 1: ";
+  const std::string expected =
+      std::string("\"") + kStreamLogFormat + "\" version " + std::to_string(kStreamLogVersion);
+  if (j["format"] != kStreamLogFormat) {
+    throw InputError(where + "format " + j["format"].dump() + ", expected " + expected + " (is it a stream log?)");
+  }
+  const auto version = j.find("version");
+  if (version == j.end() || !version->is_number_integer()) {
+    throw InputError(where + "format version " + (version == j.end() ? std::string("missing") : version->dump()) +
+                     ", expected " + expected);
+  }
+  if (version->get<int64_t>() != kStreamLogVersion) {
+    throw InputError(where + "format version " + version->dump() + ", expected " + expected +
+                     " (or a legacy log without a header): written by another dloco; read it with that one");
+  }
+  lines.erase(lines.begin());
+  return kStreamLogVersion;
 }
 
 }  // namespace
@@ -65,10 +98,33 @@ StreamLog::StreamLog(const fs::path& path) : path_(path) {
     ::close(fd);
     throw InputError("cannot open stream log " + path.string() + ": " + std::strerror(errno));
   }
+  try {
+    resume();
+  } catch (...) {  // no destructor runs for a half-built object: close the file, which also drops the lock
+    std::fclose(file_);
+    file_ = nullptr;
+    throw;
+  }
+}
+
+void StreamLog::resume() {
   size_t complete = 0;
-  const auto lines = complete_lines(path, &complete);
-  if (complete != fs::file_size(path)) fs::resize_file(path, complete);  // torn last line: never trained
-  if (!lines.empty()) last_ = parse_record(lines.back(), path, lines.size() - 1).cursor;
+  auto lines = complete_lines(path_, &complete);
+  if (complete != fs::file_size(path_)) fs::resize_file(path_, complete);  // torn last line: never trained
+  if (lines.empty()) {  // a new log, or one whose header was torn: start it with the header
+    append_line(header_json().dump());
+    version_ = kStreamLogVersion;
+    return;
+  }
+  version_ = strip_header(lines, path_);
+  const size_t first_record_line = version_ == kStreamLogLegacyVersion ? 1 : 2;
+  if (!lines.empty()) last_ = parse_record(lines.back(), path_, first_record_line + lines.size() - 1).cursor;
+}
+
+void StreamLog::append_line(const std::string& line) {
+  if (std::fputs((line + "\n").c_str(), file_) == EOF || std::fflush(file_) != 0) {
+    throw InputError("cannot write stream log " + path_.string() + ": " + std::strerror(errno));
+  }
 }
 
 StreamLog::~StreamLog() {
@@ -79,19 +135,19 @@ void StreamLog::take(const StreamCursor& cursor, int learner, int64_t step) {
   nlohmann::json j = cursor.to_json();
   j["learner"] = learner;
   j["step"] = step;
-  const std::string line = j.dump() + "\n";
-  if (std::fputs(line.c_str(), file_) == EOF || std::fflush(file_) != 0) {
-    throw InputError("cannot write stream log " + path_.string() + ": " + std::strerror(errno));
-  }
+  append_line(j.dump());
   last_ = cursor;
 }
 
-std::vector<StreamRecord> read_stream_log(const fs::path& path) {
+std::vector<StreamRecord> read_stream_log(const fs::path& path, int* version) {
   if (!fs::exists(path)) throw InputError("stream log " + path.string() + " not found");
   size_t complete = 0;
-  const auto lines = complete_lines(path, &complete);
+  auto lines = complete_lines(path, &complete);
+  const int v = strip_header(lines, path);
+  if (version != nullptr) *version = v;
+  const size_t first_record_line = v == kStreamLogLegacyVersion ? 1 : 2;
   std::vector<StreamRecord> out;
-  for (size_t i = 0; i < lines.size(); ++i) out.push_back(parse_record(lines[i], path, i));
+  for (size_t i = 0; i < lines.size(); ++i) out.push_back(parse_record(lines[i], path, first_record_line + i));
   return out;
 }
 
