@@ -18,24 +18,6 @@ namespace dloco {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-// Tokens a stream has served, from its persisted cursor ("" or unreadable: 0).
-int64_t stream_tokens(const std::string& cursor_json) {
-  if (cursor_json.empty()) return 0;
-  const auto j = nlohmann::json::parse(cursor_json, nullptr, false);
-  return j.is_object() ? j.value("tokens_served", int64_t{0}) : 0;
-}
-
-constexpr int kStateFormat = 1;  // of syncer/state.json
-
-fs::path fragment_file(const fs::path& run_dir, int p) {
-  char name[48];
-  std::snprintf(name, sizeof(name), "fragment_%04d.safetensors", p);
-  return run_dir / "syncer" / name;
-}
-
-}  // namespace
 
 SyncerService::SyncerService(const Config& config, std::unique_ptr<SyncerState> state, wire::Handshake expect,
                              fs::path run_dir, EventLog* events, CheckpointWriter write_checkpoint)
@@ -47,8 +29,8 @@ SyncerService::SyncerService(const Config& config, std::unique_ptr<SyncerState> 
       generation_(std::random_device{}() * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(::time(nullptr))),
       t0_(std::chrono::steady_clock::now()),
       state_(std::move(state)),
-      streams_(static_cast<size_t>(config_.data.streams > 0 ? config_.data.streams : config_.diloco.learners)) {
-  fs::create_directories(run_dir_ / "syncer");
+      store_(run_dir_, expect_.layout_hash),
+      streams_(config_.data.streams > 0 ? config_.data.streams : config_.diloco.learners) {
   restore();
   for (int p = 0; p < static_cast<int>(state_->layout().fragments.size()); ++p) {
     published_.push_back({state_->version(p), std::make_shared<const std::vector<float>>(state_->theta(p))});
@@ -62,56 +44,35 @@ double SyncerService::now_s() const {
 }
 
 void SyncerService::restore() {
-  // Θ_p, v_p and versions of every fragment persisted before (a restarted syncer never hands out a version
-  // lower than one a learner holds); a file cut off mid-write is refused by the reader and skipped.
-  int restored = 0;
-  for (int p = 0; p < static_cast<int>(state_->layout().fragments.size()); ++p) {
-    const fs::path path = fragment_file(run_dir_, p);
-    if (!fs::exists(path)) continue;
+  // Θ_p, v_p and versions of every fragment persisted before (a restarted syncer never hands out a version lower
+  // than one a learner holds).
+  std::vector<std::string> skipped;
+  const auto fragments = store_.read_fragments(static_cast<int>(state_->layout().fragments.size()), &skipped);
+  for (const auto& f : fragments) state_->restore_fragment(f.p, f.theta, f.momentum, f.version);
+  for (const auto& why : skipped) emit("persisted_fragment_skipped", {{"reason", why}});
+  std::string why;
+  if (const auto state = store_.read_state(&why)) {
     try {
-      const auto file = read_safetensors(path);
-      if (file.metadata.at("layout_hash") != std::to_string(expect_.layout_hash)) continue;
-      state_->restore_fragment(p, file.at("theta").to_floats(), file.at("momentum").to_floats(),
-                               std::stoll(file.metadata.at("version")));
-      ++restored;
+      state_->restore_clock(state->at("global_step").get<int64_t>());
+      for (int64_t s : streams_.restore(*state)) {  // data.streams shrank: that stream is dropped
+        emit("persisted_stream_dropped", {{"stream", s}, {"streams", streams_.size()},
+                                          {"reason", "data.streams is smaller than before the restart"}});
+      }
+      for (int64_t s = 0; s < streams_.size(); ++s) state_->restore_stream_tokens(s, streams_.tokens(s));
     } catch (const std::exception& e) {
-      if (events_) events_->emit("persisted_fragment_skipped", {{"fragment", p}, {"reason", e.what()}});
+      emit("persisted_state_skipped", {{"reason", e.what()}});
     }
+  } else if (!why.empty()) {
+    emit("persisted_state_skipped", {{"reason", why}});
   }
-  std::ifstream in(run_dir_ / "syncer" / "state.json");
-  if (in) {
-    try {
-      const auto j = nlohmann::json::parse(in);
-      if (const int format = j.value("format", kStateFormat); format != kStateFormat) {  // none: written before 1
-        throw InputError("state.json has format " + std::to_string(format) + ", this build reads " +
-                         std::to_string(kStateFormat));
-      }
-      state_->restore_clock(j.at("global_step").get<int64_t>());
-      for (const auto& [key, cursor] : j.at("cursors").items()) {  // keyed by stream
-        const int64_t s = std::stoll(key);
-        if (s < 0 || s >= static_cast<int64_t>(streams_.size())) {  // data.streams shrank: that stream is dropped
-          if (events_) events_->emit("persisted_stream_dropped", {{"stream", s}, {"streams", streams_.size()},
-                                                                  {"reason", "data.streams is smaller than before the restart"}});
-          continue;
-        }
-        streams_[s].cursor = cursor.get<std::string>();
-        state_->restore_stream_tokens(s, stream_tokens(streams_[s].cursor));
-      }
-      // The holders before the restart: a learner that re-attaches keeps its stream, and a learner restarted
-      // with the same id finds it again.
-      const nlohmann::json leases = j.value("leases", nlohmann::json::object());  // kept alive for the loop
-      for (const auto& [key, holder] : leases.items()) {
-        const int64_t s = std::stoll(key);
-        if (s >= 0 && s < static_cast<int64_t>(streams_.size())) streams_[s].holder = holder.get<int>();
-      }
-    } catch (const std::exception& e) {
-      if (events_) events_->emit("persisted_state_skipped", {{"reason", e.what()}});
-    }
+  if (!fragments.empty()) {
+    emit("restored", {{"fragments", fragments.size()}, {"global_step", state_->global_step()},
+                      {"versions", state_->versions()}});
   }
-  if (restored > 0 && events_) {
-    events_->emit("restored", {{"fragments", restored}, {"global_step", state_->global_step()},
-                               {"versions", state_->versions()}});
-  }
+}
+
+void SyncerService::emit(const char* event, const nlohmann::json& fields) const {
+  if (events_) events_->emit(event, fields);
 }
 
 bool SyncerService::session_valid(uint64_t session_id, int* learner) {
@@ -119,57 +80,6 @@ bool SyncerService::session_valid(uint64_t session_id, int* learner) {
   if (it == sessions_.end()) return false;
   if (learner) *learner = it->second;
   return true;
-}
-
-int64_t SyncerService::choose_stream(int id, const wire::JoinRequest& req, wire::Status* refusal) {
-  const int64_t S = static_cast<int64_t>(streams_.size());
-  const double now = now_s();
-  auto free_for = [&](int64_t s) {
-    const int holder = streams_[s].holder;
-    return holder < 0 || holder == id || !state_->is_live(holder, now);
-  };
-  if (req.held_stream) {  // re-attaching (e.g. after a syncer restart): it keeps the stream whose log it holds
-    const int64_t s = *req.held_stream;
-    if (s < 0 || s >= S) {
-      *refusal = {wire::Code::kRefused,
-                  "refused by the syncer: stream " + std::to_string(s) + " does not exist (data.streams = " +
-                      std::to_string(S) + ")"};
-      return -1;
-    }
-    if (!free_for(s)) {  // retryable: a joiner that found the log locked gives the lease back on its next Join
-      *refusal = {wire::Code::kAborted,
-                  "stream " + std::to_string(s) + " is leased to live learner " + std::to_string(streams_[s].holder) +
-                      " (two learners must never train one stream): retry"};
-      return -1;
-    }
-    return s;
-  }
-  const std::set<int64_t> busy(req.busy_streams.begin(), req.busy_streams.end());
-  for (int64_t s : busy) {  // locked by a process the syncer lost track of: not ours to hand out
-    if (s >= 0 && s < S && streams_[s].holder == id) streams_[s].holder = -1;
-  }
-  for (int64_t s = 0; s < S; ++s) {  // a restarted learner inherits its stream
-    if (streams_[s].holder == id && !busy.count(s)) return s;
-  }
-  // Learner m's own stream m when it is free: the launcher's M learners train streams 0 … M−1 whatever order
-  // they join in (the same data per learner for the same seed).
-  if (id < S && !busy.count(id) && free_for(id)) return id;
-  // A joiner: the free stream that has served the fewest tokens (so streams advance evenly); ties by index.
-  int64_t best = -1, best_tokens = 0;
-  for (int64_t s = 0; s < S; ++s) {
-    if (busy.count(s) || !free_for(s)) continue;
-    const int64_t tokens = stream_tokens(streams_[s].cursor);
-    if (best < 0 || tokens < best_tokens) {
-      best = s;
-      best_tokens = tokens;
-    }
-  }
-  if (best < 0) {
-    *refusal = {wire::Code::kExhausted,
-                "no free data stream: all " + std::to_string(S) + " streams (data.streams) are leased to live "
-                "learners; a learner can join once one leaves or its lease runs out, or run with more streams"};
-  }
-  return best;
 }
 
 wire::Result<wire::JoinReply> SyncerService::join(const wire::JoinRequest& req) {
@@ -186,13 +96,14 @@ wire::Result<wire::JoinReply> SyncerService::join(const wire::JoinRequest& req) 
                         "learner id " + std::to_string(id) + " is outside [0, " + std::to_string(kMaxLearnerId) + ")"};
   }
   std::lock_guard lock(mu_);
-  int64_t stream = -1;
+  LeaseDecision lease;
   if (id >= 0) {
-    wire::Status refusal;
-    stream = choose_stream(id, req, &refusal);
-    if (stream < 0) {
-      if (events_) events_->emit("join_refused", {{"learner", id}, {"host", host}, {"reason", refusal.message}});
-      return refusal;
+    const double now = now_s();
+    lease = streams_.decide(id, req.held_stream, {req.busy_streams.begin(), req.busy_streams.end()},
+                            [&](int learner) { return state_->is_live(learner, now); });
+    if (lease.stream < 0) {
+      emit("join_refused", {{"learner", id}, {"host", host}, {"reason", lease.reason}});
+      return wire::Status{lease.refusal, lease.reason};
     }
   }
   uint64_t session = std::random_device{}();
@@ -220,22 +131,20 @@ wire::Result<wire::JoinReply> SyncerService::join(const wire::JoinRequest& req) 
   }
   // Live (in quorums and pulls) only from its first metadata that names its stream, i.e. once it has
   // bootstrapped and trains: a joiner still fetching fragments must not hold rounds up.
-  const int previous = streams_[stream].holder;
-  for (auto& lease : streams_) {
-    if (lease.holder == id) lease.holder = -1;  // one stream per learner: a stale lease of this id is released
-  }
-  streams_[stream].holder = id;
-  const auto S = static_cast<int64_t>(streams_.size());
+  const int64_t stream = lease.stream;
+  const int previous = streams_.grant(id, lease);
+  const int64_t S = streams_.size();
   reply.stream_index = stream;
   reply.streams = S;
-  reply.stream_cursor_json = streams_[stream].cursor;
+  reply.stream_cursor_json = streams_.at(stream).cursor;
   // Shared budget: the whole budget, or 0 once it is spent (a learner restarted at the very end trains nothing).
   reply.tokens_budget = config_.train.shared_budget ? (budget_spent_ ? 0 : config_.train.total_tokens)
                                                     : config_.train.total_tokens / S;
   if (events_) {
     events_->emit("learner_joined", {{"learner", id}, {"host", host}, {"global_step", state_->global_step()},
                                      {"replacing_session", replacing}, {"stream", stream},
-                                     {"stream_previous_holder", previous}, {"peers_offered", reply.peers.size()}});
+                                     {"stream_previous_holder", previous}, {"peers_offered", reply.peers.size()},
+                                     {"reason", lease.reason}});
   }
   return reply;
 }
@@ -336,13 +245,9 @@ void SyncerService::on_metadata(int learner, const wire::Metadata& m) {
   r.loss = m.loss;
   r.finished = m.finished;
   const int64_t stream = m.stream.value_or(-1);  // unset: an empty hello before its first step
-  const bool valid = stream >= 0 && stream < static_cast<int64_t>(streams_.size());
-  // A free stream is claimed back by the learner training it (its lease ran out while its link was cut, and the
-  // syncer gave the stream up; the log's lock kept it the only one training it).
-  if (valid && streams_[stream].holder < 0 && !m.leaving) streams_[stream].holder = learner;
-  const bool holds = valid && streams_[stream].holder == learner;
+  const bool holds = streams_.claim(learner, stream, m.leaving);
   r.stream = holds ? stream : -2;  // a learner that lost its lease (it re-joins and gets it back) counts nothing
-  if (holds && !r.cursor_json.empty()) streams_[stream].cursor = r.cursor_json;
+  if (holds && !r.cursor_json.empty()) streams_.set_cursor(stream, r.cursor_json);
   const auto rec = state_->learners().find(learner);
   if (holds && !m.leaving && (rec == state_->learners().end() || !rec->second.state.joined)) {
     state_->on_join(learner, now_s());  // bootstrapped and training: live from now on
@@ -350,7 +255,7 @@ void SyncerService::on_metadata(int learner, const wire::Metadata& m) {
   state_->on_report(learner, r, now_s());
   if (m.leaving) {  // scavenging: a graceful leave frees the stream and the quorum at once
     state_->on_leave(learner);
-    if (holds) streams_[stream].holder = -1;
+    if (holds) streams_.release(stream);
     peers_.erase(learner);
     if (events_) {
       events_->emit("learner_left", {{"learner", learner}, {"stream", stream}, {"step", m.step},
@@ -424,29 +329,12 @@ void SyncerService::send(int learner, const wire::SyncerMessage& msg) {
   it->second->cv.notify_one();
 }
 
-void SyncerService::persist_fragment(const MergedFragmentData& merged, const std::vector<float>& momentum) {
-  const auto& spec = state_->layout().fragments[merged.fragment];
-  const int64_t n = spec.numel;
-  std::vector<SafetensorsEntry> entries = {f32_entry("theta", {n}, merged.theta), f32_entry("momentum", {n}, momentum)};
-  write_safetensors(fragment_file(run_dir_, merged.fragment), entries,
-                    {{"version", std::to_string(merged.version)},
-                     {"fragment", std::to_string(merged.fragment)},
-                     {"layout_hash", std::to_string(expect_.layout_hash)}});
-}
-
 void SyncerService::persist_state() {
-  nlohmann::json j;
-  j["format"] = kStateFormat;
+  nlohmann::json j = streams_.to_json();
   j["global_step"] = state_->global_step();
   j["versions"] = state_->versions();
-  j["cursors"] = nlohmann::json::object();  // stream -> cursor
-  j["leases"] = nlohmann::json::object();   // stream -> learner id holding it
-  for (size_t s = 0; s < streams_.size(); ++s) {
-    if (!streams_[s].cursor.empty()) j["cursors"][std::to_string(s)] = streams_[s].cursor;
-    if (streams_[s].holder >= 0) j["leases"][std::to_string(s)] = streams_[s].holder;
-  }
   j["tokens_trained"] = state_->tokens_trained();
-  write_file_atomically(run_dir_ / "syncer" / "state.json", j.dump(2) + "\n");
+  store_.write_state(std::move(j));
 }
 
 fs::path SyncerService::write_checkpoint() {
@@ -469,8 +357,8 @@ fs::path SyncerService::write_checkpoint() {
                            {"hash", expect_.tokenizer_hash}};
   manifest["layout_hash"] = expect_.layout_hash;
   nlohmann::json cursors = nlohmann::json::array();
-  for (size_t s = 0; s < streams_.size(); ++s) {
-    if (!streams_[s].cursor.empty()) cursors.push_back({{"stream", s}, {"cursor", streams_[s].cursor}});
+  for (int64_t s = 0; s < streams_.size(); ++s) {
+    if (!streams_.at(s).cursor.empty()) cursors.push_back({{"stream", s}, {"cursor", streams_.at(s).cursor}});
   }
   manifest["cursors"] = cursors;
   const int64_t step = state_->global_step();
@@ -539,7 +427,7 @@ void SyncerService::merger_loop() {
         running_ = false;  // died between merge and persist
         return;
       }
-      persist_fragment(m, momenta[i]);
+      store_.write_fragment(m.fragment, m.version, m.theta, momenta[i]);
       const wire::SyncerMessage msg = wire::MergedFragment{
           {m.fragment, m.version, wire::encode(m.theta, wire::Codec::kFp32)}, m.round_step, m.participants};
       std::lock_guard lock(mu_);

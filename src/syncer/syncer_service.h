@@ -18,7 +18,9 @@
 #include "core/events.h"
 #include "core/safetensors.h"
 #include "transport/transport.h"
+#include "syncer/stream_leases.h"
 #include "syncer/syncer_state.h"
+#include "syncer/syncer_store.h"
 
 namespace dloco {
 
@@ -68,12 +70,10 @@ class SyncerService final : public wire::SyncerHandler {
   void send(int learner, const wire::SyncerMessage& msg);
   void on_metadata(int learner, const wire::Metadata& m);
   void on_answer(int learner, const wire::PullAnswer& a);
-  void persist_fragment(const MergedFragmentData& merged, const std::vector<float>& momentum);
   void persist_state();
+  void emit(const char* event, const nlohmann::json& fields) const;
   void restore();
   bool session_valid(uint64_t session_id, int* learner);
-  /// The stream to lease to learner `id` for this Join, or -1 with `refusal` set (code and message).
-  int64_t choose_stream(int id, const wire::JoinRequest& req, wire::Status* refusal);
   wire::StatusReply fill_status();
   double now_s() const;
 
@@ -89,14 +89,8 @@ class SyncerService final : public wire::SyncerHandler {
   std::unique_ptr<SyncerState> state_;
   std::map<uint64_t, int> sessions_;                  // session id -> learner slot (-1: evaluator)
   std::map<int, std::shared_ptr<Outbox>> outboxes_;   // learner id -> its live session's outbox
-  // Data streams (docs/protocol.md §7): S leases. A learner holds one stream while it is live; a restarted learner gets its
-  // stream back, a joiner gets a free one (never leased, released by a learner that left, or held by one whose
-  // lease ran out). On one machine the stream log's file lock is what makes a lease exclusive (run_learner.cc).
-  struct StreamLease {
-    int holder = -1;      // learner id holding the lease; -1 = free
-    std::string cursor;   // its persisted cursor ("" = the start of the stream)
-  };
-  std::vector<StreamLease> streams_;
+  SyncerStore store_;
+  StreamLeases streams_;  // data.streams leases (docs/protocol.md §7)
   // Θ_p as handed out: the newest durable version of each fragment (persisted before it appears here).
   struct Published {
     int64_t version = 0;

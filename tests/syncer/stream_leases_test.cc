@@ -1,0 +1,92 @@
+// Stream leasing (syncer/stream_leases.h, docs/protocol.md §7): the decisions as a table, set by hand.
+#include "syncer/stream_leases.h"
+
+#include <gtest/gtest.h>
+
+namespace dloco {
+namespace {
+
+// S = 4 streams; holders set per case; `live` the learners that are live.
+struct Case {
+  const char* name;
+  std::vector<int> holders;         // holder of each stream (−1 free)
+  std::vector<int64_t> tokens;      // tokens each stream served
+  std::set<int> live;
+  int id;
+  std::optional<int64_t> held;
+  std::set<int64_t> busy;
+  int64_t want_stream;
+  wire::Code want_code;
+  std::vector<int64_t> want_release;
+};
+
+StreamLeases leases_of(const Case& c) {
+  StreamLeases l(static_cast<int64_t>(c.holders.size()));
+  nlohmann::json state = {{"cursors", nlohmann::json::object()}, {"leases", nlohmann::json::object()}};
+  for (size_t s = 0; s < c.holders.size(); ++s) {
+    if (c.holders[s] >= 0) state["leases"][std::to_string(s)] = c.holders[s];
+    if (!c.tokens.empty()) state["cursors"][std::to_string(s)] = nlohmann::json{{"tokens_served", c.tokens[s]}}.dump();
+  }
+  l.restore(state);
+  return l;
+}
+
+TEST(StreamLeases, DecisionsFollowTheirOrderAndSayWhy) {
+  using C = wire::Code;
+  const std::vector<Case> cases = {
+      {"own slot's stream when free", {-1, -1, -1, -1}, {}, {}, 2, {}, {}, 2, C::kOk, {}},
+      {"a restart inherits the stream it held", {-1, -1, -1, 1}, {}, {}, 1, {}, {}, 3, C::kOk, {}},
+      {"a joiner takes the least advanced free stream", {0, -1, -1, -1}, {50, 40, 10, 10}, {0}, 7, {}, {}, 2, C::kOk, {}},
+      {"a dead holder's stream is free", {0, 1, 2, 3}, {5, 5, 5, 5}, {0, 1, 3}, 9, {}, {}, 2, C::kOk, {}},
+      {"slot stream held by a live learner: the next free one", {-1, 5, -1, -1}, {}, {5}, 1, {}, {}, 0, C::kOk, {}},
+      {"re-attach keeps its held stream", {-1, 4, -1, -1}, {}, {4}, 4, 1, {}, 1, C::kOk, {}},
+      {"re-attach to a stream another live learner holds: retry", {-1, 5, -1, -1}, {}, {5}, 4, 1, {}, -1, C::kAborted, {}},
+      {"re-attach to a stream that does not exist", {-1, -1, -1, -1}, {}, {}, 4, 9, {}, -1, C::kRefused, {}},
+      {"busy streams are skipped and its lease on them dropped", {3, -1, -1, -1}, {}, {}, 3, {}, {0, 3}, 1, C::kOk, {0}},
+      {"none free", {0, 1, 2, 3}, {}, {0, 1, 2, 3}, 8, {}, {}, -1, C::kExhausted, {}},
+  };
+  for (const Case& c : cases) {
+    const StreamLeases l = leases_of(c);
+    const LeaseDecision d = l.decide(c.id, c.held, c.busy, [&](int who) { return c.live.count(who) > 0; });
+    EXPECT_EQ(d.stream, c.want_stream) << c.name << ": " << d.reason;
+    EXPECT_EQ(d.refusal, c.want_code) << c.name << ": " << d.reason;
+    EXPECT_EQ(d.release, c.want_release) << c.name;
+    EXPECT_FALSE(d.reason.empty()) << c.name;
+  }
+}
+
+TEST(StreamLeases, GrantHoldsOneStreamPerLearnerAndClaimsAndReleases) {
+  StreamLeases l(3);
+  LeaseDecision d;
+  d.stream = 0;
+  EXPECT_EQ(l.grant(7, d), -1);
+  d.stream = 2;
+  l.grant(7, d);  // a stale lease of the same id is released
+  EXPECT_EQ(l.at(0).holder, -1);
+  EXPECT_EQ(l.at(2).holder, 7);
+  EXPECT_TRUE(l.claim(7, 2, false));
+  EXPECT_FALSE(l.claim(8, 2, false)) << "a stream another learner holds was claimed";
+  EXPECT_TRUE(l.claim(8, 1, false)) << "a free stream is claimed back by the learner training it";
+  EXPECT_FALSE(l.claim(9, 0, true)) << "a leaving learner claimed a stream";
+  EXPECT_FALSE(l.claim(9, 5, false)) << "a stream that does not exist";
+  l.release(2);
+  EXPECT_EQ(l.at(2).holder, -1);
+}
+
+TEST(StreamLeases, PersistedStateRoundTripsAndStreamsBeyondSAreDropped) {
+  StreamLeases a(3);
+  a.set_cursor(1, nlohmann::json{{"tokens_served", 64}}.dump());
+  LeaseDecision d;
+  d.stream = 1;
+  a.grant(4, d);
+  nlohmann::json state = a.to_json();
+  state["cursors"]["5"] = "{}";
+  StreamLeases b(3);
+  EXPECT_EQ(b.restore(state), std::vector<int64_t>{5});
+  EXPECT_EQ(b.at(1).holder, 4);
+  EXPECT_EQ(b.tokens(1), 64);
+  EXPECT_EQ(b.tokens(0), 0);
+}
+
+}  // namespace
+}  // namespace dloco
