@@ -1,0 +1,125 @@
+// The syncer service's sessions (docs/protocol.md §3–§4): one per learner, a reader (this handler thread:
+// metadata and pull answers into the state) and a writer thread draining the learner's outbox; see syncer_service.h.
+#include <thread>
+
+#include "syncer/syncer_service.h"
+#include "transport/codec.h"
+
+namespace dloco {
+
+wire::Status SyncerService::session(uint64_t session_id, wire::SessionPeer& peer) {
+  int learner = -1;
+  auto outbox = std::make_shared<Outbox>();
+  {
+    std::lock_guard lock(mu_);
+    if (!session_valid(session_id, &learner) || learner < 0) {
+      return {wire::Code::kUnauthenticated, "unknown session: join first"};
+    }
+    outbox->session_id = session_id;
+    if (auto old = outboxes_.find(learner); old != outboxes_.end()) {  // a restarted learner replaces its slot
+      std::lock_guard olock(old->second->mu);
+      old->second->closed = true;
+      old->second->cv.notify_all();
+    }
+    outboxes_[learner] = outbox;
+  }
+  // The writer: drains this session's outbox onto the session.
+  std::thread writer([this, &peer, outbox, learner] {
+    for (;;) {
+      wire::SyncerMessage out;
+      {
+        std::unique_lock lock(outbox->mu);
+        outbox->cv.wait(lock, [&] { return outbox->closed || !outbox->queue.empty(); });
+        if (outbox->queue.empty()) return;
+        out = std::move(outbox->queue.front());
+        outbox->queue.pop_front();
+      }
+      const int64_t size = wire::approximate_bytes(out);
+      if (!peer.write(out)) return;
+      std::lock_guard lock(mu_);
+      bytes_sent_ += size;
+      if (auto it = state_->learners().find(learner); it != state_->learners().end()) it->second.bytes_sent += size;
+    }
+  });
+  // The reader: metadata and answers, in this handler thread.
+  wire::LearnerMessage msg;
+  while (peer.read(&msg)) {
+    const int64_t size = wire::approximate_bytes(msg);
+    std::lock_guard lock(mu_);
+    if (outbox->closed) break;
+    bytes_received_ += size;
+    if (auto it = state_->learners().find(learner); it != state_->learners().end()) it->second.bytes_received += size;
+    if (const auto* m = std::get_if<wire::Metadata>(&msg)) {
+      on_metadata(learner, *m);
+    } else {
+      on_answer(learner, std::get<wire::PullAnswer>(msg));
+    }
+  }
+  {
+    std::lock_guard lock(outbox->mu);
+    outbox->closed = true;
+    outbox->cv.notify_all();
+  }
+  writer.join();
+  std::lock_guard lock(mu_);
+  if (auto it = outboxes_.find(learner); it != outboxes_.end() && it->second == outbox) outboxes_.erase(it);
+  return {};
+}
+
+// Under mu_.
+void SyncerService::on_metadata(int learner, const wire::Metadata& m) {
+  LearnerReport r;
+  r.step = m.step;
+  r.steps = m.steps;
+  r.tokens = m.tokens;
+  r.step_time_s = m.step_time_s;
+  r.tokens_trained = m.tokens_trained;
+  r.cursor_json = m.cursor_json;
+  r.tokens_per_s = m.tokens_per_s;
+  r.loss = m.loss;
+  r.finished = m.finished;
+  const int64_t stream = m.stream.value_or(-1);  // unset: an empty hello before its first step
+  const bool holds = streams_.claim(learner, stream, m.leaving);
+  r.stream = holds ? stream : -2;  // a learner that lost its lease (it re-joins and gets it back) counts nothing
+  if (holds && !r.cursor_json.empty()) streams_.set_cursor(stream, r.cursor_json);
+  const auto rec = state_->learners().find(learner);
+  if (holds && !m.leaving && (rec == state_->learners().end() || !rec->second.state.joined)) {
+    state_->on_join(learner, now_s());  // bootstrapped and training: live from now on
+  }
+  state_->on_report(learner, r, now_s());
+  if (m.leaving) {  // scavenging: a graceful leave frees the stream and the quorum at once
+    state_->on_leave(learner);
+    if (holds) streams_.release(stream);
+    peers_.erase(learner);
+    if (events_) {
+      events_->emit("learner_left", {{"learner", learner}, {"stream", stream}, {"step", m.step},
+                                     {"tokens_served", m.tokens_trained}});
+    }
+  }
+}
+
+// Under mu_.
+void SyncerService::on_answer(int learner, const wire::PullAnswer& a) {
+  PullAnswerData data{a.fragment, a.round_step, a.captured_step, a.base_version, a.steps, a.tokens, {}};
+  std::string reason = wire::decode(a.delta, data.delta);
+  AnswerOutcome outcome = AnswerOutcome::kRefused;
+  if (!reason.empty()) {
+    reason = "undecodable payload: " + reason;
+  } else {
+    outcome = state_->on_answer(learner, std::move(data), now_s(), &reason);
+  }
+  if (outcome != AnswerOutcome::kAccepted && events_) {
+    events_->emit(outcome == AnswerOutcome::kDroppedLate ? "answer_dropped" : "answer_refused",
+                  {{"learner", learner}, {"fragment", a.fragment}, {"round", a.round_step}, {"reason", reason}});
+  }
+}
+
+void SyncerService::send(int learner, const wire::SyncerMessage& msg) {
+  auto it = outboxes_.find(learner);
+  if (it == outboxes_.end()) return;  // not connected: it fetches the current Θ when it (re)joins
+  std::lock_guard lock(it->second->mu);
+  it->second->queue.push_back(msg);
+  it->second->cv.notify_one();
+}
+
+}  // namespace dloco
