@@ -1,4 +1,5 @@
-// The learner's bootstrap; see bootstrap.h.
+// The learner's bootstrap; see bootstrap.h. Unreachable syncers and peers are recoverable faults (statuses,
+// retried until the deadline); only a refused handshake and the deadline itself end the learner (InputError).
 #include "learner/bootstrap.h"
 
 #include <algorithm>
@@ -14,39 +15,54 @@ std::optional<Bootstrapped> bootstrap(LearnerLink& link, wire::Transport& transp
   const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
   Bootstrapped out;
   int64_t locked_stream = -1;
-  for (;;) {
-    if (signal.load() != 0) return std::nullopt;
-    try {
-      const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
-      out.joined = link.join(std::max(1.0, std::min(5.0, left)));  // in slices: a SIGTERM is seen within seconds
-      if (!out.stream_log || locked_stream != out.joined.stream_index) {
-        out.stream_log.reset();
-        try {
-          out.stream_log = std::make_unique<StreamLog>(stream_log_path(run_dir, out.joined.stream_index));
-          locked_stream = out.joined.stream_index;
-        } catch (const StreamBusy&) {  // its previous holder still lives (e.g. a cut link outlived its lease)
-          link.add_busy_stream(out.joined.stream_index);
-          throw;
-        }
-      }
-      std::vector<FragmentSource> sources;
-      for (const auto& peer : out.joined.peers) {
-        sources.push_back(peer_source(transport, "peer " + std::to_string(peer.learner) + " (" + peer.address + ")",
-                                      peer.address, handshake, 15.0));
-      }
-      sources.push_back({"syncer", [&link](int p) { return link.fetch_fragment(p); }});
-      const auto& at_join = out.joined.fragment_versions;
-      out.fetched = fetch_fragments(sources, at_join.size() == static_cast<size_t>(P) ? at_join
-                                                                                       : std::vector<int64_t>(P, 0));
-      return out;
-    } catch (const HandshakeRefused&) {
-      throw;
-    } catch (const InputError& e) {
-      if (Clock::now() >= deadline) throw;
-      events.emit("bootstrap_retry", {{"reason", e.what()}});
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  std::string last_error = "no attempt";
+  auto retry = [&](const std::string& why) {
+    last_error = why;
+    events.emit("bootstrap_retry", {{"reason", why}});
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  };
+  while (signal.load() == 0) {
+    if (Clock::now() >= deadline) {
+      throw InputError("cannot bootstrap from the syncer within " + std::to_string(timeout_s) + " s (last error: " +
+                       last_error + ")");
     }
+    const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
+    auto joined = link.try_join(std::max(1.0, std::min(5.0, left)));  // in slices: a SIGTERM is seen within seconds
+    if (!joined.ok()) {
+      if (!joined.status.retryable()) throw HandshakeRefused(joined.status.message);
+      last_error = joined.status.message;
+      continue;
+    }
+    out.joined = std::move(joined.value);
+    if (!out.stream_log || locked_stream != out.joined.stream_index) {
+      out.stream_log.reset();
+      try {
+        out.stream_log = std::make_unique<StreamLog>(stream_log_path(run_dir, out.joined.stream_index));
+        locked_stream = out.joined.stream_index;
+      } catch (const StreamBusy& e) {  // its previous holder still lives (e.g. a cut link outlived its lease)
+        link.add_busy_stream(out.joined.stream_index);
+        retry(e.what());
+        continue;
+      }
+    }
+    // Each fragment from a live peer holding at least the syncer's version at this join, else the syncer.
+    std::vector<FragmentSource> sources;
+    for (const auto& peer : out.joined.peers) {
+      sources.push_back(peer_source(transport, "peer " + std::to_string(peer.learner) + " (" + peer.address + ")",
+                                    peer.address, handshake, 15.0));
+    }
+    sources.push_back({"syncer", [&link](int p) { return link.fetch_fragment(p); }});
+    const auto& at_join = out.joined.fragment_versions;
+    auto fetched = fetch_fragments(sources, at_join.size() == static_cast<size_t>(P) ? at_join
+                                                                                     : std::vector<int64_t>(P, 0));
+    if (!fetched.ok()) {  // the syncer died halfway (chaos plans kill it): join again
+      retry(fetched.status.message);
+      continue;
+    }
+    out.fetched = std::move(fetched.value);
+    return out;
   }
+  return std::nullopt;
 }
 
 }  // namespace dloco

@@ -27,9 +27,17 @@ BackoffConfig LearnerLink::backoff_config() const {
 }
 
 wire::JoinReply LearnerLink::join(double timeout_s) {
+  auto r = try_join(timeout_s);
+  if (r.ok()) return std::move(r.value);
+  if (!r.status.retryable()) throw HandshakeRefused(r.status.message);
+  throw InputError("cannot join the syncer at " + address_ + " within " + std::to_string(timeout_s) +
+                   " s (last error: " + r.status.message + ")");
+}
+
+wire::Result<wire::JoinReply> LearnerLink::try_join(double timeout_s) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   Backoff backoff(backoff_config());
-  std::string last_error;
+  wire::Status last{wire::Code::kDeadline, "no attempt within the time"};
   while (std::chrono::steady_clock::now() < deadline) {
     wire::JoinRequest req;
     req.handshake = handshake_;
@@ -45,16 +53,12 @@ wire::JoinReply LearnerLink::join(double timeout_s) {
       req.peer_address = peer_address_;
     }
     auto reply = client_->join(req, 5s);
-    if (reply.ok()) {
-      session_id_ = reply.value.session_id;
-      return reply.value;
-    }
-    if (!reply.status.retryable()) throw HandshakeRefused(reply.status.message);  // refused: retrying cannot help
-    last_error = reply.status.message;  // unreachable, or no free stream yet: retry
+    if (reply.ok()) session_id_ = reply.value.session_id;
+    if (reply.ok() || !reply.status.retryable()) return reply;  // joined, or refused: retrying cannot help
+    last = reply.status;  // unreachable, or no free stream yet: retry
     std::this_thread::sleep_for(backoff.next_delay());
   }
-  throw InputError("cannot join the syncer at " + address_ + " within " + std::to_string(timeout_s) +
-                   " s (last error: " + last_error + ")");
+  return last;
 }
 
 void LearnerLink::add_busy_stream(int64_t stream) {
@@ -67,13 +71,7 @@ void LearnerLink::set_peer_address(std::string address) {
   peer_address_ = std::move(address);
 }
 
-wire::Fragment LearnerLink::fetch_fragment(int p) {
-  auto r = client_->fragment(session_id_, p, 30s);
-  if (!r.ok()) {
-    throw InputError("fetching fragment " + std::to_string(p) + " from " + address_ + " failed: " + r.status.message);
-  }
-  return std::move(r.value);
-}
+wire::Result<wire::Fragment> LearnerLink::fetch_fragment(int p) { return client_->fragment(session_id_, p, 30s); }
 
 std::optional<wire::Snapshot> LearnerLink::snapshot() {
   auto r = client_->snapshot(session_id_, 60s);
@@ -135,17 +133,14 @@ std::string LearnerLink::fatal_error() const {
 }
 
 bool LearnerLink::rejoin() {
-  try {
-    join(5.0);
-    return true;
-  } catch (const HandshakeRefused& e) {  // e.g. the syncer came back with another layout: stop training
+  const auto r = try_join(5.0);
+  if (r.ok()) return true;
+  if (!r.status.retryable()) {  // e.g. the syncer came back with another layout: stop training
     std::lock_guard lock(mu_);
-    fatal_ = e.what();
+    fatal_ = r.status.message;
     running_ = false;
-    return false;
-  } catch (const InputError&) {  // still unreachable: keep training, try again after the backoff
-    return false;
   }
+  return false;  // still unreachable: keep training, try again after the backoff
 }
 
 void LearnerLink::session_loop() {

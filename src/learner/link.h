@@ -35,17 +35,20 @@ class LearnerLink {
               int learner_id, std::string host, uint64_t seed);
   ~LearnerLink();
 
-  /// Blocking bootstrap: joins, retrying an unreachable syncer (or one with no free data stream to lease) with
-  /// backoff until `timeout_s`. Throws HandshakeRefused if the syncer refuses the handshake (with its reason),
-  /// InputError if it cannot be reached or lease a stream in time.
+  /// Joins, retrying an unreachable syncer (or one with no free data stream to lease yet) with backoff for up to
+  /// `timeout_s`. Returns the reply, a final refusal (kRefused, kUnauthenticated, kInvalid: retrying cannot help),
+  /// or the last retryable failure when the time is up. Never throws: these are recoverable faults.
+  wire::Result<wire::JoinReply> try_join(double timeout_s);
+  /// The blocking form for a process that cannot go on without the syncer (the evaluator's start): throws
+  /// HandshakeRefused on a refusal, InputError when the syncer cannot be reached in time.
   wire::JoinReply join(double timeout_s);
   /// What the next joins tell the syncer: the stream this learner holds (after bootstrap: a re-join keeps it),
   /// streams it found locked by another process in the last 10 s, and its peer server's address ("" = none).
   void set_held_stream(int64_t stream) { held_stream_ = stream; }
   void add_busy_stream(int64_t stream);
   void set_peer_address(std::string address);
-  /// Fragment p as the syncer holds it now (deadline 30 s); throws InputError on failure.
-  wire::Fragment fetch_fragment(int p);
+  /// Fragment p as the syncer holds it now (deadline 30 s).
+  wire::Result<wire::Fragment> fetch_fragment(int p);
   /// A consistent snapshot of every fragment (deadline 60 s); nullopt on failure.
   std::optional<wire::Snapshot> snapshot();
   /// Status of the run (deadline 5 s); nullopt if the syncer is unreachable.

@@ -42,13 +42,12 @@ FragmentSource peer_source(wire::Transport& transport, const std::string& name, 
                            const wire::Handshake& handshake, double timeout_s) {
   std::shared_ptr<wire::PeerClient> client = transport.connect_peer(address);
   return {name, [client, handshake, timeout_s](int p) {
-            auto r = client->fragment(handshake, p, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
-            if (!r.ok()) throw InputError(r.status.message);
-            return std::move(r.value);
+            return client->fragment(handshake, p, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
           }};
 }
 
-FetchedFragments fetch_fragments(const std::vector<FragmentSource>& sources, const std::vector<int64_t>& min_versions) {
+wire::Result<FetchedFragments> fetch_fragments(const std::vector<FragmentSource>& sources,
+                                               const std::vector<int64_t>& min_versions) {
   const size_t P = min_versions.size();
   FetchedFragments got;
   got.fragments.resize(P);
@@ -57,27 +56,31 @@ FetchedFragments fetch_fragments(const std::vector<FragmentSource>& sources, con
   for (size_t p = 0; p < P; ++p) {
     for (size_t s = 0; s < sources.size() && got.source[p].empty(); ++s) {
       if (failed[s]) continue;
-      try {
-        wire::Fragment f = sources[s].fetch(static_cast<int>(p));
-        if (f.fragment != static_cast<int>(p)) throw InputError("answered fragment " + std::to_string(f.fragment));
-        if (f.version < min_versions[p]) {  // behind the syncer: this fragment from the next source
-          got.failures.push_back(sources[s].name + ": fragment " + std::to_string(p) + ": version " +
-                                 std::to_string(f.version) + " is older than the syncer's " +
-                                 std::to_string(min_versions[p]));
-          continue;
-        }
-        wire::fragment_values(f);  // throws on a malformed payload
-        got.fragments[p] = std::move(f);
-        got.source[p] = sources[s].name;
-      } catch (const InputError& e) {  // dead, hung or refusing: the rest from the next source
+      auto r = sources[s].fetch(static_cast<int>(p));
+      std::string bad = r.ok() ? "" : r.status.message;
+      if (r.ok() && r.value.fragment != static_cast<int>(p)) bad = "answered fragment " + std::to_string(r.value.fragment);
+      std::vector<float> values;
+      if (bad.empty() && r.value.payload.codec != "fp32") bad = "fragment is not fp32";
+      if (bad.empty()) bad = wire::decode(r.value.payload, values);
+      if (!bad.empty()) {  // dead, hung, refusing or malformed: the rest from the next source
         failed[s] = true;
-        got.failures.push_back(sources[s].name + ": fragment " + std::to_string(p) + ": " + e.what());
+        got.failures.push_back(sources[s].name + ": fragment " + std::to_string(p) + ": " + bad);
+        continue;
       }
+      if (r.value.version < min_versions[p]) {  // behind the syncer: this fragment from the next source
+        got.failures.push_back(sources[s].name + ": fragment " + std::to_string(p) + ": version " +
+                               std::to_string(r.value.version) + " is older than the syncer's " +
+                               std::to_string(min_versions[p]));
+        continue;
+      }
+      got.fragments[p] = std::move(r.value);
+      got.source[p] = sources[s].name;
     }
     if (got.source[p].empty()) {
       std::string why;
       for (const auto& f : got.failures) why += "\n  " + f;
-      throw InputError("no source could give fragment " + std::to_string(p) + ":" + (why.empty() ? " no source" : why));
+      return wire::Status{wire::Code::kUnavailable,
+                          "no source could give fragment " + std::to_string(p) + ":" + (why.empty() ? " no source" : why)};
     }
   }
   return got;

@@ -63,11 +63,11 @@ class PeerServer final : public wire::PeerHandler {
   std::unique_ptr<wire::Server> server_;  // last: stops before the members it reads
 };
 
-/// One place a joiner can take fragments from. `fetch(p)` returns fragment p or throws InputError (unreachable,
-/// refused, dead mid-transfer, past its deadline).
+/// One place a joiner can take fragments from. `fetch(p)` returns fragment p or why not (unreachable, refused,
+/// dead mid-transfer, past its deadline).
 struct FragmentSource {
   std::string name;  // "peer 3 (127.0.0.1:4711)", "syncer"
-  std::function<wire::Fragment(int)> fetch;
+  std::function<wire::Result<wire::Fragment>(int)> fetch;
 };
 
 /// Fetches fragments from the peer server at `address` with `handshake`; deadline `timeout_s` per fragment.
@@ -82,8 +82,10 @@ struct FetchedFragments {
 };
 
 /// Takes fragments 0..P-1, each from the first source in `sources` (in order) that returns it at a version ≥
-/// min_versions[p]. A source that throws is not asked again; one that answers with an older version is asked
-/// again for the other fragments. Throws InputError naming every failure if some fragment came from no source.
-FetchedFragments fetch_fragments(const std::vector<FragmentSource>& sources, const std::vector<int64_t>& min_versions);
+/// min_versions[p]. A source that fails (or answers a malformed fragment) is not asked again; one that answers
+/// with an older version is asked again for the other fragments. Fails with kUnavailable, naming every failure,
+/// if some fragment came from no source (a recoverable fault: the caller retries).
+wire::Result<FetchedFragments> fetch_fragments(const std::vector<FragmentSource>& sources,
+                                               const std::vector<int64_t>& min_versions);
 
 }  // namespace dloco

@@ -28,24 +28,21 @@ TEST(PeerBootstrap, ServesWhatTheBoardHoldsAndRefusesAnotherModel) {
   FragmentBoard board(2);
   PeerServer server(grpc(), "127.0.0.1", expectation(), board);
   const FragmentSource peer = peer_source(grpc(), "peer", server.address(), handshake(), 5.0);
-  EXPECT_THROW(peer.fetch(0), InputError);  // nothing published yet: it has not bootstrapped
+  EXPECT_EQ(peer.fetch(0).status.code, wire::Code::kUnavailable);  // nothing published yet: not bootstrapped
   board.publish(0, 7, filled(1.5f));
   board.publish(1, 3, filled(2.5f));
-  const wire::Fragment f = peer.fetch(1);
+  const wire::Fragment f = peer.fetch(1).value;
   EXPECT_EQ(f.fragment, 1);
   EXPECT_EQ(f.version, 3);
   const auto values = wire::fragment_values(f);
   ASSERT_EQ(values.size(), 5000u);
   EXPECT_EQ(values[4999], 2.5f);
-  EXPECT_THROW(peer.fetch(2), InputError);  // no such fragment
+  EXPECT_EQ(peer.fetch(2).status.code, wire::Code::kInvalid);  // no such fragment
   wire::Handshake other = handshake();
   other.layout_hash = 12;
-  try {
-    peer_source(grpc(), "peer", server.address(), other, 5.0).fetch(0);
-    FAIL() << "a peer of another model was served";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("layout"), std::string::npos) << e.what();
-  }
+  const auto refused = peer_source(grpc(), "peer", server.address(), other, 5.0).fetch(0);
+  EXPECT_EQ(refused.status.code, wire::Code::kRefused) << "a peer of another model was served";
+  EXPECT_NE(refused.status.message.find("layout"), std::string::npos) << refused.status.message;
   EXPECT_EQ(server.served(), 1);
 }
 
@@ -65,7 +62,7 @@ TEST(PeerBootstrap, ASourceThatDiesMidTransferIsLeftForTheNext) {
                                return a.fetch(p);
                              }};
   const FetchedFragments got =
-      fetch_fragments({dying, peer_source(grpc(), "peer B", b_server.address(), handshake(), 5.0)}, {5, 5, 5, 5});
+      fetch_fragments({dying, peer_source(grpc(), "peer B", b_server.address(), handshake(), 5.0)}, {5, 5, 5, 5}).value;
   EXPECT_EQ(got.source, (std::vector<std::string>{"peer A", "peer A", "peer B", "peer B"}));
   EXPECT_EQ(asked_a, 3) << "a source that failed was asked again";
   for (int p = 0; p < 4; ++p) {
@@ -88,7 +85,7 @@ TEST(PeerBootstrap, APeerBehindTheSyncerIsPassedOverForThatFragmentOnly) {
                                 return wire::Fragment{p, 3, wire::encode(v, wire::Codec::kFp32)};
                               }};
   const FetchedFragments got =
-      fetch_fragments({peer_source(grpc(), "peer", server.address(), handshake(), 5.0), syncer}, {4, 3, 9});
+      fetch_fragments({peer_source(grpc(), "peer", server.address(), handshake(), 5.0), syncer}, {4, 3, 9}).value;
   EXPECT_EQ(got.source, (std::vector<std::string>{"peer", "syncer", "peer"}));
   EXPECT_EQ(asked_syncer, 1);
   EXPECT_EQ(got.fragments[1].version, 3);
@@ -97,14 +94,11 @@ TEST(PeerBootstrap, APeerBehindTheSyncerIsPassedOverForThatFragmentOnly) {
 }
 
 TEST(PeerBootstrap, NoSourceLeftIsAClearError) {
-  try {
-    fetch_fragments({peer_source(grpc(), "peer 9 (127.0.0.1:1)", "127.0.0.1:1", handshake(), 2.0)}, {0, 0});
-    FAIL() << "fragments came from nowhere";
-  } catch (const InputError& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("no source could give fragment 0"), std::string::npos) << what;
-    EXPECT_NE(what.find("peer 9"), std::string::npos) << what;
-  }
+  const auto got = fetch_fragments({peer_source(grpc(), "peer 9 (127.0.0.1:1)", "127.0.0.1:1", handshake(), 2.0)}, {0, 0});
+  ASSERT_FALSE(got.ok()) << "fragments came from nowhere";
+  EXPECT_EQ(got.status.code, wire::Code::kUnavailable);
+  EXPECT_NE(got.status.message.find("no source could give fragment 0"), std::string::npos) << got.status.message;
+  EXPECT_NE(got.status.message.find("peer 9"), std::string::npos) << got.status.message;
 }
 
 }  // namespace

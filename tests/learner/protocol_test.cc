@@ -134,7 +134,7 @@ class ProtocolTest : public ::testing::Test {
       cfg.overlap = config_.diloco.overlap;
       OuterSync sync(cfg, job, link, &events, nullptr);
       for (int p = 0; p < 2; ++p) {
-        const wire::Fragment f = link.fetch_fragment(p);
+        const wire::Fragment f = link.fetch_fragment(p).value;
         sync.adopt(p, f.version, std::make_shared<const std::vector<float>>(wire::fragment_values(f)));
       }
       link.start();
