@@ -6,9 +6,26 @@
 
 #include "core/check.h"
 #include "core/config.h"
+#include "core/state_machine.h"
 #include "transport/transport.h"
 
 namespace dloco {
+
+/// A learner's phases (declared; the moves are checked):
+///   bootstrapping --holds Θ, a stream and the global step--> training
+///   bootstrapping --a signal (asked to leave before it trained)--> stopped
+///   training --its budget is spent, or the shared one--> finished (it keeps answering the final flush)
+///   training | finished --the syncer stops the run, or a signal (a graceful leave)--> stopped
+enum class LearnerPhase { kBootstrapping, kTraining, kFinished, kStopped };
+const char* to_string(LearnerPhase phase);
+inline constexpr std::array<std::pair<LearnerPhase, LearnerPhase>, 5> kLearnerMoves = {{
+    {LearnerPhase::kBootstrapping, LearnerPhase::kTraining},
+    {LearnerPhase::kBootstrapping, LearnerPhase::kStopped},
+    {LearnerPhase::kTraining, LearnerPhase::kFinished},
+    {LearnerPhase::kTraining, LearnerPhase::kStopped},
+    {LearnerPhase::kFinished, LearnerPhase::kStopped},
+}};
+using LearnerPhaseMachine = StateMachine<LearnerPhase, 5>;
 
 struct LearnerOptions {
   std::string syncer;                  // "host:port"

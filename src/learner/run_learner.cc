@@ -74,12 +74,13 @@ OuterSyncConfig outer_sync_config(const Config& config, int id, const FragmentLa
   return c;
 }
 
-// The training loop and what it keeps between steps.
+// The training loop and what it keeps between steps. `phase` is training when it starts.
 class LearnerLoop {
  public:
   LearnerLoop(const Config& config, int id, const fs::path& run_dir, int64_t step, int64_t stream, int64_t budget,
-              InnerJob& job, OuterSync& sync, LearnerLink& link, StreamLog& log, EventLog& events)
-      : config_(config), id_(id), run_dir_(run_dir), step_(step), stream_(stream), budget_(budget), job_(job),
+              InnerJob& job, OuterSync& sync, LearnerLink& link, StreamLog& log, EventLog& events,
+              LearnerPhaseMachine& phase)
+      : phase_(phase), config_(config), id_(id), run_dir_(run_dir), step_(step), stream_(stream), budget_(budget), job_(job),
         sync_(sync), link_(link), log_(&log), events_(events),
         control_(run_dir / "control" / ("learner_" + std::to_string(id) + ".json")),
         slowdown_(slowdown_factor(config.run, id, config.diloco.learners)),
@@ -88,10 +89,10 @@ class LearnerLoop {
   // Trains until this stream's budget is spent, then keeps answering the final flush until the syncer stops the
   // run or a signal asks the learner to leave.
   void run() {
-    while (!stop_ && g_learner_signal.load() == 0) {
+    while (!phase_.is(LearnerPhase::kStopped) && g_learner_signal.load() == 0) {
       if (const std::string fatal = link_.fatal_error(); !fatal.empty()) throw InputError(fatal);
-      if (!finished_ && job_.cursor().tokens_served + tokens_per_step_ > budget_) finish("its token budget is spent");
-      if (finished_) {
+      if (job_.cursor().tokens_served + tokens_per_step_ > budget_) finish("its token budget is spent");
+      if (phase_.is(LearnerPhase::kFinished)) {
         boundary();
         if (Clock::now() - last_metadata_ > std::chrono::milliseconds(200)) send_metadata();
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -119,12 +120,13 @@ class LearnerLoop {
                             {"boundary_s", boundary_s}, {"skipped", r.skipped}, {"tokens", job_.cursor().tokens_served}});
     }
     boundary();  // merges that arrived with the stop (the final flush) are applied before the copies are reported
+    leaving_ = !phase_.is(LearnerPhase::kStopped);  // a signal, not the end of the run: a graceful leave
+    if (leaving_) phase_.to(LearnerPhase::kStopped);
   }
 
-  // A signal, not the end of the run: leave gracefully (stream and quorum freed at once). Reports the final
-  // copies (hashes of the job's own parameters) and hands the last words to the link.
+  // After a signal the learner leaves gracefully (stream and quorum freed at once). Reports the final copies
+  // (hashes of the job's own parameters) and hands the last words to the link.
   void finish_run(int64_t peer_fragments_served, std::unique_ptr<StreamLog>& log_owner) {
-    leaving_ = !stop_;
     log_owner.reset();  // unlock the stream's log before the syncer hands the stream to a joiner
     log_ = nullptr;
     send_metadata();
@@ -140,15 +142,15 @@ class LearnerLoop {
 
  private:
   void finish(const char* reason) {
-    if (finished_) return;
-    finished_ = true;
+    if (!phase_.is(LearnerPhase::kTraining)) return;
+    phase_.to(LearnerPhase::kFinished);
     events_.emit("budget_spent", {{"step", step_}, {"tokens", job_.cursor().tokens_served}, {"reason", reason}});
   }
 
   void boundary() {
-    const BoundaryOutcome out = sync_.boundary(step_, finished_);
-    stop_ = stop_ || out.stop;
+    const BoundaryOutcome out = sync_.boundary(step_, !phase_.is(LearnerPhase::kTraining));
     if (out.budget_spent) finish("the learners' tokens reached the shared budget");
+    if (out.stop && !phase_.is(LearnerPhase::kStopped)) phase_.to(LearnerPhase::kStopped);
   }
 
   void send_metadata() {
@@ -160,7 +162,7 @@ class LearnerLoop {
     m.cursor_json = job_.cursor().to_json().dump();
     m.tokens_per_s = step_time_.value() > 0 ? tokens_per_step_ / step_time_.value() : 0;
     m.loss = loss_.value();
-    m.finished = finished_;
+    m.finished = phase_.is(LearnerPhase::kFinished);
     m.stream = stream_;
     m.leaving = leaving_;
     link_.post(std::move(m));
@@ -177,7 +179,7 @@ class LearnerLoop {
   // s + τ until the merge of that round is applied. Deadline: run.collective_timeout_s.
   void wait_for_sync() {
     const auto deadline = Clock::now() + std::chrono::duration<double>(config_.run.collective_timeout_s);
-    while (sync_.blocked(step_) && !stop_ && g_learner_signal.load() == 0) {
+    while (sync_.blocked(step_) && !phase_.is(LearnerPhase::kStopped) && g_learner_signal.load() == 0) {
       if (Clock::now() > deadline) {
         throw InputError("blocking sync: no pull or merge for step " + std::to_string(step_) + " within " +
                          std::to_string(config_.run.collective_timeout_s) + " s (run.collective_timeout_s)");
@@ -187,6 +189,7 @@ class LearnerLoop {
     }
   }
 
+  LearnerPhaseMachine& phase_;
   const Config& config_;
   const int id_;
   const fs::path run_dir_;
@@ -203,11 +206,21 @@ class LearnerLoop {
   Ema step_time_{0.9}, loss_{0.9};
   double max_boundary_s_ = 0;
   int64_t steps_here_ = 0;  // steps of this incarnation
-  bool stop_ = false, finished_ = false, leaving_ = false;
+  bool leaving_ = false;
   Clock::time_point last_metadata_ = Clock::now();
 };
 
 }  // namespace
+
+const char* to_string(LearnerPhase phase) {
+  switch (phase) {
+    case LearnerPhase::kBootstrapping: return "bootstrapping";
+    case LearnerPhase::kTraining: return "training";
+    case LearnerPhase::kFinished: return "finished";
+    case LearnerPhase::kStopped: return "stopped";
+  }
+  return "?";
+}
 
 int run_learner(const Config& config, const LearnerOptions& options, wire::Transport& transport) {
   const int id = options.id;
@@ -237,9 +250,11 @@ int run_learner(const Config& config, const LearnerOptions& options, wire::Trans
     peer_server = std::make_unique<PeerServer>(transport, config.run.peer_host, handshake, board);
     link.set_peer_address(peer_server->address());
   }
+  LearnerPhaseMachine phase(LearnerPhase::kBootstrapping, kLearnerMoves);
   auto boot = bootstrap(link, transport, handshake, options.run_dir, P, options.bootstrap_timeout_s, events,
                         g_learner_signal);
   if (!boot) {  // asked to leave before it trained: nothing to hand back
+    phase.to(LearnerPhase::kStopped);
     events.emit("stopped", {{"step", 0}, {"signal", g_learner_signal.load()}, {"leaving", true},
                             {"reason", "signal during bootstrap"}});
     return 0;
@@ -277,9 +292,10 @@ int run_learner(const Config& config, const LearnerOptions& options, wire::Trans
               static_cast<long long>(joined.tokens_budget));
   std::fflush(stdout);
   link.start();
+  phase.to(LearnerPhase::kTraining);
   // Adopt the global step: the lr schedule is global.
   LearnerLoop loop(config, id, options.run_dir, joined.global_step, joined.stream_index, joined.tokens_budget, job,
-                   sync, link, *boot->stream_log, events);
+                   sync, link, *boot->stream_log, events, phase);
   loop.run();
   loop.finish_run(peer_server ? peer_server->served() : 0, boot->stream_log);
   return 0;

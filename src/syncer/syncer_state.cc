@@ -17,6 +17,24 @@ nlohmann::json event(const char* name, nlohmann::json fields) {
 
 }  // namespace
 
+const char* to_string(RoundPhase phase) {
+  switch (phase) {
+    case RoundPhase::kDue: return "due";
+    case RoundPhase::kPulling: return "pulling";
+    case RoundPhase::kClosed: return "closed";
+  }
+  return "?";
+}
+
+const char* to_string(SyncerPhase phase) {
+  switch (phase) {
+    case SyncerPhase::kTraining: return "training";
+    case SyncerPhase::kFlushing: return "flushing";
+    case SyncerPhase::kFinished: return "finished";
+  }
+  return "?";
+}
+
 SyncerState::SyncerState(const Config& config, FragmentLayout layout, std::vector<std::vector<float>> theta,
                          std::function<bool(const std::string&)> is_embedding)
     : config_(config),
@@ -115,7 +133,7 @@ AnswerOutcome SyncerState::on_answer(int learner, PullAnswerData answer, double 
   }
   if (answer.steps < 0 || answer.tokens < 0) return refuse("negative step or token counters");
   auto it = open_.find(answer.fragment);
-  if (it == open_.end() || !it->second.pulling || it->second.step != answer.round_step) {
+  if (it == open_.end() || !it->second.phase.is(RoundPhase::kPulling) || it->second.step != answer.round_step) {
     return drop("late answer for fragment " + std::to_string(answer.fragment) + " round " +
                 std::to_string(answer.round_step) + ": that round is closed");
   }
@@ -154,7 +172,7 @@ double SyncerState::slowest_step_s(double now_s) const {
 
 SyncerActions SyncerState::tick(double now_s) {
   SyncerActions actions;
-  if (finished_) return actions;
+  if (phase_.is(SyncerPhase::kFinished)) return actions;
   const QuorumConfig& qcfg = quorum_;
 
   // 0) liveness transitions are logged once, with the reason.
@@ -174,7 +192,7 @@ SyncerActions SyncerState::tick(double now_s) {
 
   // 1) the global clock: t = max(t, K-th largest live step); every due step crossed is queued in order.
   const auto states = learner_states();
-  if (!flushing_) {
+  if (phase_.is(SyncerPhase::kTraining)) {
     const ClockDecision clock = advance_global_clock(global_step_, states, now_s, qcfg.K, qcfg.lease);
     if (clock.advanced) {
       for (const auto& r : due_rounds_crossed(global_step_, clock.global_step, static_cast<int>(config_.diloco.inner_steps),
@@ -194,10 +212,12 @@ SyncerActions SyncerState::tick(double now_s) {
       live_finished += rec.last.finished ? 1 : 0;
     }
   }
-  if (!flushing_ && live > 0 && live == live_finished) {
-    flushing_ = true;
+  if (phase_.is(SyncerPhase::kTraining) && live > 0 && live == live_finished) {
+    phase_.to(SyncerPhase::kFlushing);
     pending_.clear();
-    for (auto it = open_.begin(); it != open_.end();) it = it->second.pulling ? std::next(it) : open_.erase(it);
+    for (auto it = open_.begin(); it != open_.end();) {
+      it = it->second.phase.is(RoundPhase::kPulling) ? std::next(it) : open_.erase(it);
+    }
     actions.events.push_back(event("final_flush", {{"reason", "all " + std::to_string(live) +
                                                                   " live learners spent their token budget"}}));
   }
@@ -205,11 +225,11 @@ SyncerActions SyncerState::tick(double now_s) {
   open_rounds(now_s, actions);
   for (auto it = open_.begin(); it != open_.end();) {
     advance_round(it->first, it->second, now_s, actions);
-    const bool closed = it->second.step == INT64_MIN;
-    it = closed ? open_.erase(it) : std::next(it);
+    it = it->second.phase.is(RoundPhase::kClosed) ? open_.erase(it) : std::next(it);
   }
-  if (flushing_ && open_.empty() && std::all_of(flushed_.begin(), flushed_.end(), [](bool f) { return f; })) {
-    finished_ = true;
+  if (phase_.is(SyncerPhase::kFlushing) && open_.empty() &&
+      std::all_of(flushed_.begin(), flushed_.end(), [](bool f) { return f; })) {
+    phase_.to(SyncerPhase::kFinished);
     actions.finished_now = true;
     actions.events.push_back(event("finished", {{"global_step", global_step_}, {"merges", merges_}}));
   }
@@ -217,7 +237,7 @@ SyncerActions SyncerState::tick(double now_s) {
 }
 
 void SyncerState::open_rounds(double now_s, SyncerActions& actions) {
-  if (flushing_) {
+  if (phase_.is(SyncerPhase::kFlushing)) {
     for (int p = 0; p < static_cast<int>(fragments_.size()); ++p) {
       if (!flushed_[p] && !open_.count(p)) {
         Round r;
@@ -244,7 +264,7 @@ void SyncerState::open_rounds(double now_s, SyncerActions& actions) {
 
 void SyncerState::advance_round(int p, Round& round, double now_s, SyncerActions& actions) {
   const QuorumConfig& qcfg = quorum_;
-  if (!round.pulling) {
+  if (round.phase.is(RoundPhase::kDue)) {
     std::vector<int> participants;
     std::string reason;
     if (round.step == -1) {  // final flush: every live learner
@@ -254,7 +274,7 @@ void SyncerState::advance_round(int p, Round& round, double now_s, SyncerActions
       reason = "final flush of fragment " + std::to_string(p);
       if (participants.empty()) {
         flushed_[p] = true;
-        round.step = INT64_MIN;
+        round.phase.to(RoundPhase::kClosed);
         return;
       }
     } else {
@@ -273,7 +293,7 @@ void SyncerState::advance_round(int p, Round& round, double now_s, SyncerActions
       reason = d.reason;
     }
     // 3) pull from the set.
-    round.pulling = true;
+    round.phase.to(RoundPhase::kPulling);
     round.pull_sent_s = now_s;
     round.requested = participants;
     actions.pulls.push_back({p, round.step, participants});
@@ -300,7 +320,7 @@ void SyncerState::advance_round(int p, Round& round, double now_s, SyncerActions
   }
   merge_round(p, round, now_s, actions);
   if (round.step == -1) flushed_[p] = true;
-  round.step = INT64_MIN;  // closed
+  round.phase.to(RoundPhase::kClosed);
 }
 
 void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& actions) {

@@ -3,9 +3,14 @@
 // carries out the actions it returns (send pull requests, persist then broadcast merged fragments).
 // Everything here is deterministic for a given sequence of calls, so it is tested by driving it by hand.
 //
-// Round life cycle, per fragment p (one open round per fragment at a time, rounds of p in due-step order):
-//   due (clock crossed u) --quorum + grace--> pulling (PullRequest sent to the participants)
-//   pulling --all answers in, or the answer window closed--> merged (version_p + 1) or skipped (no answer)
+// Declared states (core/state_machine.h; the moves are checked):
+//   a round of fragment p (one open round per fragment at a time, rounds of p in due-step order):
+//     due (the clock crossed u)  --quorum + grace-->  pulling (PullRequest sent to the participants)
+//     due                        --final flush with no live learner-->  closed
+//     pulling  --all answers in, or the answer window closed-->  closed (merged: version_p + 1, or skipped)
+//   the syncer:
+//     training  --every live learner spent its budget-->  flushing (every fragment merged once more)
+//     flushing  --every fragment flushed-->  finished
 // Deliberately not here: threads (the service holds one mutex around every call), I/O, tensors.
 #pragma once
 
@@ -22,6 +27,7 @@
 #include "core/decisions.h"
 #include "core/fragments.h"
 #include "core/merge.h"
+#include "core/state_machine.h"
 
 namespace dloco {
 
@@ -74,6 +80,20 @@ struct SyncerActions {
   bool finished_now = false;           // the final flush just completed: the run is over
 };
 
+enum class RoundPhase { kDue, kPulling, kClosed };
+enum class SyncerPhase { kTraining, kFlushing, kFinished };
+const char* to_string(RoundPhase phase);
+const char* to_string(SyncerPhase phase);
+inline constexpr std::array<std::pair<RoundPhase, RoundPhase>, 3> kRoundMoves = {{
+    {RoundPhase::kDue, RoundPhase::kPulling},
+    {RoundPhase::kDue, RoundPhase::kClosed},
+    {RoundPhase::kPulling, RoundPhase::kClosed},
+}};
+inline constexpr std::array<std::pair<SyncerPhase, SyncerPhase>, 2> kSyncerMoves = {{
+    {SyncerPhase::kTraining, SyncerPhase::kFlushing},
+    {SyncerPhase::kFlushing, SyncerPhase::kFinished},
+}};
+
 /// Outcome of an incoming answer.
 enum class AnswerOutcome { kAccepted, kDroppedLate, kRefused };
 
@@ -123,7 +143,7 @@ class SyncerState {
   int64_t tokens_trained() const;
   /// Restores stream s's served tokens (after a syncer restart, from its persisted cursor).
   void restore_stream_tokens(int64_t stream, int64_t tokens);
-  bool finished() const { return finished_; }
+  bool finished() const { return phase_.is(SyncerPhase::kFinished); }
   bool is_live(int learner, double now_s) const;
 
   /// Restores persisted state (after a syncer restart): fragment p's Θ, momentum and version.
@@ -140,7 +160,7 @@ class SyncerState {
   struct Round {
     int64_t step = 0;  // u; -1 for the final flush
     RoundState decision_state;
-    bool pulling = false;
+    StateMachine<RoundPhase, 3> phase{RoundPhase::kDue, kRoundMoves};
     double pull_sent_s = 0;
     std::vector<int> requested;
     std::map<int, PullAnswerData> answers;
@@ -164,7 +184,7 @@ class SyncerState {
   int64_t global_step_ = 0;
   Ema quorum_ema_, sync_ema_;
   int64_t merges_ = 0, last_quorum_ = 0, answers_dropped_ = 0, answers_refused_ = 0;
-  bool flushing_ = false, finished_ = false;
+  StateMachine<SyncerPhase, 2> phase_{SyncerPhase::kTraining, kSyncerMoves};
   std::vector<bool> flushed_;
 };
 
