@@ -99,8 +99,8 @@ void add_chaos_command(CLI::App& app) {
                 "Train nothing: analyse the runs already in the folder again (faulted/, fault-free/)");
   cmd->callback([] {
     Config faulted = load_config(config_path, overrides);
-    if (faulted.diloco.mode != "decoupled") {
-      throw InputError("dloco chaos needs diloco.mode = \"decoupled\" (got \"" + faulted.diloco.mode +
+    if (faulted.diloco.mode != Mode::kDecoupled) {
+      throw InputError(std::string("dloco chaos needs diloco.mode = \"decoupled\" (got \"") + to_string(faulted.diloco.mode) +
                        "\"); --baselines elastic-dp,dp-restart adds data parallel under the same plan");
     }
     const fs::path dir = fs::path(faulted.run.out_dir) / name;
@@ -187,7 +187,7 @@ void add_chaos_command(CLI::App& app) {
       }
     }
     for (const Config* c : runs) {
-      const bool dp = c->diloco.mode == "dp";
+      const bool dp = c->diloco.mode == Mode::kDp;
       nlohmann::json report;
       if (report_only || (reuse && fs::exists(c->run_dir() / "report.json"))) {
         if (fs::exists(c->run_dir() / "report.json")) report = nlohmann::json::parse(std::ifstream(c->run_dir() / "report.json"));

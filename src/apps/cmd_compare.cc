@@ -69,7 +69,7 @@ std::vector<nlohmann::json> read_events(const fs::path& path, const std::string&
 std::vector<std::pair<double, double>> eval_curve(const fs::path& run_dir, const Config& c) {
   const double tokens_per_global_step = static_cast<double>(c.train.tokens_per_step(c.model) * c.diloco.learners);
   std::vector<std::pair<double, double>> curve;
-  if (c.diloco.mode == "decoupled") {
+  if (c.diloco.mode == Mode::kDecoupled) {
     for (const auto& e : read_events(run_dir / "events" / "evaluator.jsonl", "eval")) {
       curve.emplace_back(e.value("global_step", 0) * tokens_per_global_step, e.value("val_loss", NAN));
     }

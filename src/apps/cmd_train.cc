@@ -79,13 +79,13 @@ void add_train_commands(CLI::App& app) {
     }
     std::optional<FaultPlan> plan;
     if (!plan_path.empty()) {
-      if (config.diloco.mode != "decoupled" && config.diloco.mode != "dp") {
-        throw InputError("--plan needs diloco.mode = \"decoupled\" or \"dp\" (got \"" + config.diloco.mode +
+      if (config.diloco.mode != Mode::kDecoupled && config.diloco.mode != Mode::kDp) {
+        throw InputError(std::string("--plan needs diloco.mode = \"decoupled\" or \"dp\" (got \"") + to_string(config.diloco.mode) +
                          "\"): the diloco and streaming baselines cannot re-form their group after a failure");
       }
       plan = load_fault_plan(plan_path);
     }
-    if (config.diloco.mode != "local") {
+    if (config.diloco.mode != Mode::kLocal) {
       if (stop_after_steps > 0) throw InputError("--stop-after-steps applies to diloco.mode = \"local\" only");
       const auto report = is_collective_mode(config.diloco.mode)
                               ? run_collective_launcher(config, options.resume, plan ? &*plan : nullptr)

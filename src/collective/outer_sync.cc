@@ -29,17 +29,14 @@ void mix_toward(std::span<float> local, std::span<const float> theta, double alp
 
 }  // namespace
 
-double contribution_weight(const std::string& rule, int64_t tokens_since, int64_t steps_since,
+double contribution_weight(WeightRule rule, int64_t tokens_since, int64_t steps_since,
                            int64_t tokens_per_step) {
-  if (rule == "tokens") {
+  if (rule == WeightRule::kTokens) {
     DLOCO_CHECK_GT(tokens_per_step, 0);
     return token_weight(tokens_since, steps_since) / static_cast<double>(tokens_per_step);
   }
-  if (rule == "uniform") {
-    if (steps_since < 0) throw InputError("contribution_weight: steps_since must be ≥ 0, got " + std::to_string(steps_since));
-    return steps_since > 0 ? 1.0 : 0.0;
-  }
-  throw InputError("diloco.weights must be \"tokens\" or \"uniform\" (got \"" + rule + "\")");
+  if (steps_since < 0) throw InputError("contribution_weight: steps_since must be ≥ 0, got " + std::to_string(steps_since));
+  return steps_since > 0 ? 1.0 : 0.0;  // uniform
 }
 
 AllReduceMerge::AllReduceMerge(Collective& group, std::span<const float> global, std::span<const float> local,
@@ -242,13 +239,13 @@ class StreamingSync final : public OuterSync {
 
 std::unique_ptr<OuterSync> make_outer_sync(const Config& config, GPT model, Collective& group, EventLog& events,
                                            double& wait_s, int64_t& syncs) {
-  if (config.diloco.mode == "diloco") {
+  if (config.diloco.mode == Mode::kDiloco) {
     return std::make_unique<DilocoSync>(config, model, group, events, wait_s, syncs);
   }
-  if (config.diloco.mode == "streaming") {
+  if (config.diloco.mode == Mode::kStreaming) {
     return std::make_unique<StreamingSync>(config, model, group, events, wait_s, syncs);
   }
-  throw InputError("an outer sync is for diloco.mode = \"diloco\" or \"streaming\", not \"" + config.diloco.mode + "\"");
+  throw InputError(std::string("an outer sync is for diloco.mode = \"diloco\" or \"streaming\", not \"") + to_string(config.diloco.mode) + "\"");
 }
 
 }  // namespace dloco

@@ -27,7 +27,7 @@ namespace dloco {
 /// "uniform": 1 if steps_since > 0, else 0; "tokens": token_weight(tokens_since, steps_since) / tokens_per_step
 /// (tokens²/steps, scaled by the same constant on every rank so it stays small in the fp32 buffer; the scale
 /// cancels in Σ w·Δ / Σ w). Throws InputError on an unknown rule or negative counters.
-double contribution_weight(const std::string& rule, int64_t tokens_since, int64_t steps_since,
+double contribution_weight(WeightRule rule, int64_t tokens_since, int64_t steps_since,
                            int64_t tokens_per_step);
 
 /// One merge of n parameters across the group, in flight: the all-reduce form of core/merge.h's weighted mean.

@@ -60,12 +60,12 @@ int run_worker(const Config& config, const WorkerOptions& options) {
 namespace {
 
 int run_worker_group(const Config& config, const WorkerOptions& options) {
-  const std::string& mode = config.diloco.mode;
+  const Mode mode = config.diloco.mode;
   if (!is_collective_mode(mode)) {
-    throw InputError("dloco worker runs the baselines (diloco.mode = dp, diloco or streaming), not \"" + mode + "\"");
+    throw InputError(std::string("dloco worker runs the baselines (diloco.mode = dp, diloco or streaming), not \"") + to_string(mode) + "\"");
   }
   const int M = static_cast<int>(config.diloco.learners), rank = options.rank;
-  const bool outer = mode != "dp";
+  const bool outer = mode != Mode::kDp;
   std::vector<int> slots = options.slots;  // learner slot (data stream) of each rank of this group
   if (slots.empty()) {
     for (int s = 0; s < M; ++s) slots.push_back(s);
@@ -118,7 +118,7 @@ int run_worker_group(const Config& config, const WorkerOptions& options) {
                          {"generation", options.generation}, {"from_step", start_step},
                          {"checkpoint", resumed ? resumed->dir.string() : std::string()}});
   std::printf("[worker %d] %s: joined the Gloo group of %d (slot %d, generation %lld, from step %lld)\n", rank,
-              mode.c_str(), W, slot, static_cast<long long>(options.generation), static_cast<long long>(start_step));
+              to_string(mode), W, slot, static_cast<long long>(options.generation), static_cast<long long>(start_step));
   std::fflush(stdout);
 
   // Every slot's data cursor at start_step (from the checkpoint when resuming): rank 0 writes them all into its
@@ -148,7 +148,7 @@ int run_worker_group(const Config& config, const WorkerOptions& options) {
   int64_t syncs = 0;
   double stop_votes = 0;  // dp: this rank's vote to stop after the current step, then the group's sum
 
-  if (mode == "dp") trainer.set_gradient_hook(dp_gradient_hook(model, group, &wait_s, &syncs, &stop_votes));
+  if (mode == Mode::kDp) trainer.set_gradient_hook(dp_gradient_hook(model, group, &wait_s, &syncs, &stop_votes));
   auto cursors_at = [&](int64_t step) {  // every slot's cursor after `step` (slots outside the group stand still)
     nlohmann::json out = nlohmann::json::array();
     for (int s = 0; s < M; ++s) {

@@ -118,6 +118,13 @@ void assign(const std::string& source, const std::string& key, const toml::node&
   if (auto v = node.value<double>()) { out = *v; return; }
   throw InputError(where(source, node) + ": '" + key + "' must be a number");
 }
+template <ConfigChoice E>
+void assign(const std::string& source, const std::string& key, const toml::node& node, E& out) {
+  std::string name;
+  assign(source, key, node, name);
+  if (auto e = parse_choice<E>(name)) { out = *e; return; }
+  throw InputError(where(source, node) + ": '" + key + "' must be " + choice_names<E>() + " (got \"" + name + "\")");
+}
 
 std::set<std::string> known_sections() {
   std::set<std::string> s;
@@ -171,6 +178,8 @@ std::string toml_value(const T& v) {
     std::ostringstream os;
     os << toml::value<std::string>(v);
     return os.str();
+  } else if constexpr (ConfigChoice<T>) {
+    return toml_value(std::string(to_string(v)));
   } else if constexpr (std::is_same_v<T, bool>) {
     return v ? "true" : "false";
   } else if constexpr (std::is_same_v<T, double>) {
@@ -250,8 +259,6 @@ void Config::validate() const {
   require(t.eval_interval >= 0 && t.eval_tokens >= 0 && t.checkpoint_interval >= 0 && t.log_interval >= 1,
           "train.eval_interval/eval_tokens/checkpoint_interval/log_interval", "must be ≥ 0 (log_interval ≥ 1)");
   const auto& d = diloco;
-  require(d.mode == "local" || d.mode == "decoupled" || is_collective_mode(d.mode), "diloco.mode",
-          "must be \"local\", \"decoupled\", \"dp\", \"diloco\" or \"streaming\" (got \"" + d.mode + "\")");
   require(d.learners >= 1, "diloco.learners", "(M) must be ≥ 1");
   require(d.inner_steps >= 1 && d.fragments >= 1 && d.inner_steps % d.fragments == 0, "diloco.inner_steps",
           "(H = " + std::to_string(d.inner_steps) + ") must be a positive multiple of diloco.fragments (P = " +
@@ -262,38 +269,28 @@ void Config::validate() const {
   require(d.gamma > 0 && d.gamma < 1, "diloco.gamma", "(γ) must be in (0, 1)");
   require(d.outer_lr > 0, "diloco.outer_lr", "(η) must be > 0");
   require(d.outer_momentum >= 0 && d.outer_momentum < 1, "diloco.outer_momentum", "(μ) must be in [0, 1)");
-  require(d.merge == "rda" || d.merge == "mean", "diloco.merge", "must be \"rda\" or \"mean\"");
-  require(d.weights == "tokens" || d.weights == "uniform", "diloco.weights", "must be \"tokens\" or \"uniform\"");
   require(d.alpha >= 0 && d.alpha < 1, "diloco.alpha", "must be in [0, 1)");
-  require(d.stale_policy == "reanchor" || d.stale_policy == "skip", "diloco.stale_policy",
-          "must be \"reanchor\" or \"skip\"");
   require(d.anchor_versions >= 1, "diloco.anchor_versions", "must be ≥ 1");
-  require(d.wire_dtype == "fp32" || d.wire_dtype == "bf16", "diloco.wire_dtype", "must be \"fp32\" or \"bf16\"");
   require(data.streams >= 0, "data.streams", "must be ≥ 0 (0 = one per learner)");
   require(data.streams == 0 || data.streams >= d.learners, "data.streams", "(S) must be ≥ diloco.learners (M)");
-  require(data.streams <= d.learners || train.shared_budget || is_collective_mode(d.mode) || d.mode == "local",
+  require(data.streams <= d.learners || train.shared_budget || is_collective_mode(d.mode) || d.mode == Mode::kLocal,
           "data.streams",
           "(S = " + std::to_string(data.streams) + ") > diloco.learners (M) needs train.shared_budget = true: with a "
           "fixed share per stream, streams no learner leases would stay untrained");
-  require(d.bootstrap == "syncer" || d.bootstrap == "peers", "diloco.bootstrap",
-          "must be \"syncer\" or \"peers\" (got \"" + d.bootstrap + "\")");
   require(!run.peer_host.empty(), "run.peer_host", "must be a host name or address");
   require(!run.name.empty() && run.name.find('/') == std::string::npos && run.name != "." && run.name != "..",
           "run.name", "must be a folder name (not empty, '.', '..' or containing '/')");
   require(run.threads >= 0, "run.threads", "must be ≥ 0 (0 = all cores)");
   require(run.report_interval_s > 0, "run.report_interval_s", "must be > 0");
   require(run.collective_timeout_s > 0, "run.collective_timeout_s", "must be > 0");
-  require(run.recovery == "stop" || run.recovery == "restart" || run.recovery == "elastic", "run.recovery",
-          "must be \"stop\", \"restart\" or \"elastic\" (got \"" + run.recovery + "\")");
-  require(run.recovery == "stop" || d.mode == "dp", "run.recovery",
-          "\"" + run.recovery + "\" applies to diloco.mode = \"dp\" only (got mode \"" + d.mode +
+  require(run.recovery == RecoveryPolicy::kStop || d.mode == Mode::kDp, "run.recovery",
+          std::string("\"") + to_string(run.recovery) + "\" applies to diloco.mode = \"dp\" only (got mode \"" +
+              to_string(d.mode) +
               "\"; decoupled learners are restarted on their own)");
   for (int id = 0; id < d.learners; ++id) (void)slowdown_factor(run, id, d.learners);  // throws on a bad list
 }
 
-bool is_collective_mode(const std::string& mode) {
-  return mode == "dp" || mode == "diloco" || mode == "streaming";
-}
+bool is_collective_mode(Mode mode) { return mode == Mode::kDp || mode == Mode::kDiloco || mode == Mode::kStreaming; }
 
 double slowdown_factor(const RunSettings& run, int id, int64_t learners) {
   double factor = 1.0;
@@ -350,14 +347,14 @@ Config parse_config(const std::string& toml_text, const std::vector<std::string>
   }
   // The baselines' fixed settings (docs/protocol.md §11): DiLoCo syncs the whole model at once without overlap; every
   // baseline waits for all M workers.
-  if (c.diloco.mode == "diloco") {
+  if (c.diloco.mode == Mode::kDiloco) {
     c.diloco.fragments = 1;
     c.diloco.overlap = 0;
   }
   if (is_collective_mode(c.diloco.mode)) {
     c.diloco.quorum = c.diloco.learners;
     c.diloco.grace_window = false;
-    c.diloco.merge = "mean";
+    c.diloco.merge = MergeRule::kMean;
   }
   c.validate();
   return c;

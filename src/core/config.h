@@ -6,11 +6,17 @@
 #pragma once
 
 #include <cstdint>
+#include <array>
 #include <filesystem>
+#include <optional>
+#include <string_view>
+#include <utility>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "core/merge.h"
 
 namespace dloco {
 
@@ -80,6 +86,63 @@ struct TrainConfig {
   int64_t tokens_per_step(const ModelConfig& m) const { return batch_size * m.seq_len * grad_accum; }
 };
 
+/// The choices of the config's option fields, parsed once into enums (names as in the files, on the command line
+/// and in JSON). A name outside the list is an error that names the key, the file:line and the choices.
+enum class Mode { kLocal, kDecoupled, kDp, kDiloco, kStreaming };
+enum class WeightRule { kTokens, kUniform };
+enum class StalePolicy { kReanchor, kSkip };
+enum class WireDtype { kFp32, kBf16 };
+enum class Bootstrap { kSyncer, kPeers };
+enum class RecoveryPolicy { kStop, kRestart, kElastic };
+
+template <class E>
+struct Choices;
+#define DLOCO_CHOICES(E, N, ...)                                                 \
+  template <>                                                                    \
+  struct Choices<E> {                                                            \
+    static constexpr std::array<std::pair<E, const char*>, N> all = {{__VA_ARGS__}}; \
+  };
+DLOCO_CHOICES(Mode, 5, {Mode::kLocal, "local"}, {Mode::kDecoupled, "decoupled"}, {Mode::kDp, "dp"},
+              {Mode::kDiloco, "diloco"}, {Mode::kStreaming, "streaming"})
+DLOCO_CHOICES(MergeRule, 2, {MergeRule::kRda, "rda"}, {MergeRule::kMean, "mean"})
+DLOCO_CHOICES(WeightRule, 2, {WeightRule::kTokens, "tokens"}, {WeightRule::kUniform, "uniform"})
+DLOCO_CHOICES(StalePolicy, 2, {StalePolicy::kReanchor, "reanchor"}, {StalePolicy::kSkip, "skip"})
+DLOCO_CHOICES(WireDtype, 2, {WireDtype::kFp32, "fp32"}, {WireDtype::kBf16, "bf16"})
+DLOCO_CHOICES(Bootstrap, 2, {Bootstrap::kSyncer, "syncer"}, {Bootstrap::kPeers, "peers"})
+DLOCO_CHOICES(RecoveryPolicy, 3, {RecoveryPolicy::kStop, "stop"}, {RecoveryPolicy::kRestart, "restart"}, {RecoveryPolicy::kElastic, "elastic"})
+#undef DLOCO_CHOICES
+
+template <class E>
+concept ConfigChoice = requires { Choices<E>::all; };
+
+/// The name of a choice ("dp", "rda", ...).
+template <ConfigChoice E>
+const char* to_string(E e) {
+  for (const auto& [value, name] : Choices<E>::all) {
+    if (value == e) return name;
+  }
+  return "?";
+}
+/// The choice named `name`, if any.
+template <ConfigChoice E>
+std::optional<E> parse_choice(std::string_view name) {
+  for (const auto& [value, n] : Choices<E>::all) {
+    if (name == n) return value;
+  }
+  return std::nullopt;
+}
+/// "\"a\", \"b\"" for error messages.
+template <ConfigChoice E>
+std::string choice_names() {
+  std::string out;
+  for (const auto& [value, name] : Choices<E>::all) out += (out.empty() ? "\"" : ", \"") + std::string(name) + "\"";
+  return out;
+}
+template <ConfigChoice E>
+void to_json(nlohmann::json& j, const E& e) {
+  j = to_string(e);
+}
+
 /// Decoupled DiLoCo's outer loop, docs/protocol.md §2–§8.
 struct DilocoConfig {
   // "local": one process, no syncer. "decoupled": the spine (syncer + M learners that never wait).
@@ -88,7 +151,7 @@ struct DilocoConfig {
   // model's outer gradients (P = 1 and τ = 0 are forced); "streaming": P fragments on the staggered schedule,
   // all-reduce started at u and awaited at u + τ. The baselines set quorum = M, grace_window = false and
   // merge = "mean" when the config is parsed (every worker joins every sync; RDA is decoupled-only).
-  std::string mode = "decoupled";
+  Mode mode = Mode::kDecoupled;
   int64_t learners = 4;            // M
   int64_t inner_steps = 24;        // H: steps between two syncs of the same fragment
   int64_t fragments = 24;          // P: parameter fragments (H must be a multiple of P)
@@ -98,16 +161,16 @@ struct DilocoConfig {
   double gamma = 0.5;              // γ: grace-window safety margin, 0 < γ < 1
   double outer_lr = 0.7;           // η
   double outer_momentum = 0.9;     // μ (Nesterov)
-  std::string merge = "rda";       // "rda" | "mean" (§6)
-  std::string weights = "tokens";  // "tokens" (tokens²/steps) | "uniform"
+  MergeRule merge = MergeRule::kRda;        // "rda" | "mean" (§6)
+  WeightRule weights = WeightRule::kTokens;  // "tokens" (tokens²/steps) | "uniform"
   bool split_large_tensors = true; // row-block split of tensors larger than total/P (§8)
   double alpha = 0.0;              // mixing on receive: θ ← α·θ + (1−α)·Θ
-  std::string stale_policy = "reanchor";  // "reanchor" | "skip"
+  StalePolicy stale_policy = StalePolicy::kReanchor;  // "reanchor" | "skip"
   int64_t anchor_versions = 2;     // versions of each fragment the syncer keeps for re-anchoring
-  std::string wire_dtype = "fp32"; // outer gradients on the wire: "fp32" | "bf16"
+  WireDtype wire_dtype = WireDtype::kFp32;  // outer gradients on the wire: "fp32" | "bf16"
   bool blocking = false;           // decoupled only: learners wait at each due step for the pull and at s + τ for
                                    // the merge (a synchronous configuration, for equivalence tests and ablations)
-  std::string bootstrap = "syncer";// where a (re)starting learner takes Θ from (§7): "syncer", or "peers": every
+  Bootstrap bootstrap = Bootstrap::kSyncer;  // where a (re)starting learner takes Θ from (§7): "syncer", or "peers": every
                                    // learner serves its copy, and a joiner takes each fragment from a live peer
                                    // that holds the syncer's version, falling back to the next peer, then the syncer
 };
@@ -132,7 +195,7 @@ struct RunSettings {
   std::string slowdown = "";       // heterogeneous learners: "ID:FACTOR,…", e.g. "3:1.18" makes learner/worker 3
                                    // sleep 0.18× its step time after every step (emulates slower hardware)
   double collective_timeout_s = 120;  // baselines: deadline of the Gloo rendezvous and of every collective, s
-  std::string recovery = "stop";   // dp only: what the launcher does when a worker dies. "stop": the run ends;
+  RecoveryPolicy recovery = RecoveryPolicy::kStop;  // dp only: what the launcher does when a worker dies. "stop": the run ends;
                                    // "restart": every worker stops and the full group restarts from the last
                                    // checkpoint once the dead worker is back; "elastic" (torchelastic): the
                                    // survivors re-form at once without it from the last checkpoint, and the group
@@ -144,7 +207,7 @@ struct RunSettings {
 double slowdown_factor(const RunSettings& run, int id, int64_t learners);
 
 /// True for the modes whose workers synchronise through collectives (dp, diloco, streaming).
-bool is_collective_mode(const std::string& mode);
+bool is_collective_mode(Mode mode);
 
 /// A whole run's configuration.
 struct Config {

@@ -79,18 +79,18 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume, const 
   const auto started = Clock::now();
   const fs::path run_dir = config.run_dir();
   if (resume) {
-    throw InputError("--resume is not supported for diloco.mode = \"" + config.diloco.mode +
+    throw InputError(std::string("--resume is not supported for diloco.mode = \"") + to_string(config.diloco.mode) +
                      "\" yet (the baselines restart from scratch); it is for decoupled and local runs");
   }
   if (latest_checkpoint(run_dir) || fs::exists(run_dir / "status.json")) {
     throw InputError("run folder '" + run_dir.string() + "' already holds a run: pick another run.name");
   }
-  if (plan != nullptr && config.diloco.mode != "dp") {
-    throw InputError("a fault plan needs diloco.mode = \"dp\" among the baselines (got \"" + config.diloco.mode + "\")");
+  if (plan != nullptr && config.diloco.mode != Mode::kDp) {
+    throw InputError(std::string("a fault plan needs diloco.mode = \"dp\" among the baselines (got \"") + to_string(config.diloco.mode) + "\")");
   }
   const RunFolder folder = prepare_run_folder(config);
   const int M = folder.learners, cores = folder.cores, worker_threads = folder.child_threads;
-  const std::string& recovery = config.run.recovery;
+  const RecoveryPolicy recovery = config.run.recovery;
   EventLog events(run_dir / "events" / "launcher.jsonl", Role::kLauncher, 0);
   std::error_code ec;
   fs::remove_all(run_dir / "gloo", ec);
@@ -136,7 +136,7 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume, const 
       std::vector<std::string> args{"worker", "--config", cfg, "--rank", std::to_string(rank), "--run-dir",
                                     run_dir.string(), "--store", store.string(), "--set",
                                     "run.threads=" + std::to_string(worker_threads)};
-      if (recovery != "stop") {
+      if (recovery != RecoveryPolicy::kStop) {
         args.insert(args.end(), {"--slots", join_slots(group), "--generation", std::to_string(generation)});
         if (checkpoint) args.insert(args.end(), {"--resume-from", checkpoint->dir.string()});
       }
@@ -180,7 +180,7 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume, const 
   events.emit("started", {{"mode", config.diloco.mode}, {"workers", M}, {"worker_threads", worker_threads},
                           {"recovery", recovery}, {"faults_planned", faults.size()}});
   std::printf("[launcher] run %s: %s with %d workers × %d BLAS threads (Gloo), recovery \"%s\"; logs in %s\n",
-              config.run.name.c_str(), config.diloco.mode.c_str(), M, worker_threads, recovery.c_str(),
+              config.run.name.c_str(), to_string(config.diloco.mode), M, worker_threads, to_string(recovery),
               (run_dir / "logs").c_str());
   std::fflush(stdout);
 
@@ -249,7 +249,7 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume, const 
       events.emit("group_stopped", {{"generation", generation}, {"reason", "failure"}, {"at_step", at_step},
                                     {"at_s", elapsed_s()}});
       failures += static_cast<int>(dead.size());
-      if (recovery == "stop") {
+      if (recovery == RecoveryPolicy::kStop) {
         const int s = dead.empty() ? 0 : dead[0];
         failure = dead.empty() ? std::string("a collective failed (a worker hung or passed run.collective_timeout_s)")
                                : children[s].role + " " + describe_exit(children[s]) + " (see logs/worker_" +
@@ -260,7 +260,7 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume, const 
         hold_out(s);
         std::printf("[launcher] worker %d died (%s) at step %lld: %s\n", s, describe_exit(children[s]).c_str(),
                     static_cast<long long>(at_step),
-                    recovery == "elastic" ? "the others re-form without it from the newest checkpoint"
+                    recovery == RecoveryPolicy::kElastic ? "the others re-form without it from the newest checkpoint"
                                           : "every worker waits for it, then all restart from the newest checkpoint");
         std::fflush(stdout);
       }
@@ -283,12 +283,12 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume, const 
         never += down[s] && back_at[s] == Clock::time_point::max() ? 1 : 0;
         up += down[s] ? 0 : 1;
       }
-      if ((recovery == "restart" && never > 0) || (recovery == "elastic" && never == M)) {
+      if ((recovery == RecoveryPolicy::kRestart && never > 0) || (recovery == RecoveryPolicy::kElastic && never == M)) {
         failure = std::to_string(never) + " worker(s) died and will not be restarted (restart delay < 0): " +
-                  (recovery == "restart" ? "run.recovery = restart needs every worker" : "no worker is left");
+                  (recovery == RecoveryPolicy::kRestart ? "run.recovery = restart needs every worker" : "no worker is left");
         break;
       }
-      const bool ready = recovery == "elastic" ? (up > 0 || !returning.empty()) : !any_down;
+      const bool ready = recovery == RecoveryPolicy::kElastic ? (up > 0 || !returning.empty()) : !any_down;
       if (!ready) continue;
       for (int s : returning) {
         down[s] = false;
@@ -307,7 +307,7 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume, const 
         break;
       }
       form(returning.empty() ? "failure" : "rejoin");
-    } else if (recovery == "elastic" && !returning.empty() &&
+    } else if (recovery == RecoveryPolicy::kElastic && !returning.empty() &&
                std::none_of(group.begin(), group.end(), [&](int s) { return injector.paused(children[s]); })) {
       // Grow (not while a member is paused: it could not vote): the group stops after a step all ranks voted
       // for, rank 0 checkpoints it, and it re-forms with the returning slots.
@@ -375,7 +375,7 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume, const 
   if (!status_error.empty()) throw InputError(status_error);
   const bool finished = last.is_object() && last.value("finished", false) && failure.empty();
   if (!latest_checkpoint(run_dir)) {
-    throw InputError("the " + config.diloco.mode + " run stopped before rank 0 wrote a checkpoint" +
+    throw InputError(std::string("the ") + to_string(config.diloco.mode) + " run stopped before rank 0 wrote a checkpoint" +
                      (failure.empty() ? std::string() : ": " + failure));
   }
 

@@ -68,9 +68,9 @@ OuterSyncConfig outer_sync_config(const Config& config, int id, const FragmentLa
   c.inner_steps = config.diloco.inner_steps;
   c.overlap = config.diloco.overlap;
   c.alpha = config.diloco.alpha;
-  c.reanchor = config.diloco.stale_policy == "reanchor";
+  c.reanchor = config.diloco.stale_policy == StalePolicy::kReanchor;
   c.blocking = config.diloco.blocking;
-  c.codec = wire::parse_codec(config.diloco.wire_dtype);
+  c.codec = config.diloco.wire_dtype == WireDtype::kBf16 ? wire::Codec::kBf16 : wire::Codec::kFp32;
   return c;
 }
 
@@ -246,7 +246,7 @@ int run_learner(const Config& config, const LearnerOptions& options, wire::Trans
                    config.run.seed * 1000003u + static_cast<uint64_t>(id) + 1);
   FragmentBoard board(P);  // Θ_p at the version last applied, shared with the peer server (read-only)
   std::unique_ptr<PeerServer> peer_server;
-  if (config.diloco.bootstrap == "peers") {  // serve our copy to joiners; advertised with every join
+  if (config.diloco.bootstrap == Bootstrap::kPeers) {  // serve our copy to joiners; advertised with every join
     peer_server = std::make_unique<PeerServer>(transport, config.run.peer_host, handshake, board);
     link.set_peer_address(peer_server->address());
   }

@@ -344,7 +344,7 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
       outer_gradient(frag.theta, local, g);
     }
     // 5) weights: tokens² / steps ("quantity × quality"), or uniform over learners that trained.
-    const double w = config_.diloco.weights == "tokens" ? token_weight(a.tokens, a.steps) : (a.steps > 0 ? 1.0 : 0.0);
+    const double w = config_.diloco.weights == WeightRule::kTokens ? token_weight(a.tokens, a.steps) : (a.steps > 0 ? 1.0 : 0.0);
     ids.push_back(id);
     grads.push_back(std::move(g));
     weights.push_back(w);
@@ -359,7 +359,7 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
   std::vector<std::span<const float>> views(grads.begin(), grads.end());
   std::vector<float> delta(n);
   merge_fragment(layout_, p, views, weights,
-                 config_.diloco.merge == "rda" ? MergeRule::kRda : MergeRule::kMean, is_embedding_, delta);
+                 config_.diloco.merge, is_embedding_, delta);
   nesterov_outer_step(frag.theta, frag.momentum, delta, static_cast<float>(config_.diloco.outer_lr),
                       static_cast<float>(config_.diloco.outer_momentum));
   frag.version += 1;

@@ -87,7 +87,8 @@ TEST(AllReduceMerge, EqualsTheSyncersMergeOverRealGloo) {
       std::vector<int> ok(world, 0);
       const auto errors = on_ranks(dir / ("store_" + rule + std::to_string(p)), world, [&](Collective& group) {
         const int m = group.rank();
-        const double w = contribution_weight(rule, counters[m].tokens, counters[m].steps, tokens_per_step);
+        const double w = contribution_weight(*parse_choice<WeightRule>(rule), counters[m].tokens, counters[m].steps,
+                                             tokens_per_step);
         AllReduceMerge merge(group, global, local[m], w);
         ok[m] = merge.finish(merged[m]) ? 1 : 0;
       });
@@ -112,7 +113,7 @@ TEST(AllReduceMerge, NobodyTrainedMeansNothingToMergeOnEveryRank) {
   std::vector<std::vector<float>> merged(2, std::vector<float>{7.0f, 7.0f});
   std::vector<int> ok(2, -1);
   const auto errors = on_ranks(dir / "store", 2, [&](Collective& group) {
-    const double w = contribution_weight("tokens", 0, 0, 128);
+    const double w = contribution_weight(WeightRule::kTokens, 0, 0, 128);
     AllReduceMerge merge(group, global, local, w);
     ok[group.rank()] = merge.finish(merged[group.rank()]) ? 1 : 0;
   });
@@ -132,9 +133,8 @@ TEST(AllReduceMerge, RejectsBadInputBeforeTheCollective) {
     EXPECT_THROW(AllReduceMerge(group, a, a, -1.0), InputError);  // negative weight
   });
   EXPECT_EQ(errors[0], "");
-  EXPECT_THROW(contribution_weight("squared", 1, 1, 1), InputError);
-  EXPECT_DOUBLE_EQ(contribution_weight("tokens", 512, 4, 128), 512.0);  // 512²/4 / 128
-  EXPECT_DOUBLE_EQ(contribution_weight("uniform", 0, 0, 128), 0.0);
+  EXPECT_DOUBLE_EQ(contribution_weight(WeightRule::kTokens, 512, 4, 128), 512.0);  // 512²/4 / 128
+  EXPECT_DOUBLE_EQ(contribution_weight(WeightRule::kUniform, 0, 0, 128), 0.0);
   fs::remove_all(dir);
 }
 

@@ -37,6 +37,22 @@ TEST(Config, UnknownSectionAndWrongTypeAndSyntax) {
   EXPECT_NE(error_of("[train\nlr = 1\n").find("TOML syntax error"), std::string::npos);
 }
 
+TEST(Config, OptionsAreParsedOnceIntoTheirChoicesAndSavedByName) {
+  const std::string bad = error_of("[diloco]\nmode = \"async\"\n");
+  EXPECT_NE(bad.find("'diloco.mode' must be \"local\", \"decoupled\", \"dp\", \"diloco\", \"streaming\" (got \"async\")"),
+            std::string::npos) << bad;
+  EXPECT_NE(bad.find(":2"), std::string::npos) << "the error does not give the line: " << bad;
+  const Config c = parse_config("[diloco]\nmode = \"streaming\"\nweights = \"uniform\"\n[run]\n", {"diloco.wire_dtype=bf16"});
+  EXPECT_EQ(c.diloco.mode, Mode::kStreaming);
+  EXPECT_EQ(c.diloco.weights, WeightRule::kUniform);
+  EXPECT_EQ(c.diloco.wire_dtype, WireDtype::kBf16);
+  const nlohmann::json j = to_json(c);
+  EXPECT_EQ(j["diloco"]["mode"], "streaming");
+  EXPECT_EQ(j["run"]["recovery"], "stop");
+  EXPECT_NE(to_toml(c).find("wire_dtype = 'bf16'"), std::string::npos) << to_toml(c);
+  EXPECT_EQ(parse_config(to_toml(c)).diloco.wire_dtype, WireDtype::kBf16);  // round trip through the saved file
+}
+
 TEST(Config, RangeChecksNameTheKey) {
   EXPECT_NE(error_of("[diloco]\ninner_steps = 10\nfragments = 4\n").find("diloco.inner_steps"), std::string::npos);
   EXPECT_NE(error_of("[diloco]\nquorum = 5\n").find("diloco.quorum"), std::string::npos);
@@ -90,7 +106,7 @@ TEST(Config, BaselineModesFixWhatTheMethodFixes) {
   EXPECT_EQ(d.diloco.overlap, 0);
   EXPECT_EQ(d.diloco.quorum, 3);     // every worker joins every sync
   EXPECT_FALSE(d.diloco.grace_window);
-  EXPECT_EQ(d.diloco.merge, "mean");
+  EXPECT_EQ(d.diloco.merge, MergeRule::kMean);
   const Config s = parse_config("[diloco]\nmode = \"streaming\"\nfragments = 4\ninner_steps = 8\noverlap = 2\n");
   EXPECT_EQ(s.diloco.fragments, 4);  // streaming keeps P and τ
   EXPECT_EQ(s.diloco.overlap, 2);

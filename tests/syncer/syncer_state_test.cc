@@ -24,8 +24,8 @@ class SyncerStateTest : public ::testing::Test {
     c.diloco.inner_steps = 2;
     c.diloco.fragments = 2;
     c.diloco.overlap = 1;
-    c.diloco.merge = merge;
-    c.diloco.weights = weights;
+    c.diloco.merge = *parse_choice<MergeRule>(merge);
+    c.diloco.weights = *parse_choice<WeightRule>(weights);
     c.diloco.outer_lr = outer_lr;
     c.diloco.outer_momentum = momentum;
     FragmentLayout layout = make_fragment_layout({{"a", {4}}, {"b", {4}}}, 2, false);
