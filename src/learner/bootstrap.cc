@@ -6,6 +6,8 @@
 #include <chrono>
 #include <thread>
 
+#include "core/backoff.h"
+
 namespace dloco {
 
 std::optional<Bootstrapped> bootstrap(LearnerLink& link, wire::Transport& transport, const wire::Handshake& handshake,
@@ -16,10 +18,11 @@ std::optional<Bootstrapped> bootstrap(LearnerLink& link, wire::Transport& transp
   Bootstrapped out;
   int64_t locked_stream = -1;
   std::string last_error = "no attempt";
+  Backoff backoff(link.backoff_config());  // jittered and seeded per learner: restarted learners do not retry in step
   auto retry = [&](const std::string& why) {
     last_error = why;
     events.emit("bootstrap_retry", {{"reason", why}});
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    std::this_thread::sleep_for(backoff.next_delay());
   };
   while (signal.load() == 0) {
     if (Clock::now() >= deadline) {

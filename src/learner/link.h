@@ -70,11 +70,12 @@ class LearnerLink {
   /// A fatal refusal seen by the background thread (e.g. the syncer restarted with another layout), or "".
   std::string fatal_error() const;
   void stop();
+  /// The retry backoff of this link (200 ms to 2 s, jitter seeded by the link's seed), for its owner's retries.
+  BackoffConfig backoff_config() const;
 
  private:
   void session_loop();
   bool rejoin();
-  BackoffConfig backoff_config() const;
 
   std::unique_ptr<wire::SyncerClient> client_;
   std::string address_;
