@@ -82,17 +82,20 @@ TEST_F(DecoupledTest, ThreeLearnersTrainTheGlobalModelOverLoopback) {
   EXPECT_LT(report["final_val_loss"].get<double>(), unigram) << report.dump(2);
   EXPECT_GT(report["merges"].get<int64_t>(), 20);
 
-  // The syncer's merges: at least one combined the work of two or more learners (participants), and the versions
-  // each produced, per fragment, are the ones the learners may apply.
+  // The syncer's merges: during training (before the final flush, which merges every learner by construction)
+  // some combined the work of two or more learners (participants), and the versions each produced, per fragment,
+  // are the ones the learners may apply. (Measured here: 8–21 of ~120 merges before the flush had 2 or 3.)
   std::map<int, std::set<int64_t>> merged_versions;  // fragment -> versions the syncer merged
-  size_t most_participants = 0;
+  int combined = 0;
+  bool flushing = false;
   for (const auto& e : read_events(run / "events" / "syncer.jsonl")) {
+    flushing |= e["event"] == "final_flush";
     if (e["event"] != "merged") continue;
     merged_versions[e["fragment"].get<int>()].insert(e["version"].get<int64_t>());
-    most_participants = std::max(most_participants, e["participants"].size());
+    combined += !flushing && e["participants"].size() >= 2 ? 1 : 0;
   }
   EXPECT_EQ(merged_versions.size(), 4u);
-  EXPECT_GE(most_participants, 2u) << "no merge combined two learners: they trained alone";
+  EXPECT_GE(combined, 1) << "no merge during training combined two learners: they trained alone";
   // Every learner applied every fragment, each one's versions in strictly increasing order, each a version the
   // syncer merged; and at the end each holds every fragment at Θ's final version and hash.
   for (int id = 0; id < 3; ++id) {

@@ -2,8 +2,9 @@
 //   - time outside compute: whether a learner's training thread waited (not raw gaps between steps, which CPU
 //     contention stretches as well), with the one bound every test uses;
 //   - signals to child processes that refuse a pid ≤ 0 (kill(0, …) would hit the test's own process group);
-//   - the unigram cross-entropy of a prepared corpus: the score a model that learned anything must beat.
-// Deliberately not here: starting processes (each test does it its own way), config files (tiny_corpus.h).
+//   - the unigram cross-entropy of a prepared corpus: the score a model that learned anything must beat;
+//   - a run of `dloco train` under a fault plan, to its end.
+// Deliberately not here: config files and event logs (tiny_corpus.h).
 #pragma once
 
 #include <signal.h>
@@ -12,7 +13,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <string>
@@ -120,6 +123,22 @@ class ChildGuard {
  private:
   std::vector<pid_t> pids_;
 };
+
+/// Runs `<dloco> train --config CFG --plan root/<name>-plan.toml SETS` (output in root/<name>.log) to the end and
+/// returns root/<name>/report.json, or null if the run wrote none; a non-zero exit is a test failure.
+inline nlohmann::json train_under_plan(const std::filesystem::path& root, const std::string& dloco,
+                                       const std::filesystem::path& cfg, const std::string& plan_toml,
+                                       const std::string& name, const std::string& sets = "") {
+  const std::filesystem::path plan = root / (name + "-plan.toml");
+  std::ofstream(plan) << plan_toml;
+  const std::filesystem::path log = root / (name + ".log");
+  const std::string cmd = dloco + " train --config " + cfg.string() + " --plan " + plan.string() + " " + sets +
+                          " > " + log.string() + " 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << "see " << log;
+  const std::filesystem::path report = root / name / "report.json";
+  if (!std::filesystem::exists(report)) return nullptr;
+  return nlohmann::json::parse(std::ifstream(report));
+}
 
 /// The unigram cross-entropy of a prepared corpus, nats per token: token frequencies counted on the train split
 /// (add-one smoothed over the vocabulary), scored on the validation split, the split the launcher's final
