@@ -191,9 +191,11 @@ restart_after_s = 0.2
   EXPECT_GT(a.batches, 400);
   EXPECT_EQ(a.duplicate_batches, 0);
   EXPECT_EQ(a.gaps, 0);
-  // The shared budget: the learners together took the budget, and the one that was never killed took more of it
-  // than the one killed 5 times. Past the budget: the steps in flight when the syncer's notice went out, and
-  // whatever a learner trains while its session to the syncer is being re-established (bounded here by 10%).
+  // The shared budget: the learners together took the budget. Past it: the steps in flight when the syncer's
+  // notice went out, and whatever a learner trains while its session to the syncer is being re-established
+  // (bounded here by 10%). Each stream's log holds one batch per step its learner trained, plus at most one per
+  // kill (the batch whose step the kill cut short, lost, never retrained). (Which learner took more of the budget
+  // is not asserted: it depends on what a restart costs in steps, 10–15 here, 2–3 with every learner 3× slower.)
   int64_t batches[2] = {0, 0};
   for (int s = 0; s < 2; ++s) {
     std::ifstream in(run / "streams" / ("stream_" + std::to_string(s) + ".jsonl"));
@@ -201,7 +203,6 @@ restart_after_s = 0.2
   }
   EXPECT_GE((batches[0] + batches[1]) * 32 * 32, budget);
   EXPECT_LE((batches[0] + batches[1]) * 32 * 32, budget + budget / 10);
-  EXPECT_GT(batches[1], batches[0]);
   // Versions only increase, through 5 learner restarts and a syncer restart (persist before broadcast).
   EXPECT_EQ(a.version_regressions, 0);
   // At the end every fragment of both learners (learner 0's sixth incarnation) equals Θ; no NaN anywhere.
@@ -213,6 +214,9 @@ restart_after_s = 0.2
   // waits for the syncer's restart), so 5 or 6 of them bootstrapped.
   EXPECT_GE(a.learners[0].incarnations, 5);
   EXPECT_EQ(a.learners[0].kills, 5);
+  EXPECT_GE(batches[0], a.learners[0].steps_trained);
+  EXPECT_LE(batches[0], a.learners[0].steps_trained + a.learners[0].kills);
+  EXPECT_EQ(batches[1], a.learners[1].steps_trained);
   ASSERT_EQ(a.recoveries.size(), 5u);
   for (const auto& r : a.recoveries) {
     EXPECT_GT(r.back_s, 0) << "learner 0 never rejoined after the kill at " << r.killed_at_s << " s";
@@ -229,8 +233,11 @@ restart_after_s = 0.2
     EXPECT_NE(e["event"], "optimizer_not_restored") << e.dump();
   }
   EXPECT_GE(restored, 3);
-  // The learner that was never killed kept most of what it trained.
-  EXPECT_GT(a.learners[1].steps_kept, 0.7 * a.learners[1].steps_trained);
+  // The learner that was never killed kept much of what it trained. Not all: with K = 1 the clock runs at the
+  // faster learner's pace, and once learner 1 is a few steps behind (its pause, a restarted learner 0 adopting a
+  // later step) its answers miss the grace window and rounds merge without it. Measured: 82–100% kept here and
+  // with every learner 3× slower, 57% in one run of the latter.
+  EXPECT_GT(a.learners[1].steps_kept, 0.4 * a.learners[1].steps_trained);
   EXPECT_GT(a.goodput, 0.3);
   EXPECT_TRUE(std::isfinite(a.final_val_loss));
 }
