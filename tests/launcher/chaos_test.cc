@@ -421,7 +421,7 @@ TEST_F(ChaosTest, ALearnerJoiningMidRunNeverMakesTheOtherWait) {
 
 TEST_F(ChaosTest, LearnersJoiningAndLeavingMidRunNeverMakeTheOthersWait) {
   // Scavenging (spec §7). M = 2 learners, S = 3 data streams, a shared budget of 1100 steps, bootstrap from
-  // peers; the global step (K = 2: the second largest) ends near 530 here, near 260 when slots 0 and 1 are 3×
+  // peers; the global step (K = 2: the second largest) ends near 470 here, near 260 when slots 0 and 1 are 3×
   // slower and the joiners are not (DLOCO_TEST_SLOWDOWN slows the M slots only). At global steps:
   //    20  learner 2 joins: it leases the free stream 2 and takes Θ from the live peers 0 and 1;
   //    40  learner 1 is killed for good: stream 1 is orphaned, its lease runs out ~5 s later;
