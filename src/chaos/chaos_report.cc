@@ -69,6 +69,35 @@ void read_final_loss(const fs::path& run_dir, ChaosAnalysis& a) {
   if (!std::isfinite(a.final_val_loss)) a.nan_free = false;
 }
 
+// Learner m's final copies (its last "stopped" event, null if none) against the syncer's final Θ: each of the P
+// fragments is compared (version and hash) or reported in a.copy_mismatches with the reason it was not.
+void compare_final_copies(int m, const nlohmann::json& stop, const std::vector<int64_t>& final_versions,
+                          const std::vector<std::string>& final_hashes, int P, ChaosAnalysis& a) {
+  const std::string who = "learner " + std::to_string(m);
+  const auto versions = stop.is_object() ? stop.value("versions", std::vector<int64_t>{}) : std::vector<int64_t>{};
+  const auto hashes = stop.is_object() ? stop.value("hashes", std::vector<std::string>{}) : std::vector<std::string>{};
+  for (int p = 0; p < P; ++p) {
+    const std::string what = who + " fragment " + std::to_string(p) + ": ";
+    const size_t i = static_cast<size_t>(p);
+    if (i >= final_versions.size() || i >= final_hashes.size()) {
+      a.copy_mismatches.push_back(what + "not compared (the syncer logged no final_state for it)");
+    } else if (!stop.is_object()) {
+      a.copy_mismatches.push_back(what + "not compared (its last incarnation logged no \"stopped\")");
+    } else if (i >= versions.size() || i >= hashes.size()) {
+      a.copy_mismatches.push_back(what + "not compared (its \"stopped\" has no version or hash for it)");
+    } else {
+      ++a.fragments_checked;
+      if (versions[i] == final_versions[i] && hashes[i] == final_hashes[i]) {
+        ++a.fragments_equal;
+      } else {
+        a.copy_mismatches.push_back(what + "version " + std::to_string(versions[i]) + " hash " + hashes[i] +
+                                    ", the syncer's Θ: version " + std::to_string(final_versions[i]) + " hash " +
+                                    final_hashes[i]);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 nlohmann::json ChaosAnalysis::to_json() const {
@@ -76,7 +105,7 @@ nlohmann::json ChaosAnalysis::to_json() const {
   for (const auto& l : learners) {
     ls.push_back({{"id", l.id}, {"steps_trained", l.steps_trained}, {"steps_kept", l.steps_kept},
                   {"steps_lost", l.steps_lost}, {"incarnations", l.incarnations}, {"kills", l.kills},
-                  {"joined_at_s", l.joined_at_s}, {"left_at_s", l.left_at_s}});
+                  {"joined_at_s", l.joined_at_s}, {"left_at_s", l.left_at_s}, {"end", l.end}});
   }
   auto recs = [](const std::vector<Recovery>& v) {
     nlohmann::json a = nlohmann::json::array();
@@ -113,7 +142,9 @@ nlohmann::json ChaosAnalysis::to_json() const {
           {"exact_data", {{"batches", batches}, {"duplicates", duplicate_batches}, {"gaps", gaps},
                           {"skipped_tokens", skipped_tokens}}},
           {"consistency", {{"nan_free", nan_free}, {"version_regressions", version_regressions},
-                           {"fragments_checked", fragments_checked}, {"fragments_equal", fragments_equal},
+                           {"learners_finished", learners_finished}, {"learners_gone", learners_gone},
+                           {"fragments_expected", fragments_expected}, {"fragments_checked", fragments_checked},
+                           {"fragments_equal", fragments_equal}, {"copy_mismatches", copy_mismatches},
                            {"ok", consistent()}}},
           {"final_val_loss", final_val_loss},
           {"torn_event_lines", torn_event_lines}};
@@ -164,16 +195,32 @@ ChaosAnalysis analyze_chaos_run(const fs::path& run_dir, const ChaosRunShape& sh
     if (action == "kill_learner") learner_kills.push_back(kill);
     if (action == "kill_syncer") syncer_kills.push_back(kill);
   }
+  // A lasting fault's measured length: from its "fault" to its "fault_ended" (the first one after it for the
+  // same action and learner). It replaces the planned duration_s (the simulator replays this one).
+  for (auto& f : a.faults) {
+    for (const auto& e : launcher) {
+      if (name(e) != "fault_ended" || e.value("action", "") != f.value("action", "") ||
+          e.value("learner", -1) != f.value("learner", -1) || time_of(e) - t0 < f.value("t", 0.0)) {
+        continue;
+      }
+      f["duration_s"] = time_of(e) - t0 - f.value("t", 0.0);
+      for (auto& lf : a.link_faults) {
+        if (lf.learner == f.value("learner", -1) && lf.action == f.value("action", "") && lf.at_s == f.value("t", 0.0)) {
+          lf.duration_s = f["duration_s"];
+        }
+      }
+      break;
+    }
+  }
 
   // Learners: steps, kept work, incarnations, versions, final copies.
   std::vector<double> intervals;
-  std::map<std::string, std::string> final_hash;  // "p" -> syncer hash, for the syncer's final versions
-  std::vector<int64_t> final_versions;
+  std::vector<int64_t> final_versions;  // the syncer's final_state: Θ_p's version and hash, p = 0..P−1
+  std::vector<std::string> final_hashes;
   for (const auto& e : syncer) {
     if (name(e) == "final_state" && time_of(e) >= t0) {
       final_versions = e.value("versions", std::vector<int64_t>{});
-      const auto hashes = e.value("hashes", std::vector<std::string>{});
-      for (size_t p = 0; p < hashes.size(); ++p) final_hash[std::to_string(p)] = hashes[p];
+      final_hashes = e.value("hashes", std::vector<std::string>{});
     }
   }
   // Learners: the M slots the launcher started, then those the plan added (scavenging). Allocated slot-seconds:
@@ -244,16 +291,21 @@ ChaosAnalysis analyze_chaos_run(const fs::path& run_dir, const ChaosRunShape& sh
       } else if (n == "stopped") {
         last_stop = e;
       }
+      if (n == "bootstrapped") last_stop = nullptr;  // a later incarnation: its own stop is the final one
     }
-    // The last incarnation's copies against the syncer's final Θ, where both hold the same version.
-    if (!last_stop.is_null() && !final_versions.empty() && last_stop.contains("hashes")) {
-      const auto versions = last_stop.value("versions", std::vector<int64_t>{});
-      const auto hashes = last_stop.value("hashes", std::vector<std::string>{});
-      for (size_t p = 0; p < versions.size() && p < hashes.size() && p < final_versions.size(); ++p) {
-        if (versions[p] != final_versions[p]) continue;
-        ++a.fragments_checked;
-        if (hashes[p] == final_hash[std::to_string(p)]) ++a.fragments_equal;
-      }
+    // The final copies: every fragment of a learner whose last incarnation ran to the end, against final Θ.
+    bool killed_for_good = false;
+    for (const auto& k : learner_kills) {
+      if (k.learner == m) killed_for_good = k.restart_after_s < 0;  // its last kill decides
+    }
+    if (left_at.count(m)) tally.end = "left";
+    else if (killed_for_good) tally.end = "killed";
+    if (tally.end != "finished") {
+      ++a.learners_gone;
+    } else {
+      ++a.learners_finished;
+      a.fragments_expected += shape.fragments;
+      compare_final_copies(m, last_stop, final_versions, final_hashes, shape.fragments, a);
     }
     tally.steps_lost = static_cast<double>(tally.steps_trained) - tally.steps_kept;
     for (const auto& [t, who, restart_after_s] : learner_kills) {

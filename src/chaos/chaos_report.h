@@ -17,6 +17,12 @@
 //                   P / (H · nominal step) merges per second (one fragment due every H/P global steps).
 //   recovery time   a kill of a learner -> the first "kept" event of its next incarnation (contributing again).
 //   syncer downtime a kill of the syncer -> its first "merged" event afterwards.
+//   final copies    every learner whose last incarnation ran to the end (not killed for good, not left) reports
+//                   the version and FNV-1a hash of each of its P fragments in its "stopped" event; each must equal
+//                   the syncer's "final_state". All P of every such learner are compared, and a learner without
+//                   a final report fails the check; learners killed for good or gone are counted apart.
+//   link faults     from the launcher's "fault" to its "fault_ended" (a fault bounded by until_step ends there;
+//                   without that event, after duration_s).
 // Deliberately not here: running anything (the launcher, `dloco chaos`), the simulator.
 #pragma once
 
@@ -47,6 +53,7 @@ struct LearnerTally {
   int kills = 0;               // plan kills of this slot
   double joined_at_s = -1;     // added by the plan (scavenging): when; -1 = one of the M slots
   double left_at_s = -1;       // left gracefully (leave_learner): when; -1 = never
+  std::string end = "finished";  // "finished" (its final copy is compared) | "killed" (for good) | "left"
 };
 
 struct Recovery {
@@ -96,8 +103,12 @@ struct ChaosAnalysis {
   // Consistency
   bool nan_free = true;                  // no skipped (non-finite) step, finite final loss
   int64_t version_regressions = 0;       // an applied/bootstrapped version below one the slot already held
-  int fragments_checked = 0;             // (learner, fragment) pairs whose final version equals the syncer's
-  int fragments_equal = 0;               // ... and whose values hash equals the syncer's Θ_p
+  int learners_finished = 0;             // learners whose last incarnation ran to the end: final copies expected
+  int learners_gone = 0;                 // killed for good or left: no final copy to compare
+  int fragments_expected = 0;            // learners_finished × P
+  int fragments_checked = 0;             // (learner, fragment) pairs compared with the syncer's final_state
+  int fragments_equal = 0;               // ... whose version and hash both equal the syncer's Θ_p
+  std::vector<std::string> copy_mismatches;  // each pair that differs or was not compared, and why
   double final_val_loss = 0;
   int64_t torn_event_lines = 0;          // event-log lines cut off by a SIGKILL (skipped)
   // dp only
@@ -105,11 +116,12 @@ struct ChaosAnalysis {
   std::vector<GroupPause> pauses;        // every stop of the group, in order
   bool lineage_ok = true;                // every generation resumed from a step already reached and then counted
                                          // its steps up from there one by one on every slot
-  /// Every check passed: decoupled, and at least one final copy was compared; dp, no NaN and a sound lineage.
+  /// Every check passed: decoupled, every fragment of every finishing learner (at least one) compared and equal
+  /// to Θ; dp, no NaN and a sound lineage.
   bool consistent() const {
     if (mode == "dp") return nan_free && lineage_ok;
-    return nan_free && version_regressions == 0 && duplicate_batches == 0 && gaps == 0 && fragments_checked > 0 &&
-           fragments_equal == fragments_checked;
+    return nan_free && version_regressions == 0 && duplicate_batches == 0 && gaps == 0 && fragments_expected > 0 &&
+           fragments_checked == fragments_expected && fragments_equal == fragments_checked;
   }
   nlohmann::json to_json() const;
 };

@@ -18,11 +18,6 @@ constexpr FaultAction kActions[] = {FaultAction::kKillLearner, FaultAction::kPau
                                     FaultAction::kKillSyncer,  FaultAction::kCutLink,      FaultAction::kDelayLink,
                                     FaultAction::kAddLearner,  FaultAction::kLeaveLearner};
 
-bool has_duration(FaultAction a) {
-  return a == FaultAction::kPauseLearner || a == FaultAction::kSlowLearner || a == FaultAction::kCutLink ||
-         a == FaultAction::kDelayLink;
-}
-
 bool targets_learner(FaultAction a) { return a != FaultAction::kKillSyncer; }
 
 std::string fmt(double v) {
@@ -55,6 +50,11 @@ const char* to_string(FaultAction action) {
   return "unknown";
 }
 
+bool fault_lasts(FaultAction a) {
+  return a == FaultAction::kPauseLearner || a == FaultAction::kSlowLearner || a == FaultAction::kCutLink ||
+         a == FaultAction::kDelayLink;
+}
+
 FaultAction parse_fault_action(std::string_view name) {
   for (FaultAction a : kActions) {
     if (name == to_string(a)) return a;
@@ -71,7 +71,8 @@ nlohmann::json FaultEvent::to_json() const {
   j["action"] = to_string(action);
   if (targets_learner(action)) j["learner"] = learner;
   if (action == FaultAction::kKillLearner || action == FaultAction::kKillSyncer) j["restart_after_s"] = restart_after_s;
-  if (has_duration(action)) j["duration_s"] = duration_s;
+  if (fault_lasts(action)) j["duration_s"] = duration_s;
+  if (fault_lasts(action) && until_step >= 0) j["until_step"] = until_step;
   if (action == FaultAction::kSlowLearner) j["factor"] = factor;
   if (action == FaultAction::kDelayLink) j["delay_ms"] = delay_ms;
   if (random) j["random"] = true;
@@ -82,17 +83,23 @@ std::string FaultEvent::describe() const {
   std::string s;
   switch (action) {
     case FaultAction::kKillLearner: s = "kill learner " + std::to_string(learner); break;
-    case FaultAction::kPauseLearner: s = "pause learner " + std::to_string(learner) + " for " + fmt(duration_s) + " s"; break;
-    case FaultAction::kSlowLearner:
-      s = "slow learner " + std::to_string(learner) + " " + fmt(factor) + "× for " + fmt(duration_s) + " s";
-      break;
+    case FaultAction::kPauseLearner: s = "pause learner " + std::to_string(learner); break;
+    case FaultAction::kSlowLearner: s = "slow learner " + std::to_string(learner) + " " + fmt(factor) + "×"; break;
     case FaultAction::kKillSyncer: s = "kill the syncer"; break;
-    case FaultAction::kCutLink: s = "cut learner " + std::to_string(learner) + "'s link for " + fmt(duration_s) + " s"; break;
+    case FaultAction::kCutLink: s = "cut learner " + std::to_string(learner) + "'s link"; break;
     case FaultAction::kDelayLink:
-      s = "delay learner " + std::to_string(learner) + "'s link by " + fmt(delay_ms) + " ms for " + fmt(duration_s) + " s";
+      s = "delay learner " + std::to_string(learner) + "'s link by " + fmt(delay_ms) + " ms";
       break;
     case FaultAction::kAddLearner: s = "add learner " + std::to_string(learner); break;
     case FaultAction::kLeaveLearner: s = "learner " + std::to_string(learner) + " leaves"; break;
+  }
+  if (fault_lasts(action)) {
+    if (until_step >= 0) {
+      s += " until global step " + std::to_string(until_step);
+      if (duration_s > 0) s += " (at most " + fmt(duration_s) + " s)";
+    } else {
+      s += " for " + fmt(duration_s) + " s";
+    }
   }
   s += at_s >= 0 ? " at " + fmt(at_s) + " s" : " at global step " + std::to_string(at_step);
   if (action == FaultAction::kKillLearner || action == FaultAction::kKillSyncer) {
@@ -107,8 +114,17 @@ void FaultPlan::validate() const {
     const std::string where = "plan '" + name + "', fault " + std::to_string(i + 1) + " (" + to_string(e.action) + ")";
     if ((e.at_s >= 0) == (e.at_step >= 0)) throw InputError(where + ": give exactly one of at_s and at_step");
     if (targets_learner(e.action) && e.learner < 0) throw InputError(where + ": needs learner = <slot ≥ 0>");
-    if (has_duration(e.action) && !(e.duration_s > 0 && std::isfinite(e.duration_s))) {
-      throw InputError(where + ": needs duration_s > 0");
+    if (fault_lasts(e.action)) {
+      if (!std::isfinite(e.duration_s) || e.duration_s < 0 || (e.duration_s == 0 && e.until_step < 0)) {
+        throw InputError(where + ": needs duration_s > 0 or until_step = <global step> (or both: the first ends it)");
+      }
+      if (e.until_step >= 0 && e.at_step >= 0 && e.until_step <= e.at_step) {
+        throw InputError(where + ": until_step = " + std::to_string(e.until_step) + " must be after at_step = " +
+                         std::to_string(e.at_step));
+      }
+    } else if (e.until_step >= 0) {
+      throw InputError(where + ": until_step applies only to faults that last (pause_learner, slow_learner, "
+                               "cut_link, delay_link)");
     }
     if (e.action == FaultAction::kDelayLink && !(e.delay_ms > 0 && e.delay_ms <= 60'000)) {
       throw InputError(where + ": needs delay_ms in (0, 60000] (the latency added each way)");
@@ -241,13 +257,17 @@ FaultPlan parse_fault_plan(std::string_view toml_text, const std::string& origin
             e.restart_after_s = number(fv, at);
           } else if (f == "duration_s") {
             e.duration_s = number(fv, at);
+          } else if (f == "until_step") {
+            const auto v = fv.value<int64_t>();
+            if (!v || *v < 0) throw InputError(at + " must be a whole number ≥ 0 (a global step)");
+            e.until_step = *v;
           } else if (f == "factor") {
             e.factor = number(fv, at);
           } else if (f == "delay_ms") {
             e.delay_ms = number(fv, at);
           } else {
             throw InputError(where + ": unknown key '" + f +
-                             "' (known: at_s, at_step, action, learner, restart_after_s, duration_s, factor, delay_ms)");
+                             "' (known: at_s, at_step, action, learner, restart_after_s, duration_s, until_step, factor, delay_ms)");
           }
         }
         if (!has_action) throw InputError(where + ": needs action = \"kill_learner\" (or another action)");
@@ -296,18 +316,26 @@ FaultPlanBuilder::FaultPlanBuilder(std::string name) { plan_.name = std::move(na
 FaultPlanBuilder& FaultPlanBuilder::at_s(double seconds) {
   at_s_ = seconds;
   at_step_ = -1;
+  until_step_ = -1;
   return *this;
 }
 
 FaultPlanBuilder& FaultPlanBuilder::at_step(int64_t global_step) {
   at_step_ = global_step;
   at_s_ = -1;
+  until_step_ = -1;
+  return *this;
+}
+
+FaultPlanBuilder& FaultPlanBuilder::until_step(int64_t global_step) {
+  until_step_ = global_step;
   return *this;
 }
 
 FaultPlanBuilder& FaultPlanBuilder::add(FaultEvent event) {
   event.at_s = at_s_;
   event.at_step = at_step_;
+  if (fault_lasts(event.action)) event.until_step = until_step_;
   plan_.events.push_back(event);
   return *this;
 }

@@ -2,6 +2,9 @@
 // real run, each at a time (seconds since the learners were started) or at a global step, written as TOML
 // (plans/*.toml) or built in C++ with FaultPlanBuilder, plus random learner failures drawn from a mean time
 // between failures with a seed. The launcher carries the plan out (launcher.cc); `dloco chaos` reports on it.
+// A fault that lasts (pause, slow, cut, delay) ends after duration_s, or when the global step reaches until_step,
+// or at whichever of the two comes first when both are given. Tests trigger and end faults at steps: a wall-clock
+// plan fires at a different point of a run sized in tokens on every machine (and after its end on a fast one).
 //
 // A plan file:
 //   [plan]
@@ -17,6 +20,12 @@
 //   action = "pause_learner"         # SIGSTOP, then SIGCONT after duration_s: a straggler that stops dead
 //   learner = 1
 //   duration_s = 20
+//   [[fault]]
+//   at_step = 100
+//   action = "pause_learner"         # a pause bounded in steps: SIGCONT once the global step (the others' progress)
+//   learner = 1                      # reaches until_step (> at_step); duration_s, if also given, caps it in
+//   until_step = 140                 # seconds (so a run whose step stops advancing is not paused for ever)
+//   duration_s = 60
 //   [[fault]]
 //   at_s = 200
 //   action = "slow_learner"          # every step takes `factor` times as long for duration_s
@@ -77,6 +86,8 @@ enum class FaultAction {
 const char* to_string(FaultAction action);
 /// Inverse of to_string; throws InputError listing the valid names.
 FaultAction parse_fault_action(std::string_view name);
+/// True for the faults that last (pause, slow, cut_link, delay_link): they end after duration_s or at until_step.
+bool fault_lasts(FaultAction action);
 
 /// One fault. Exactly one trigger is set: at_s ≥ 0 (seconds since the learners started) or at_step ≥ 0 (the
 /// first moment the syncer's global step reaches it).
@@ -87,7 +98,9 @@ struct FaultEvent {
   int learner = -1;              // every action but kill_syncer: the learner id, 0 ≤ learner < M or an id an
                                  // add_learner of the plan starts (add_learner: a new id ≥ M)
   double restart_after_s = 5.0;  // kill_*: seconds until the process is started again; < 0 = never
-  double duration_s = 0;         // pause/slow/cut_link/delay_link: seconds the fault lasts
+  double duration_s = 0;         // pause/slow/cut_link/delay_link: seconds the fault lasts (0 = until_step alone)
+  int64_t until_step = -1;       // pause/slow/cut_link/delay_link: the fault ends when the global step reaches it
+                                 // (-1 = duration_s alone); with both, whichever comes first
   double factor = 1.0;           // slow: step-time multiplier (> 1)
   double delay_ms = 0;           // delay_link: latency added to each direction, milliseconds
   bool random = false;           // drawn from [random] rather than written out
@@ -119,7 +132,8 @@ struct FaultPlan {
   std::vector<FaultEvent> resolve(int learners) const;
   /// The plan as JSON, random faults drawn for M learners (for the run folder and the simulator).
   nlohmann::json to_json(int learners) const;
-  /// Throws InputError naming the first bad fault (no trigger or two, missing learner, factor ≤ 1, ...).
+  /// Throws InputError naming the first bad fault (no trigger or two, missing learner, factor ≤ 1, a lasting fault
+  /// with neither duration_s > 0 nor until_step, until_step ≤ at_step or on a fault that does not last, ...).
   void validate() const;
 };
 
@@ -131,13 +145,16 @@ FaultPlan parse_fault_plan(std::string_view toml_text, const std::string& origin
 
 /// A plan in C++ (tests, examples):
 ///   FaultPlan plan = FaultPlanBuilder("kill-twice").at_s(10).kill_learner(1, 2.0).at_step(200).kill_syncer(3.0)
-///                        .at_s(30).pause_learner(0, 5.0).build();
-/// Each action uses the trigger set by the last at_s/at_step. build() validates (InputError).
+///                        .at_s(30).pause_learner(0, 5.0).at_step(300).until_step(340).pause_learner(1, 60).build();
+/// Each action uses the trigger set by the last at_s/at_step, and the end set by the last until_step (at_s and
+/// at_step clear it). build() validates (InputError).
 class FaultPlanBuilder {
  public:
   explicit FaultPlanBuilder(std::string name = "plan");
   FaultPlanBuilder& at_s(double seconds);
   FaultPlanBuilder& at_step(int64_t global_step);
+  /// The next lasting faults end when the global step reaches `global_step` (their duration_s, if > 0, caps it).
+  FaultPlanBuilder& until_step(int64_t global_step);
   FaultPlanBuilder& kill_learner(int learner, double restart_after_s = 5.0);
   FaultPlanBuilder& pause_learner(int learner, double duration_s);
   FaultPlanBuilder& slow_learner(int learner, double factor, double duration_s);
@@ -155,6 +172,7 @@ class FaultPlanBuilder {
   FaultPlan plan_;
   double at_s_ = -1;
   int64_t at_step_ = -1;
+  int64_t until_step_ = -1;
 };
 
 }  // namespace dloco

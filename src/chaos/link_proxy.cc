@@ -115,6 +115,16 @@ void LinkProxy::delay(double delay_ms, double duration_s) {
   delay_until_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(duration_s));
 }
 
+void LinkProxy::end_cut() {
+  std::lock_guard lock(mu_);
+  cut_until_ = std::min(cut_until_, Clock::now());
+}
+
+void LinkProxy::end_delay() {
+  std::lock_guard lock(mu_);
+  delay_until_ = std::min(delay_until_, Clock::now());
+}
+
 void LinkProxy::run() {
   std::vector<std::unique_ptr<Pair>> pairs;
   std::vector<char> buf(64 << 10);

@@ -34,6 +34,10 @@ class LinkProxy {
   void cut(double duration_s);
   /// Every chunk waits `delay_ms` more for `duration_s` seconds from now.
   void delay(double delay_ms, double duration_s);
+  /// Ends a cut now (a fault bounded in steps ends when the launcher sees the global step; no-op if none).
+  void end_cut();
+  /// Ends a delay now (as end_cut).
+  void end_delay();
   /// Bytes forwarded so far, both directions.
   int64_t bytes_forwarded() const { return bytes_.load(); }
   /// Connections accepted so far.

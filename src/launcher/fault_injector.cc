@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <limits>
 
 #include "core/atomic_file.h"
 
@@ -16,6 +17,12 @@ namespace {
 double unix_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
+
+// What a fault bounded by until_step alone is given as its duration where a duration is needed (the proxy's cut,
+// the learner's control file): longer than any run, so only the injector's end (at the step, or when the run
+// stops) ends it.
+constexpr double kUntilEnded_s = 1e7;
+constexpr double kNever = std::numeric_limits<double>::infinity();
 
 Child* find_role(std::vector<Child>& children, const std::string& role) {
   for (auto& c : children) {
@@ -30,13 +37,14 @@ FaultInjector::FaultInjector(std::vector<FaultEvent> faults, const fs::path& run
     : faults_(std::move(faults)), fired_(faults_.size(), false), run_dir_(run_dir), events_(events) {}
 
 void FaultInjector::tick(double elapsed_s, int64_t global_step, bool finished, std::vector<Child>& children) {
-  for (auto it = ends_.begin(); it != ends_.end();) {  // SIGCONT paused processes whose pause is over
-    if (elapsed_s < it->first) {
+  for (auto it = lasting_.begin(); it != lasting_.end();) {  // end the lasting faults that are over
+    const bool by_step = it->fault.until_step >= 0 && global_step >= it->fault.until_step;
+    if (!finished && !by_step && elapsed_s < it->end_s) {
       ++it;
       continue;
     }
-    if (Child* c = find_role(children, it->second)) resume(*c, elapsed_s);
-    it = ends_.erase(it);
+    end(*it, elapsed_s, global_step, by_step ? "until_step" : finished ? "run finished" : "duration", children);
+    it = lasting_.erase(it);
   }
   if (finished) return;
   for (size_t i = 0; i < faults_.size(); ++i) {
@@ -48,10 +56,8 @@ void FaultInjector::tick(double elapsed_s, int64_t global_step, bool finished, s
 }
 
 void FaultInjector::release(std::vector<Child>& children, double elapsed_s) {
-  for (const auto& [end, role] : ends_) {
-    if (Child* c = find_role(children, role)) resume(*c, elapsed_s);
-  }
-  ends_.clear();
+  for (const auto& l : lasting_) end(l, elapsed_s, -1, "run stopped", children);
+  lasting_.clear();
 }
 
 double FaultInjector::restart_delay(const Child& child, double dflt) const {
@@ -73,11 +79,13 @@ void FaultInjector::fire(const FaultEvent& f, double elapsed_s, int64_t global_s
       std::fflush(stdout);
       return;
     }
+    const double lasts_s = f.duration_s > 0 ? f.duration_s : kUntilEnded_s;
     if (f.action == FaultAction::kCutLink) {
-      links_[f.learner]->cut(f.duration_s);
+      links_[f.learner]->cut(lasts_s);
     } else {
-      links_[f.learner]->delay(f.delay_ms, f.duration_s);
+      links_[f.learner]->delay(f.delay_ms, lasts_s);
     }
+    lasting_.push_back({f, "", elapsed_s, f.duration_s > 0 ? elapsed_s + f.duration_s : kNever});
     ++injected_;
     events_.emit("fault", fields);
     std::printf("[chaos] %s\n", f.describe().c_str());
@@ -137,13 +145,15 @@ void FaultInjector::fire(const FaultEvent& f, double elapsed_s, int64_t global_s
       break;
     case FaultAction::kPauseLearner:
       ::kill(target->pid, SIGSTOP);
-      ends_.emplace(elapsed_s + f.duration_s, target->role);
+      lasting_.push_back({f, target->role, elapsed_s, f.duration_s > 0 ? elapsed_s + f.duration_s : kNever});
       break;
     case FaultAction::kSlowLearner: {
       fs::create_directories(run_dir_ / "control");
-      const nlohmann::json control = {{"factor", f.factor}, {"until_unix", unix_now() + f.duration_s}};
+      const double lasts_s = f.duration_s > 0 ? f.duration_s : kUntilEnded_s;
+      const nlohmann::json control = {{"factor", f.factor}, {"until_unix", unix_now() + lasts_s}};
       write_file_atomically(run_dir_ / "control" / ("learner_" + std::to_string(f.learner) + ".json"),
                             control.dump() + "\n");
+      lasting_.push_back({f, target->role, elapsed_s, f.duration_s > 0 ? elapsed_s + f.duration_s : kNever});
       break;
     }
     case FaultAction::kLeaveLearner:
@@ -162,9 +172,28 @@ void FaultInjector::fire(const FaultEvent& f, double elapsed_s, int64_t global_s
   std::fflush(stdout);
 }
 
-void FaultInjector::resume(Child& c, double elapsed_s) {
-  if (!c.exited && c.pid > 0) ::kill(c.pid, SIGCONT);
-  events_.emit("fault_ended", {{"action", "pause_learner"}, {"learner", c.learner}, {"at_s", elapsed_s}});
+void FaultInjector::end(const Lasting& l, double elapsed_s, int64_t global_step, const char* reason,
+                        std::vector<Child>& children) {
+  const FaultEvent& f = l.fault;
+  switch (f.action) {
+    case FaultAction::kPauseLearner:
+      if (Child* c = find_role(children, l.role); c != nullptr && !c->exited && c->pid > 0) ::kill(c->pid, SIGCONT);
+      break;
+    case FaultAction::kSlowLearner:  // the learner reads its control file every step: factor 1 from now on
+      write_file_atomically(run_dir_ / "control" / ("learner_" + std::to_string(f.learner) + ".json"),
+                            nlohmann::json{{"factor", 1.0}, {"until_unix", unix_now()}}.dump() + "\n");
+      break;
+    case FaultAction::kCutLink: links_[f.learner]->end_cut(); break;
+    case FaultAction::kDelayLink: links_[f.learner]->end_delay(); break;
+    default: break;
+  }
+  nlohmann::json fields = {{"action", to_string(f.action)}, {"learner", f.learner}, {"at_s", elapsed_s},
+                           {"started_s", l.started_s}, {"lasted_s", elapsed_s - l.started_s}, {"reason", reason}};
+  if (global_step >= 0) fields["global_step"] = global_step;
+  if (f.until_step >= 0) fields["until_step"] = f.until_step;
+  events_.emit("fault_ended", fields);
+  std::printf("[chaos] ended: %s after %.1f s (%s)\n", f.describe().c_str(), elapsed_s - l.started_s, reason);
+  std::fflush(stdout);
 }
 
 }  // namespace dloco

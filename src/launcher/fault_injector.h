@@ -17,17 +17,18 @@
 
 namespace dloco {
 
-/// Fires the plan's faults at their time or global step. Every fault it injects, ends or skips is an event in
-/// events/launcher.jsonl ("fault", "fault_ended", "fault_skipped"): that log, not this class, is what the chaos
-/// report reads. Targets are matched by Child::learner (the slot) or, for kill_syncer, by role "syncer"; link
+/// Fires the plan's faults at their time or global step, and ends the lasting ones (pause, slow, cut, delay) after
+/// their duration_s or once the global step reaches their until_step, whichever comes first. Every fault it
+/// injects, ends or skips is an event in events/launcher.jsonl ("fault", "fault_ended", "fault_skipped"): that
+/// log, not this class, is what the chaos report reads. Targets are matched by Child::learner (the slot) or, for kill_syncer, by role "syncer"; link
 /// faults act on the slot's LinkProxy (set_links), whether its learner is up or not.
 class FaultInjector {
  public:
   FaultInjector(std::vector<FaultEvent> faults, const std::filesystem::path& run_dir, EventLog& events);
 
-  /// Ends pauses that are over (always, also once training is done) and, unless `finished`, fires every fault
-  /// due at `elapsed_s` since the learners started or at `global_step` (time and step triggers independently).
-  /// A fault whose target is not running is skipped (event "fault_skipped" with the reason).
+  /// Ends lasting faults that are over at `elapsed_s` or `global_step` (every one once `finished`) and, unless
+  /// `finished`, fires every fault due at `elapsed_s` since the learners started or at `global_step` (time and
+  /// step triggers independently). A fault whose target is not running is skipped ("fault_skipped", the reason).
   void tick(double elapsed_s, int64_t global_step, bool finished, std::vector<Child>& children);
 
   /// The learners' link proxies, indexed by slot (cut_link and delay_link act on them); without them those
@@ -41,7 +42,8 @@ class FaultInjector {
   /// True if `child` left by a leave_learner fault: it is not restarted.
   bool left(const Child& child) const { return left_.count(child.role) > 0; }
 
-  /// SIGCONTs every process still paused (the run is stopping: a stopped process cannot exit cleanly).
+  /// Ends every lasting fault still in force: SIGCONTs every process still paused (the run is stopping: a stopped
+  /// process cannot exit cleanly), heals links, ends slowdowns.
   void release(std::vector<Child>& children, double elapsed_s);
 
   /// Delay in seconds before restarting `child` after its death: the planned one if this plan killed it, else
@@ -53,8 +55,8 @@ class FaultInjector {
   void restarted(const Child& child) { planned_restart_.erase(child.role); }
   /// True while `child` is SIGSTOPped by a pause_learner fault.
   bool paused(const Child& child) const {
-    for (const auto& [end, role] : ends_) {
-      if (role == child.role) return true;
+    for (const auto& l : lasting_) {
+      if (l.fault.action == FaultAction::kPauseLearner && l.role == child.role) return true;
     }
     return false;
   }
@@ -63,15 +65,23 @@ class FaultInjector {
   int injected() const { return injected_; }
 
  private:
+  // A fault that lasts, in force from started_s until end_s (elapsed seconds; infinity: until_step alone) or
+  // until the global step reaches fault.until_step.
+  struct Lasting {
+    FaultEvent fault;
+    std::string role;  // pause_learner: the stopped child's role
+    double started_s = 0;
+    double end_s = 0;
+  };
   void fire(const FaultEvent& f, double elapsed_s, int64_t global_step, std::vector<Child>& children);
-  void resume(Child& c, double elapsed_s);
+  void end(const Lasting& l, double elapsed_s, int64_t global_step, const char* reason, std::vector<Child>& children);
 
   std::vector<FaultEvent> faults_;
   std::vector<LinkProxy*> links_;
   std::vector<bool> fired_;
   std::filesystem::path run_dir_;
   EventLog& events_;
-  std::multimap<double, std::string> ends_;        // elapsed_s at which to SIGCONT -> role of the paused child
+  std::vector<Lasting> lasting_;                   // pauses, slowdowns, cut and delayed links in force
   std::map<std::string, double> planned_restart_;  // role -> restart delay of a process the plan killed
   bool scavenging_ = false;
   std::vector<int> joins_;                         // add_learner ids not yet started

@@ -88,7 +88,7 @@ TEST_F(ChaosReportTest, GoodputRecoveriesAndChecksFromTheEventLogs) {
   l0.push_back({{"t", t0 + 2.2}, {"event", "stopped"}, {"versions", {9, 9}}, {"hashes", {"aaaa", "bbbb"}}});
   write("events/learner_0.jsonl", l0);
   // Learner 1: 9 steps, half of them kept for fragment 0 only; killed; back at 1.5 (versions never regress),
-  // 4 more steps kept for both fragments from 1.9; one final copy differs.
+  // 4 more steps kept for both fragments from 1.9; its final copies equal Θ too.
   std::vector<nlohmann::json> l1 = {{{"t", t0}, {"event", "bootstrapped"}, {"versions", {0, 0}}}};
   for (int i = 1; i <= 9; ++i) l1.push_back({{"t", t0 + 0.1 * i}, {"event", "step"}, {"loss", 5.0}});
   l1.push_back({{"t", t0 + 0.5}, {"event", "kept"}, {"fragment", 0}, {"steps", 4}});
@@ -96,7 +96,7 @@ TEST_F(ChaosReportTest, GoodputRecoveriesAndChecksFromTheEventLogs) {
   l1.push_back({{"t", t0 + 1.5}, {"event", "bootstrapped"}, {"versions", {5, 5}}});
   for (int i = 1; i <= 4; ++i) l1.push_back({{"t", t0 + 1.5 + 0.1 * i}, {"event", "step"}, {"loss", 5.0}});
   for (int p = 0; p < 2; ++p) l1.push_back({{"t", t0 + 1.9}, {"event", "kept"}, {"fragment", p}, {"steps", 4}});
-  l1.push_back({{"t", t0 + 2.2}, {"event", "stopped"}, {"versions", {9, 8}}, {"hashes", {"aaaa", "cccc"}}});
+  l1.push_back({{"t", t0 + 2.2}, {"event", "stopped"}, {"versions", {9, 9}}, {"hashes", {"aaaa", "bbbb"}}});
   write("events/learner_1.jsonl", l1);
   {
     StreamLog log(stream_log_path(dir_, 0));
@@ -125,8 +125,11 @@ TEST_F(ChaosReportTest, GoodputRecoveriesAndChecksFromTheEventLogs) {
   // Expected merges: P / (H · 0.1 s) = 10/s, 5 per 0.5 s bin; the bin [1.0, 1.5) has 2 merges: down.
   EXPECT_NEAR(a.uptime, 0.75, 1e-9);
   EXPECT_EQ(a.version_regressions, 0);
-  EXPECT_EQ(a.fragments_checked, 3);  // learner 1's fragment 1 holds version 8, not the final 9
-  EXPECT_EQ(a.fragments_equal, 3);
+  EXPECT_EQ(a.learners_finished, 2);
+  EXPECT_EQ(a.fragments_expected, 2 * 2);
+  EXPECT_EQ(a.fragments_checked, 2 * 2);
+  EXPECT_EQ(a.fragments_equal, 2 * 2);
+  EXPECT_TRUE(a.copy_mismatches.empty());
   EXPECT_EQ(a.batches, 3);
   EXPECT_TRUE(a.consistent());
   EXPECT_DOUBLE_EQ(a.final_val_loss, 5.1);
@@ -155,6 +158,58 @@ TEST_F(ChaosReportTest, RegressedVersionsRepeatedBatchesAndNaNFailTheChecks) {
   EXPECT_EQ(a.fragments_equal, 0);
   EXPECT_FALSE(a.consistent());
   EXPECT_THROW(analyze_chaos_run(dir_ / "nowhere", {1, 1, 1, 100, 1.0}), InputError);
+}
+
+TEST_F(ChaosReportTest, EveryFragmentOfEveryFinishingLearnerIsComparedWithTheFinalTheta) {
+  // M = 4 slots plus learner 4 added by the plan, P = 2. Final Θ: versions {7, 7}, hashes {aa, bb}.
+  //   learner 0  finishes with Θ's copies: 2 equal
+  //   learner 1  finishes one version behind on fragment 1 (a copy the old check skipped): compared, differs
+  //   learner 2  killed and restarted; its last incarnation never logged "stopped" (the first one did): 2 not
+  //              compared, and the check fails for them
+  //   learner 3  killed for good: no final copy, counted apart
+  //   learner 4  joined and left: no final copy, counted apart
+  const double t0 = 10.0;
+  write("events/launcher.jsonl",
+        {{{"t", t0}, {"event", "started"}},
+         {{"t", t0 + 0.3}, {"event", "fault"}, {"action", "kill_learner"}, {"learner", 2}, {"restart_after_s", 0.1}},
+         {{"t", t0 + 0.4}, {"event", "fault"}, {"action", "kill_learner"}, {"learner", 3}, {"restart_after_s", -1.0}},
+         {{"t", t0 + 0.5}, {"event", "learner_added"}, {"learner", 4}},
+         {{"t", t0 + 0.8}, {"event", "fault"}, {"action", "leave_learner"}, {"learner", 4}}});
+  write("events/syncer.jsonl", {{{"t", t0 + 1}, {"event", "final_flush"}},
+                                {{"t", t0 + 1}, {"event", "final_state"}, {"versions", {7, 7}}, {"hashes", {"aa", "bb"}}}});
+  auto learner = [&](int id, std::vector<nlohmann::json> tail) {
+    std::vector<nlohmann::json> e = {{{"t", t0}, {"event", "bootstrapped"}, {"versions", {0, 0}}}};
+    e.insert(e.end(), tail.begin(), tail.end());
+    write("events/learner_" + std::to_string(id) + ".jsonl", e);
+  };
+  learner(0, {{{"t", t0 + 1.1}, {"event", "stopped"}, {"versions", {7, 7}}, {"hashes", {"aa", "bb"}}}});
+  learner(1, {{{"t", t0 + 1.1}, {"event", "stopped"}, {"versions", {7, 6}}, {"hashes", {"aa", "b6"}}}});
+  learner(2, {{{"t", t0 + 0.2}, {"event", "stopped"}, {"versions", {7, 7}}, {"hashes", {"aa", "bb"}}},
+              {{"t", t0 + 0.5}, {"event", "bootstrapped"}, {"versions", {3, 3}}}});
+  learner(3, {});
+  learner(4, {{{"t", t0 + 0.8}, {"event", "stopped"}, {"versions", {2, 2}}, {"hashes", {"x", "y"}}, {"leaving", true}}});
+  write("report.json", {{{"final_val_loss", 3.0}}});
+  ChaosAnalysis a = analyze_chaos_run(dir_, {4, 2, 2, 100, 1.0});
+  EXPECT_EQ(a.learners_finished, 3);
+  EXPECT_EQ(a.learners_gone, 2);
+  EXPECT_EQ(a.fragments_expected, 3 * 2);
+  EXPECT_EQ(a.fragments_checked, 2 * 2);  // learners 0 and 1
+  EXPECT_EQ(a.fragments_equal, 3);
+  ASSERT_EQ(a.copy_mismatches.size(), 3u) << a.to_json().dump(1);
+  EXPECT_NE(a.copy_mismatches[0].find("learner 1 fragment 1: version 6"), std::string::npos) << a.copy_mismatches[0];
+  EXPECT_NE(a.copy_mismatches[1].find("learner 2 fragment 0: not compared"), std::string::npos) << a.copy_mismatches[1];
+  ASSERT_EQ(a.learners.size(), 5u);
+  EXPECT_EQ(a.learners[3].end, "killed");
+  EXPECT_EQ(a.learners[4].end, "left");
+  EXPECT_FALSE(a.consistent());
+
+  // Without the syncer's final_state nothing can be compared: every expected pair is reported, the check fails.
+  fs::remove(dir_ / "events" / "syncer.jsonl");
+  write("events/syncer.jsonl", {{{"t", t0 + 1}, {"event", "final_flush"}}});
+  a = analyze_chaos_run(dir_, {4, 2, 2, 100, 1.0});
+  EXPECT_EQ(a.fragments_checked, 0);
+  EXPECT_EQ(a.copy_mismatches.size(), 3u * 2);
+  EXPECT_FALSE(a.consistent());
 }
 
 TEST_F(ChaosReportTest, DpRollbacksPausesAndLineageFromTheEventLogs) {

@@ -1,6 +1,8 @@
 // Fault plans: parsing, validation with clear errors, the builder, and seeded random failures.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include "chaos/fault_plan.h"
 #include "core/check.h"
 
@@ -79,6 +81,83 @@ TEST(FaultPlan, BadPlansSayWhatIsWrong) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("M = 4"), std::string::npos) << e.what();
   }
+}
+
+TEST(FaultPlan, LastingFaultsEndAtAGlobalStepCappedByTheirDuration) {
+  const FaultPlan plan = parse_fault_plan(R"(
+[[fault]]
+at_step = 40
+action = "pause_learner"
+learner = 1
+until_step = 80
+duration_s = 60
+[[fault]]
+at_step = 30
+action = "cut_link"
+learner = 0
+until_step = 70
+[[fault]]
+at_step = 50
+action = "slow_learner"
+learner = 0
+factor = 2.0
+until_step = 90
+[[fault]]
+at_s = 5
+action = "delay_link"
+learner = 1
+delay_ms = 100
+until_step = 20
+)", "steps.toml");
+  const auto faults = plan.resolve(2);
+  ASSERT_EQ(faults.size(), 4u);
+  EXPECT_EQ(faults[0].action, FaultAction::kDelayLink);  // time triggers first
+  EXPECT_EQ(faults[0].until_step, 20);                    // a time trigger may end at a step
+  EXPECT_EQ(faults[1].action, FaultAction::kCutLink);
+  EXPECT_EQ(faults[1].until_step, 70);
+  EXPECT_EQ(faults[1].duration_s, 0);  // until_step alone
+  EXPECT_EQ(faults[2].action, FaultAction::kPauseLearner);
+  EXPECT_EQ(faults[2].until_step, 80);
+  EXPECT_EQ(faults[2].duration_s, 60);
+  EXPECT_EQ(faults[2].describe(), "pause learner 1 until global step 80 (at most 60 s) at global step 40");
+  EXPECT_EQ(faults[1].describe(), "cut learner 0's link until global step 70 at global step 30");
+  EXPECT_EQ(faults[2].to_json()["until_step"], 80);
+  EXPECT_FALSE(faults[0].to_json().contains("at_step"));
+  EXPECT_FALSE(FaultEvent{}.to_json().contains("until_step"));  // a kill does not last
+
+  // The builder writes the same plan; at_s / at_step clear until_step for the faults after them.
+  const FaultPlan built = FaultPlanBuilder("steps")
+                              .at_s(5).until_step(20).delay_link(1, 100, 0)
+                              .at_step(30).until_step(70).cut_link(0, 0)
+                              .at_step(40).until_step(80).pause_learner(1, 60)
+                              .at_step(50).until_step(90).slow_learner(0, 2.0, 0)
+                              .at_step(60).kill_learner(0, 1.0)
+                              .build();
+  const auto b = built.resolve(2);
+  ASSERT_EQ(b.size(), 5u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(b[i].to_json(), faults[i].to_json()) << i;
+  EXPECT_EQ(b[4].until_step, -1);
+
+  // Errors: neither end, an end not after the trigger, an end on a fault that does not last, a bad value.
+  expect_error("[[fault]]\nat_step = 5\naction = \"pause_learner\"\nlearner = 0\n", "until_step");
+  expect_error("[[fault]]\nat_step = 50\naction = \"pause_learner\"\nlearner = 0\nuntil_step = 50\n",
+               "must be after at_step = 50");
+  expect_error("[[fault]]\nat_step = 5\naction = \"kill_learner\"\nlearner = 0\nuntil_step = 9\n",
+               "until_step applies only to faults that last");
+  expect_error("[[fault]]\nat_step = 5\naction = \"cut_link\"\nlearner = 0\nuntil_step = -3\n", "whole number");
+  expect_error("[[fault]]\nat_step = 5\naction = \"cut_link\"\nlearner = 0\nuntil_step = 9\nduration_s = -1\n",
+               "duration_s > 0 or until_step");
+  EXPECT_THROW(FaultPlanBuilder().at_step(10).until_step(10).pause_learner(0, 0).build(), InputError);
+}
+
+TEST(FaultPlan, TheExamplePlansParseForTheDemoConfig) {
+  int plans = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(DLOCO_SOURCE_DIR) + "/plans")) {
+    if (entry.path().extension() != ".toml") continue;
+    ++plans;
+    EXPECT_NO_THROW(load_fault_plan(entry.path()).resolve(4)) << entry.path();  // configs/demo.toml: M = 4
+  }
+  EXPECT_GE(plans, 3);
 }
 
 TEST(FaultPlan, BuilderMatchesTheFileFormat) {

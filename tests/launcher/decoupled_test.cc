@@ -1,7 +1,9 @@
 // Decoupled DiLoCo end to end with real processes over loopback: a syncer, an evaluator and 3 learners of a
-// tiny model. Checks the integration properties (the global model's loss falls, every learner received
-// every fragment, versions only increase) and failure isolation (kill -9 one learner mid-run: the others'
-// training threads never wait, the run finishes, a wrong secret or layout is refused with a clear message).
+// tiny model. Checks the integration properties (the global model beats a unigram model of the corpus,
+// merges combine learners, every learner applied every fragment's versions in order and ends holding Θ) and
+// failure isolation (kill -9 one learner mid-run: the others' training threads never wait, the run finishes; the
+// syncer away and back; a wrong secret or layout is refused with a clear message). Runs are sized in steps and
+// the kill comes at a step, so the tests hold on faster and slower machines (DLOCO_TEST_SLOWDOWN, tiny_corpus.h).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -21,6 +23,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "chaos/chaos_report.h"
+#include "support/process_checks.h"
 #include "support/tiny_corpus.h"
 
 namespace {
@@ -33,6 +37,8 @@ const std::string kDloco = std::string(DLOCO_BINARY_DIR) + "/bin/dloco";
 const std::string kDataTool = std::string(DLOCO_BINARY_DIR) + "/bin/dloco-data";
 
 using testing_support::read_events;
+using testing_support::kMaxOutsideCompute_s;
+using testing_support::signal_child;
 
 class DecoupledTest : public ::testing::Test {
  protected:
@@ -66,32 +72,53 @@ TEST_F(DecoupledTest, ThreeLearnersTrainTheGlobalModelOverLoopback) {
   const json report = json::parse(std::ifstream(run / "report.json"));
   EXPECT_EQ(report["status"], "finished");
   EXPECT_EQ(report["tokens_trained"], 3 * 120 * 256);
-  // The global model learned: a uniform guess scores ln 400 = 5.99 nats/token. Runs end at 4.0–4.6 (asynchronous
-  // merges with K = 1 vary from run to run; one ended at 4.60 in a full suite), so the bound is 0.8 · ln 400.
-  EXPECT_LT(report["final_val_loss"].get<double>(), 0.8 * std::log(400.0)) << report.dump(2);
+  // The global model learned more than token frequencies: its final loss on the validation split beats the
+  // unigram cross-entropy of the corpus (train-split counts scored on that split, computed here from the shards).
+  const double unigram = testing_support::unigram_cross_entropy(root_ / "data");
+  const auto meta = json::parse(std::ifstream(root_ / "data" / "meta.json"));
+  EXPECT_NEAR(unigram, meta["unigram_val_nats_per_token"].get<double>(), 1e-6);  // dloco-data agrees
+  std::printf("final validation loss %.4f, unigram %.4f, uniform %.4f nats/token\n",
+              report["final_val_loss"].get<double>(), unigram, std::log(400.0));
+  EXPECT_LT(report["final_val_loss"].get<double>(), unigram) << report.dump(2);
   EXPECT_GT(report["merges"].get<int64_t>(), 20);
 
-  // Versions only increase: in the syncer's merges and in every learner's applies, per fragment.
-  std::map<int, int64_t> last_merged;
+  // The syncer's merges: during training (before the final flush, which merges every learner by construction)
+  // some combined the work of two or more learners (participants), and the versions each produced, per fragment,
+  // are the ones the learners may apply. (Measured here: 8–21 of ~120 merges before the flush had 2 or 3.)
+  std::map<int, std::set<int64_t>> merged_versions;  // fragment -> versions the syncer merged
+  int combined = 0;
+  bool flushing = false;
   for (const auto& e : read_events(run / "events" / "syncer.jsonl")) {
+    flushing |= e["event"] == "final_flush";
     if (e["event"] != "merged") continue;
-    const int p = e["fragment"];
-    EXPECT_GT(e["version"].get<int64_t>(), last_merged[p]);
-    last_merged[p] = e["version"];
+    merged_versions[e["fragment"].get<int>()].insert(e["version"].get<int64_t>());
+    combined += !flushing && e["participants"].size() >= 2 ? 1 : 0;
   }
-  EXPECT_EQ(last_merged.size(), 4u);
+  EXPECT_EQ(merged_versions.size(), 4u);
+  EXPECT_GE(combined, 1) << "no merge during training combined two learners: they trained alone";
+  // Every learner applied every fragment, each one's versions in strictly increasing order, each a version the
+  // syncer merged; and at the end each holds every fragment at Θ's final version and hash.
   for (int id = 0; id < 3; ++id) {
     std::map<int, int64_t> last;
-    std::set<int> received;
+    int out_of_order = 0, unknown = 0;
     for (const auto& e : read_events(run / "events" / ("learner_" + std::to_string(id) + ".jsonl"))) {
       if (e["event"] != "applied") continue;
       const int p = e["fragment"];
-      EXPECT_GT(e["version"].get<int64_t>(), last[p]) << "learner " << id << " fragment " << p;
-      last[p] = e["version"];
-      received.insert(p);
+      const int64_t v = e["version"];
+      out_of_order += last.count(p) && v <= last[p] ? 1 : 0;
+      unknown += merged_versions[p].count(v) == 0 ? 1 : 0;
+      last[p] = v;
     }
-    EXPECT_EQ(received.size(), 4u) << "learner " << id << " did not receive every fragment";
+    EXPECT_EQ(last.size(), 4u) << "learner " << id << " did not receive every fragment";
+    EXPECT_EQ(out_of_order, 0) << "learner " << id << " applied a fragment's versions out of order";
+    EXPECT_EQ(unknown, 0) << "learner " << id << " applied a version the syncer never merged";
   }
+  const dloco::ChaosAnalysis a = dloco::analyze_chaos_run(run, {3, 4, 4, 8 * 32, 2.0});
+  EXPECT_EQ(a.version_regressions, 0);
+  EXPECT_EQ(a.learners_finished, 3);
+  EXPECT_EQ(a.fragments_checked, 3 * 4);
+  EXPECT_EQ(a.fragments_equal, a.fragments_checked);
+  for (const auto& m : a.copy_mismatches) ADD_FAILURE() << m;
   // The evaluator evaluated snapshots of Θ during the run (on train.eval_tokens tokens, so not comparable with the
   // final whole-split loss); each snapshot it saw had already learned something over the uniform ln 400.
   std::vector<double> evals;
@@ -121,8 +148,13 @@ TEST_F(DecoupledTest, KilledLearnerNeverStallsTheOthers) {
     }
     if (steps >= 30) victim = pid;
   }
-  ASSERT_GT(victim, 0) << "learner 1 never reached step 30";
-  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  if (victim <= 0) {
+    launcher.join();  // the run ends by itself (its learners spend their budgets) before the test fails
+    FAIL() << "learner 1 never reached step 30";
+  }
+  EXPECT_EQ(signal_child(victim, SIGKILL, "learner 1"), 0);
+  const double killed_at =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   launcher.join();
 
   const json report = json::parse(std::ifstream(run / "report.json"));
@@ -130,33 +162,26 @@ TEST_F(DecoupledTest, KilledLearnerNeverStallsTheOthers) {
   bool absent = false;
   for (const auto& e : read_events(run / "events" / "syncer.jsonl")) absent |= e["event"] == "learner_absent";
   EXPECT_TRUE(absent) << "the syncer should have noticed learner 1's absence";
-  // The survivors: no step waited on anything. Largest gap between steps ≤ 2× the median gap, and the time
-  // spent at step boundaries (the only place the training thread touches the link's queues) stays tiny.
-  for (int id : {0}) {
-    std::vector<double> times, boundaries, waits;
-    for (const auto& e : read_events(run / "events" / ("learner_" + std::to_string(id) + ".jsonl"))) {
-      if (e["event"] != "step") continue;
-      if (!times.empty()) waits.push_back(e["t"].get<double>() - times.back() - e["step_s"].get<double>());
-      times.push_back(e["t"]);
-      boundaries.push_back(e["boundary_s"]);
-    }
-    ASSERT_GT(times.size(), 80u);
-    std::vector<double> gaps;
-    for (size_t i = 6; i < times.size(); ++i) gaps.push_back(times[i] - times[i - 1]);  // after warm-up
-    std::vector<double> sorted = gaps;
-    std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
-    const double median = sorted[sorted.size() / 2];
-    const double largest = *std::max_element(gaps.begin(), gaps.end());
-    EXPECT_LE(largest, 2.0 * median) << "learner " << id << ": a step waited (largest gap " << largest
-                                     << " s, median " << median << " s)";
-    // Time between two steps outside the inner step itself: step boundary + bookkeeping, never a network wait.
-    const double max_wait = *std::max_element(waits.begin(), waits.end());
-    EXPECT_LT(*std::max_element(boundaries.begin(), boundaries.end()), 0.05) << "learner " << id;
-    EXPECT_LT(max_wait, 0.05) << "learner " << id;
-    std::printf("[learner %d] %zu steps, median gap %.4f s, largest %.4f s, max boundary %.5f s, max time outside "
-                "steps %.5f s\n",
-                id, times.size(), median, largest, *std::max_element(boundaries.begin(), boundaries.end()), max_wait);
+  // The survivor never waited on anything: between any two of its steps its training thread spent at most
+  // kMaxOutsideCompute_s outside the step's own compute (boundary, metadata, bookkeeping; a wait on the dead
+  // learner or the network would last a deadline, hundreds of ms). Raw gaps are printed, not asserted: CPU
+  // contention stretches the compute too, and that is not waiting.
+  const auto steps = read_events(run / "events" / "learner_0.jsonl");
+  const auto timing = testing_support::time_outside_compute(steps, testing_support::slowdown_of(0, 2));
+  double max_boundary = 0;
+  for (const auto& e : steps) {
+    if (e["event"] == "step") max_boundary = std::max(max_boundary, e["boundary_s"].get<double>());
   }
+  std::printf("[learner 0] %zu steps, median gap %.4f s, largest %.4f s, max boundary %.5f s (slowdown sleep "
+              "included), max time outside compute %.5f s\n",
+              timing.steps, timing.median_gap, timing.largest_gap, max_boundary, timing.most_outside);
+  ASSERT_GT(timing.steps, 80u);
+  EXPECT_LE(timing.most_outside, kMaxOutsideCompute_s) << "learner 0 waited before its step at t = "
+                                                       << timing.most_outside_t;
+  // Some of those steps came after the kill (the run is sized so: 120 steps each, the kill at learner 1's 30th).
+  int after_kill = 0;
+  for (const auto& e : steps) after_kill += e["event"] == "step" && e["t"].get<double>() > killed_at;
+  EXPECT_GT(after_kill, 20) << "learner 0 trained little after learner 1 was killed";
 }
 
 // Starts `dloco syncer` in the background; returns its pid. The bound address lands in `address_file`.
@@ -196,7 +221,9 @@ TEST_F(DecoupledTest, LearnerKeepsTrainingWhileTheSyncerIsAwayAndReattaches) {
   const auto cfg = write_config("away", 1'000'000'000, "", 8, 32, 1, 0);
   const fs::path run = root_ / "away";
   fs::create_directories(run);
-  const int syncer = start_syncer(cfg, "127.0.0.1:0", run, run / "addr1", "syncer1.log");
+  testing_support::ChildGuard children;  // nothing keeps running if an ASSERT below stops the test
+  const int syncer = children.hold(start_syncer(cfg, "127.0.0.1:0", run, run / "addr1", "syncer1.log"));
+  ASSERT_GT(syncer, 0) << "the syncer did not start";
   const std::string address = wait_for_address(run / "addr1");
   ASSERT_FALSE(address.empty());
   const std::string learner_cmd = kDloco + " learner --config " + cfg.string() + " --syncer " + address +
@@ -204,14 +231,15 @@ TEST_F(DecoupledTest, LearnerKeepsTrainingWhileTheSyncerIsAwayAndReattaches) {
                                   " 2>&1 & echo $!";
   int learner = 0;
   if (FILE* p = ::popen(learner_cmd.c_str(), "r")) {
-    ASSERT_EQ(std::fscanf(p, "%d", &learner), 1);
+    if (std::fscanf(p, "%d", &learner) != 1) learner = 0;
     ::pclose(p);
   }
+  ASSERT_GT(children.hold(learner), 0) << "the learner did not start";
   const fs::path events = run / "events" / "learner_0.jsonl";
   for (int i = 0; i < 300 && count_events(events, "applied") < 8; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   ASSERT_GE(count_events(events, "applied"), 8) << "no merges before the syncer kill";
 
-  ::kill(syncer, SIGKILL);
+  ASSERT_EQ(children.kill(syncer, SIGKILL, "the syncer"), 0);
   const double killed = now_unix();
   std::map<int, int64_t> held;  // fragment -> the version the learner holds when the syncer dies
   for (const auto& e : read_events(events)) {
@@ -229,18 +257,21 @@ TEST_F(DecoupledTest, LearnerKeepsTrainingWhileTheSyncerIsAwayAndReattaches) {
     ++planted;
   }
   EXPECT_GT(planted, 1);
-  std::this_thread::sleep_for(std::chrono::seconds(3));
-  const int steps_while_away = count_events(events, "step", killed);
-  EXPECT_GT(steps_while_away, 5) << "the learner stopped training while the syncer was away";
+  // The learner trains on alone: 20 steps (a deadline only against a hang, not a measure of speed).
+  for (int i = 0; i < 600 && count_events(events, "step", killed) < 20; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_GE(count_events(events, "step", killed), 20) << "the learner stopped training while the syncer was away";
 
   // The syncer comes back on the same port from its persisted fragments; the learner re-attaches on its own.
-  const int syncer2 = start_syncer(cfg, address, run, run / "addr2", "syncer2.log");
+  const int syncer2 = children.hold(start_syncer(cfg, address, run, run / "addr2", "syncer2.log"));
+  EXPECT_GT(syncer2, 0) << "the syncer did not restart";
   const double restarted = now_unix();
   for (int i = 0; i < 300 && count_events(events, "applied", restarted) < 4; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  ::kill(learner, SIGKILL);
-  ::kill(syncer2, SIGKILL);
+  children.kill(learner, SIGKILL, "the learner");
+  children.kill(syncer2, SIGKILL, "the restarted syncer");
   ASSERT_GE(count_events(events, "applied", restarted), 4) << "the learner did not re-attach to the restarted syncer";
   // Durability: the restarted syncer's versions are never below what the learner held (persist-before-broadcast),
   // and every version the learner applies afterwards is higher than the one it held for that fragment.
@@ -268,9 +299,11 @@ TEST_F(DecoupledTest, WrongSecretAndWrongLayoutAreRefusedWithTheReason) {
                              (run / "addr").string() + " > " + (run / "syncer.log").string() + " 2>&1 & echo $!";
   int syncer_pid = 0;
   if (FILE* p = ::popen(syncer.c_str(), "r")) {
-    ASSERT_EQ(std::fscanf(p, "%d", &syncer_pid), 1);
+    if (std::fscanf(p, "%d", &syncer_pid) != 1) syncer_pid = 0;
     ::pclose(p);
   }
+  testing_support::ChildGuard children;
+  ASSERT_GT(children.hold(syncer_pid), 0) << "the syncer did not start";
   std::string address;
   for (int i = 0; i < 300 && address.empty(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -290,7 +323,7 @@ TEST_F(DecoupledTest, WrongSecretAndWrongLayoutAreRefusedWithTheReason) {
   };
   const std::string wrong_secret = learner_output("--set run.secret=guess");
   const std::string wrong_layout = learner_output("--set diloco.fragments=2 --set diloco.inner_steps=4");
-  ::kill(syncer_pid, SIGKILL);
+  children.kill(syncer_pid, SIGKILL, "the syncer");
   EXPECT_NE(wrong_secret.find("wrong shared secret"), std::string::npos) << wrong_secret;
   EXPECT_NE(wrong_layout.find("fragment layout hash differs"), std::string::npos) << wrong_layout;
 }
