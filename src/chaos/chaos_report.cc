@@ -7,6 +7,7 @@
 #include <map>
 
 #include "core/check.h"
+#include "chaos/event_logs.h"
 #include "data/stream_log.h"
 
 namespace dloco {
@@ -15,59 +16,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::vector<nlohmann::json> read_log(const fs::path& path, bool required, int64_t* torn) {
-  std::vector<nlohmann::json> out;
-  if (!fs::exists(path)) {
-    if (required) throw InputError("chaos analysis: " + path.string() + " is missing (is this a decoupled run folder?)");
-    return out;
-  }
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    try {
-      out.push_back(nlohmann::json::parse(line));
-    } catch (const nlohmann::json::exception&) {
-      // A line cut off by a SIGKILL: at the end of the log, or in its middle once a restarted process appended
-      // after it. Skipped (and counted by the caller through `torn`).
-      ++*torn;
-    }
-  }
-  return out;
-}
-
-std::string name(const nlohmann::json& e) { return e.value("event", ""); }
-double time_of(const nlohmann::json& e) { return e.value("t", 0.0); }
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
-}
-
-// Mean of the intervals no longer than 3× their median: a step's time while training, without the intervals
-// that contain a pause, a restart or a wait (the median alone overstates it when most steps are a bit shorter).
-double trimmed_mean(const std::vector<double>& v) {
-  const double cut = 3.0 * median(v);
-  double sum = 0;
-  int n = 0;
-  for (double x : v) {
-    if (x <= cut) {
-      sum += x;
-      ++n;
-    }
-  }
-  return n > 0 ? sum / n : 0;
-}
-
-// The final loss, from the launcher's report; a missing or non-finite one fails the NaN check.
-void read_final_loss(const fs::path& run_dir, ChaosAnalysis& a) {
-  if (!fs::exists(run_dir / "report.json")) return;
-  const auto report = nlohmann::json::parse(std::ifstream(run_dir / "report.json"), nullptr, false);
-  const auto loss = report.find("final_val_loss");
-  a.final_val_loss = loss != report.end() && loss->is_number() ? loss->get<double>() : NAN;
-  if (!std::isfinite(a.final_val_loss)) a.nan_free = false;
-}
+using namespace chaos_detail;
 
 // Learner m's final copies (its last "stopped" event, null if none) against the syncer's final Θ: each of the P
 // fragments is compared (version and hash) or reported in a.copy_mismatches with the reason it was not.
@@ -157,6 +106,8 @@ nlohmann::json ChaosAnalysis::to_json() const {
 }
 
 namespace {
+
+using namespace chaos_detail;
 
 // What every part of a decoupled run's analysis reads: the launcher's and the syncer's events and the window.
 struct DecoupledLogs {
@@ -431,166 +382,6 @@ ChaosAnalysis analyze_chaos_run(const fs::path& run_dir, const ChaosRunShape& sh
   const std::vector<double> merges = measure_syncer_downtime(logs, syncer_kills, a);
   measure_goodput(intervals, merges, kept_total, logs.t0, shape, a);
   check_exact_data(run_dir, shape, a);
-  read_final_loss(run_dir, a);
-  return a;
-}
-
-ChaosAnalysis analyze_dp_chaos_run(const fs::path& run_dir, const ChaosRunShape& shape) {
-  DLOCO_CHECK(shape.learners > 0 && shape.bin_s > 0);
-  ChaosAnalysis a;
-  a.mode = "dp";
-  const int M = shape.learners;
-  const auto launcher = read_log(run_dir / "events" / "launcher.jsonl", true, &a.torn_event_lines);
-  double t0 = -1;
-  for (const auto& e : launcher) {
-    if (name(e) == "started") t0 = time_of(e);
-  }
-  if (t0 < 0) throw InputError("chaos analysis: " + run_dir.string() + "/events/launcher.jsonl has no 'started' event");
-  struct Generation {
-    int64_t from_step = 0;
-    int world = 0;
-    std::string stop_reason;
-    double first_t = -1, last_t = -1;
-    int64_t last_step = -1;
-  };
-  std::map<int64_t, Generation> gens;
-  struct Kill {
-    double t;
-    int slot;
-    double restart_after_s;
-  };
-  std::vector<Kill> kills;
-  for (const auto& e : launcher) {
-    const std::string n = name(e);
-    if (n == "group_formed") {
-      Generation& g = gens[e.value("generation", int64_t{0})];
-      g.from_step = e.value("from_step", int64_t{0});
-      g.world = e.value("world", 0);
-    } else if (n == "group_stopped") {
-      gens[e.value("generation", int64_t{0})].stop_reason = e.value("reason", "");
-    } else if (n == "fault" && time_of(e) >= t0) {
-      nlohmann::json f = e;
-      f["t"] = time_of(e) - t0;
-      a.faults.push_back(f);
-      if (e.value("action", "") == "kill_learner") {
-        kills.push_back({time_of(e), e.value("learner", -1), e.value("restart_after_s", 0.0)});
-      }
-    }
-  }
-  a.generations = static_cast<int>(gens.size());
-
-  // Every step of every slot, with its generation (from the "joined" before it).
-  struct StepRec {
-    int slot;
-    int64_t gen, step;
-    double t;
-  };
-  std::vector<StepRec> steps;
-  std::vector<std::vector<double>> joins(static_cast<size_t>(M));
-  std::vector<double> intervals;
-  for (int s = 0; s < M; ++s) {
-    LearnerTally tally;
-    tally.id = s;
-    const auto events = read_log(run_dir / "events" / ("worker_" + std::to_string(s) + ".jsonl"), false,
-                                 &a.torn_event_lines);
-    int64_t gen = -1, expected = -1;
-    double last_t = -1;
-    for (const auto& e : events) {
-      if (time_of(e) < t0) continue;
-      const std::string n = name(e);
-      if (n == "joined") {
-        gen = e.value("generation", int64_t{0});
-        expected = e.value("from_step", int64_t{0}) + 1;
-        last_t = -1;
-        ++tally.incarnations;
-        joins[s].push_back(time_of(e));
-      } else if (n == "step" && gen >= 0) {
-        const int64_t step = e.value("step", int64_t{0});
-        if (step != expected) a.lineage_ok = false;  // every slot counts up one by one from the checkpoint
-        expected = step + 1;
-        const auto loss = e.find("loss");
-        if (e.value("skipped", false) || (loss != e.end() && loss->is_null())) a.nan_free = false;
-        if (last_t >= 0 && gens.count(gen) && gens[gen].world == M) intervals.push_back(time_of(e) - last_t);
-        last_t = time_of(e);
-        steps.push_back({s, gen, step, time_of(e)});
-        ++tally.steps_trained;
-      }
-    }
-    a.learners.push_back(tally);
-  }
-  if (steps.empty()) throw InputError("chaos analysis: no worker of " + run_dir.string() + " trained a step");
-  double t_end = t0;
-  for (const auto& r : steps) {
-    Generation& g = gens[r.gen];
-    t_end = std::max(t_end, r.t);
-    g.first_t = g.first_t < 0 ? r.t : std::min(g.first_t, r.t);
-    g.last_t = std::max(g.last_t, r.t);
-    g.last_step = std::max(g.last_step, r.step);
-  }
-  a.window_s = t_end - t0;
-  // A step n of generation g survives unless a later generation resumed from a checkpoint before n.
-  std::map<int64_t, int64_t> resumed_after;  // g -> min from_step of the generations after g
-  int64_t min_from = INT64_MAX, reached = 0;
-  for (auto it = gens.rbegin(); it != gens.rend(); ++it) {
-    resumed_after[it->first] = min_from;
-    min_from = std::min(min_from, it->second.from_step);
-  }
-  for (const auto& [g, gen] : gens) {  // lineage: a generation resumes from a step already reached
-    if (gen.from_step > reached) a.lineage_ok = false;
-    reached = std::max(reached, gen.last_step);
-  }
-  a.nominal_step_s = trimmed_mean(intervals);
-  const int bins = std::max(1, static_cast<int>(std::floor(a.window_s / shape.bin_s)));
-  std::vector<double> group_steps(static_cast<size_t>(bins), 0.0);
-  double kept_total = 0;
-  std::vector<std::vector<double>> slot_steps(static_cast<size_t>(M));
-  for (const auto& r : steps) {
-    slot_steps[r.slot].push_back(r.t);
-    if (r.step > resumed_after[r.gen]) continue;  // rolled back
-    a.learners[r.slot].steps_kept += 1;
-    kept_total += 1;
-    const int b = static_cast<int>((r.t - t0) / shape.bin_s);
-    if (b >= 0 && b < bins) group_steps[static_cast<size_t>(b)] += 1.0 / std::max(1, gens[r.gen].world);
-  }
-  for (auto& l : a.learners) l.steps_lost = static_cast<double>(l.steps_trained) - l.steps_kept;
-  if (a.window_s > 0 && a.nominal_step_s > 0) {
-    a.slot_seconds = M * a.window_s;
-    a.goodput = kept_total * a.nominal_step_s / a.slot_seconds;
-    int up = 0;
-    for (double c : group_steps) up += c >= 0.5 * shape.bin_s / a.nominal_step_s ? 1 : 0;
-    a.uptime = static_cast<double>(up) / bins;
-  }
-  // Pauses: between two generations that trained steps (one stopped during its start-up belongs to the pause
-  // it sits in; its stop reason is the one that ended the pause's first generation).
-  const Generation* prev = nullptr;
-  int64_t prev_id = -1;
-  for (const auto& [id, g] : gens) {
-    if (g.first_t < 0) continue;
-    if (prev != nullptr) {
-      GroupPause p;
-      p.generation = prev_id;
-      p.reason = prev->stop_reason.empty() ? "failure" : prev->stop_reason;
-      p.stopped_at_s = prev->last_t - t0;
-      p.pause_s = g.first_t - prev->last_t;
-      p.rolled_back_steps = std::max<int64_t>(0, prev->last_step - g.from_step);
-      p.world_after = g.world;
-      a.pauses.push_back(p);
-    }
-    prev = &g;
-    prev_id = id;
-  }
-  for (const auto& [t, slot, restart_after_s] : kills) {
-    if (slot < 0 || slot >= M) continue;
-    ++a.learners[slot].kills;
-    Recovery r{slot, t - t0, restart_after_s, -1, -1};
-    const auto& j = joins[slot];
-    if (auto b = std::upper_bound(j.begin(), j.end(), t); b != j.end()) {
-      r.back_s = *b - t;
-      const auto& st = slot_steps[slot];
-      if (auto k = std::upper_bound(st.begin(), st.end(), *b); k != st.end()) r.contributing_s = *k - t;
-    }
-    a.recoveries.push_back(r);
-  }
   read_final_loss(run_dir, a);
   return a;
 }
