@@ -22,6 +22,8 @@ wire::Status SyncerService::session(uint64_t session_id, wire::SessionPeer& peer
       old->second->cv.notify_all();
     }
     outboxes_[learner] = outbox;
+    // A learner re-attaching after the run finished (its link was down during the final flush) is told at once.
+    if (finished_.load()) outbox->queue.push_back(wire::Stop{});
   }
   // The writer: drains this session's outbox onto the session.
   std::thread writer([this, &peer, outbox, learner] {

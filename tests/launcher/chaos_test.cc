@@ -198,9 +198,8 @@ restart_after_s = 0.2
   // kill (the batch whose step the kill cut short, lost, never retrained). (Which learner took more of the budget
   // is not asserted: it depends on what a restart costs in steps, 10–15 here, 2–3 with every learner 3× slower.)
   int64_t batches[2] = {0, 0};
-  for (int s = 0; s < 2; ++s) {
-    std::ifstream in(run / "streams" / ("stream_" + std::to_string(s) + ".jsonl"));
-    for (std::string line; std::getline(in, line);) batches[s] += !line.empty();
+  for (int s = 0; s < 2; ++s) {  // the log's records (its header line is not a batch)
+    batches[s] = static_cast<int64_t>(dloco::read_stream_log(dloco::stream_log_path(run, s)).size());
   }
   EXPECT_GE((batches[0] + batches[1]) * 32 * 32, budget);
   EXPECT_LE((batches[0] + batches[1]) * 32 * 32, budget + budget / 10);

@@ -43,6 +43,8 @@ struct Link {
   std::atomic<int64_t> delay_ms{0};
   std::atomic<int> drop{0};
   std::atomic<int> dropped{0};
+  std::atomic<int> drop_merges{0};
+  std::atomic<int> dropped_merges{0};
   std::mutex mu;
   std::vector<std::weak_ptr<Pipe>> pipes;
 
@@ -57,6 +59,14 @@ struct Link {
     pipes.clear();
   }
 };
+
+// Takes one from a drop counter; false when it is 0.
+bool take_one(std::atomic<int>& counter) {
+  for (int left = counter.load(); left > 0;) {
+    if (counter.compare_exchange_weak(left, left - 1)) return true;
+  }
+  return false;
+}
 
 struct Hosted {
   wire::SyncerHandler* syncer = nullptr;
@@ -143,6 +153,10 @@ class PipePeer final : public wire::SessionPeer {
     return true;
   }
   bool write(const wire::SyncerMessage& message) override {
+    if (std::holds_alternative<wire::MergedFragment>(message) && take_one(link_->drop_merges)) {
+      ++link_->dropped_merges;
+      return true;  // vanished on the way
+    }
     link_->wait();
     std::lock_guard lock(pipe_->mu);
     if (pipe_->closed) return false;
@@ -162,13 +176,9 @@ class PipeStream final : public wire::SessionStream {
   ~PipeStream() override { pipe_->end(true); }
   bool write(const wire::LearnerMessage& message) override {
     if (link_->cut.load()) return false;
-    if (std::holds_alternative<wire::PullAnswer>(message)) {
-      for (int left = link_->drop.load(); left > 0;) {
-        if (link_->drop.compare_exchange_weak(left, left - 1)) {
-          ++link_->dropped;
-          return true;  // vanished on the way
-        }
-      }
+    if (std::holds_alternative<wire::PullAnswer>(message) && take_one(link_->drop)) {
+      ++link_->dropped;
+      return true;  // vanished on the way
     }
     link_->wait();
     std::lock_guard lock(pipe_->mu);
@@ -356,5 +366,9 @@ void InprocNetwork::delay(const std::string& name, std::chrono::milliseconds del
 void InprocNetwork::drop_answers(const std::string& name, int count) { state_->link(name)->drop = count; }
 
 int InprocNetwork::dropped_answers(const std::string& name) const { return state_->link(name)->dropped.load(); }
+
+void InprocNetwork::drop_merges(const std::string& name, int count) { state_->link(name)->drop_merges = count; }
+
+int InprocNetwork::dropped_merges(const std::string& name) const { return state_->link(name)->dropped_merges.load(); }
 
 }  // namespace dloco::inproc

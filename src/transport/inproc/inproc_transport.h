@@ -3,7 +3,8 @@
 // own endpoint (a wire::Transport named after it), and the network's fault hooks act on one endpoint's link:
 //   cut(name)          every call fails with kUnavailable and its open sessions break (a reset, not silence);
 //   delay(name, d)     each message and call on the link waits d more, each way (on the link's own threads);
-//   drop_answers(name, n)  the next n pull answers it sends vanish (the learner believes they were sent).
+//   drop_answers(name, n)  the next n pull answers it sends vanish (the learner believes they were sent);
+//   drop_merges(name, n)   the next n merged fragments sent to it vanish (it stays connected and live).
 // Messages are passed as the plain types, payloads encoded as on the wire (transport/codec.h).
 #pragma once
 
@@ -31,8 +32,10 @@ class InprocNetwork {
   void cut(const std::string& name, bool cut = true);
   void delay(const std::string& name, std::chrono::milliseconds delay);
   void drop_answers(const std::string& name, int count);
-  /// Pull answers `name` sent so far that were dropped by drop_answers.
+  void drop_merges(const std::string& name, int count);
+  /// Pull answers `name` sent, and merged fragments sent to it, that were dropped so far.
   int dropped_answers(const std::string& name) const;
+  int dropped_merges(const std::string& name) const;
 
   struct State;  // shared with the endpoints, servers and sessions
 
