@@ -51,15 +51,23 @@ def functions(path):
     results, stack = [], []  # stack entries: ('scope'|'func'|'other', start_offset)
     last_stmt_end = 0
     for i, c in enumerate(src):
+        in_expr = any(k == 'expr' for k, _, _ in stack)
         if c in ';}':
             if c == '}' and stack:
                 kind, start, head = stack.pop()
                 if kind == 'func':
                     results.append((head, start, i))
-            last_stmt_end = i + 1
+                if kind == 'expr' or in_expr:
+                    continue  # a brace-init or lambda inside a declaration: the declaration goes on
+            if not in_expr:
+                last_stmt_end = i + 1
         elif c == '{':
             head = src[last_stmt_end:i]
             in_func = any(k in ('func', 'other') for k, _, _ in stack)
+            if in_expr or (not in_func and (head.count('(') > head.count(')') or head.rstrip().endswith(','))):
+                # a brace inside parentheses (a member initialiser `group_({...})`, a lambda argument)
+                stack.append(('expr', i, ''))
+                continue
             if in_func:
                 stack.append(('other', i, ''))
             elif SCOPE.search(head.strip()) or head.strip().endswith('=') or not head.strip():
