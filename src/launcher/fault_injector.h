@@ -64,6 +64,11 @@ class FaultInjector {
 
  private:
   void fire(const FaultEvent& f, double elapsed_s, int64_t global_step, std::vector<Child>& children);
+  void fire_link_fault(const FaultEvent& f, nlohmann::json& fields);
+  void fire_add_learner(const FaultEvent& f, nlohmann::json& fields, const std::vector<Child>& children);
+  void act_on_process(const FaultEvent& f, Child& target, double elapsed_s);
+  void skip(const FaultEvent& f, nlohmann::json& fields, const std::string& reason, const char* note);
+  void count_injected(const nlohmann::json& fields, const std::string& line);
   void resume(Child& c, double elapsed_s);
 
   std::vector<FaultEvent> faults_;
