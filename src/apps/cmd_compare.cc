@@ -104,157 +104,197 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
+// The flags of `dloco compare`.
+struct CompareOptions {
+  std::string config_path, name = "compare", modes_text, seeds_text = "1", plot_path;
+  std::vector<std::string> variant_texts, overrides;
+};
+
+// One run of the comparison: a variant at one seed, and its report once trained (null if it failed).
+struct Run {
+  std::string variant;
+  uint64_t seed;
+  Config config;
+  nlohmann::json report;
+};
+
+std::vector<Variant> parse_variants(const CompareOptions& o) {
+  std::vector<Variant> variants;
+  for (const auto& m : split(o.modes_text, ',')) variants.push_back({m, {"diloco.mode=" + m}});
+  for (const auto& v : o.variant_texts) variants.push_back(parse_variant(v));
+  if (variants.empty()) throw InputError("give --modes and/or --variant: nothing to compare");
+  return variants;
+}
+
+std::vector<uint64_t> parse_seeds(const std::string& seeds_text) {
+  std::vector<uint64_t> seeds;
+  for (const auto& s : split(seeds_text, ',')) {
+    try {
+      seeds.push_back(std::stoull(s));
+    } catch (const std::exception&) {
+      throw InputError("--seeds: '" + s + "' is not a non-negative integer");
+    }
+  }
+  if (seeds.empty()) throw InputError("--seeds is empty");
+  return seeds;
+}
+
+// Every variant × seed, resolved up front so a typo fails before hours of training. Throws InputError for a
+// variant that changes train.total_tokens.
+std::vector<Run> resolve_runs(const CompareOptions& o, const Config& base, const fs::path& dir,
+                              const std::vector<Variant>& variants, const std::vector<uint64_t>& seeds) {
+  std::vector<Run> runs;
+  for (const auto& v : variants) {
+    for (uint64_t seed : seeds) {
+      std::vector<std::string> all = o.overrides;
+      all.insert(all.end(), v.overrides.begin(), v.overrides.end());
+      all.push_back("run.seed=" + std::to_string(seed));
+      all.push_back("run.name=" + v.name + "-s" + std::to_string(seed));
+      all.push_back("run.out_dir=\"" + dir.string() + "\"");
+      Config c = load_config(o.config_path, all);
+      if (c.train.total_tokens != base.train.total_tokens) {
+        throw InputError("variant " + v.name + " changes train.total_tokens: runs must compare at equal tokens");
+      }
+      runs.push_back({v.name, seed, c, nullptr});
+    }
+  }
+  return runs;
+}
+
+// Each run as a `dloco train` child process, one after the other; an interrupted child ends the series.
+void train_runs(std::vector<Run>& runs, const fs::path& dir) {
+  const fs::path self = fs::read_symlink("/proc/self/exe");
+  for (auto& r : runs) {
+    const fs::path cfg = dir / "configs" / (r.config.run.name + ".toml");
+    write_file_atomically(cfg, to_toml(r.config));
+    const fs::path log = dir / (r.config.run.name + ".log");
+    std::printf("[compare] %s (seed %llu): training, log %s\n", r.variant.c_str(),
+                static_cast<unsigned long long>(r.seed), log.c_str());
+    std::fflush(stdout);
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string command = "'" + self.string() + "' train --config '" + cfg.string() + "' > '" + log.string() + "' 2>&1";
+    const int rc = std::system(command.c_str());
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const fs::path report_file = r.config.run_dir() / "report.json";
+    if (rc == 0 && fs::exists(report_file)) {
+      r.report = nlohmann::json::parse(std::ifstream(report_file));
+      std::printf("[compare] %s (seed %llu): val loss %.4f in %.0f s\n", r.variant.c_str(),
+                  static_cast<unsigned long long>(r.seed), r.report.value("final_val_loss", NAN), secs);
+    } else {
+      std::printf("[compare] %s (seed %llu): FAILED (exit %d), see %s\n", r.variant.c_str(),
+                  static_cast<unsigned long long>(r.seed), WIFEXITED(rc) ? WEXITSTATUS(rc) : rc, log.c_str());
+      if (WIFSIGNALED(rc) && (WTERMSIG(rc) == SIGINT || WTERMSIG(rc) == SIGTERM)) break;
+    }
+    std::fflush(stdout);
+  }
+}
+
+// The table row of one variant (means over its seeds, each seed's loss in brackets); adds its runs to
+// `out_runs` and their evaluation curves to `series`.
+void variant_row(std::ostringstream& md, const Variant& v, const std::vector<Run>& runs, nlohmann::json& out_runs,
+                 std::vector<sim::PlotSeries>& series) {
+  double loss = 0, ppl = 0, wall = 0, tps = 0, mb = 0, syncs = 0;
+  int ok = 0;
+  std::string per_seed;
+  for (const auto& r : runs) {
+    if (r.variant != v.name) continue;
+    out_runs.push_back({{"variant", r.variant}, {"seed", r.seed}, {"report", r.report}, {"config", to_json(r.config)}});
+    if (r.report.is_null()) {
+      per_seed += std::string(per_seed.empty() ? "" : ", ") + "failed";
+      continue;
+    }
+    ++ok;
+    loss += r.report.value("final_val_loss", NAN);
+    ppl += r.report.value("final_val_perplexity", NAN);
+    wall += r.report.value("wall_seconds", NAN);
+    tps += r.report.value("tokens_per_second", NAN);
+    mb += mean_sent_per_learner(r.report) / 1e6;
+    syncs += r.report.contains("merges") ? r.report.value("merges", 0.0) : r.report.value("syncs", 0.0);
+    per_seed += std::string(per_seed.empty() ? "" : ", ") + fmt("%.4f", r.report.value("final_val_loss", NAN));
+    const auto curve = eval_curve(r.config.run_dir(), r.config);
+    if (!curve.empty()) {
+      sim::PlotSeries s{r.variant + " s" + std::to_string(r.seed), {}, {}};
+      for (const auto& [x, y] : curve) {
+        s.x.push_back(x);
+        s.y.push_back(y);
+      }
+      series.push_back(std::move(s));
+    }
+  }
+  if (ok == 0) {
+    md << "| " << v.name << " | failed (" << per_seed << ") | | | | | |\n";
+    return;
+  }
+  md << "| " << v.name << " | " << fmt("%.4f", loss / ok) << " (" << per_seed << ") | " << fmt("%.1f", ppl / ok)
+     << " | " << fmt("%.0f", wall / ok) << " | " << fmt("%.0f", tps / ok) << " | " << fmt("%.1f", mb / ok)
+     << " | " << fmt("%.0f", syncs / ok) << " |\n";
+}
+
+// <folder>/compare.md (also printed), compare.json and the loss-vs-tokens plot.
+void write_compare_report(const CompareOptions& o, const Config& base, const fs::path& dir,
+                          const std::vector<Variant>& variants, const std::vector<Run>& runs) {
+  std::ostringstream md;
+  md << "# dloco compare: " << o.name << "\n\nConfig `" << o.config_path << "`, " << base.train.total_tokens
+     << " tokens per run, M = " << base.diloco.learners << ", seeds " << o.seeds_text << ".\n\n"
+     << "| variant | final val loss (nats/token) | perplexity | wall s | tokens/s | MB sent per learner | syncs |\n"
+     << "|---|---|---|---|---|---|---|\n";
+  nlohmann::json out = {{"config", o.config_path}, {"total_tokens", base.train.total_tokens}, {"runs", nlohmann::json::array()}};
+  std::vector<sim::PlotSeries> series;
+  for (const auto& v : variants) variant_row(md, v, runs, out["runs"], series);
+  md << "\nSyncs: merges of fragments (decoupled), outer all-reduces (diloco, streaming) or gradient all-reduces "
+        "(dp). Bytes: decoupled counts gRPC payload both ways; the baselines count a ring all-reduce's "
+        "2·(M−1)/M·size per worker. Curves: in-training evaluations on train.eval_tokens validation tokens; "
+        "the table's loss is on the whole validation split.\n";
+  write_file_atomically(dir / "compare.md", md.str());
+  write_file_atomically(dir / "compare.json", out.dump(2) + "\n");
+  std::printf("\n%s", md.str().c_str());
+  const fs::path plot_file = o.plot_path.empty() ? dir / "loss.png" : fs::path(o.plot_path);
+  if (!series.empty()) {
+    try {
+      sim::plot(series, "validation loss vs tokens", "tokens (all learners)", "validation loss (nats/token)", false,
+                plot_file);
+      std::printf("plot: %s\n", plot_file.c_str());
+    } catch (const InputError& e) {
+      std::printf("no plot: %s\n", e.what());
+    }
+  }
+  std::printf("report: %s and %s\n", (dir / "compare.md").c_str(), (dir / "compare.json").c_str());
+}
+
+void run_compare(const CompareOptions& o) {
+  const std::vector<Variant> variants = parse_variants(o);
+  const std::vector<uint64_t> seeds = parse_seeds(o.seeds_text);
+  const Config base = load_config(o.config_path, o.overrides);
+  const fs::path dir = fs::path(base.run.out_dir) / o.name;
+  if (fs::exists(dir / "compare.json")) {
+    throw InputError("'" + dir.string() + "' already holds a comparison: pick another --name");
+  }
+  fs::create_directories(dir / "configs");
+  std::vector<Run> runs = resolve_runs(o, base, dir, variants, seeds);
+  std::printf("[compare] %zu runs (%zu variants × %zu seeds) at %lld tokens each; folder %s\n", runs.size(),
+              variants.size(), seeds.size(), static_cast<long long>(base.train.total_tokens), dir.c_str());
+  std::fflush(stdout);
+  train_runs(runs, dir);
+  write_compare_report(o, base, dir, variants, runs);
+}
+
 }  // namespace
 
 void add_compare_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("compare", "Run training modes (or other variants) × seeds at equal tokens and "
                                             "report them side by side");
-  static std::string config_path, name = "compare", modes_text, seeds_text = "1", plot_path;
-  static std::vector<std::string> variant_texts, overrides;
-  cmd->add_option("--config", config_path, "TOML config every run starts from (e.g. configs/demo.toml)")->required();
-  cmd->add_option("--modes", modes_text, "Comma-separated modes, each a variant named after it: dp,diloco,streaming,decoupled");
-  cmd->add_option("--variant", variant_texts,
+  static CompareOptions o;
+  cmd->add_option("--config", o.config_path, "TOML config every run starts from (e.g. configs/demo.toml)")->required();
+  cmd->add_option("--modes", o.modes_text, "Comma-separated modes, each a variant named after it: dp,diloco,streaming,decoupled");
+  cmd->add_option("--variant", o.variant_texts,
                   "A variant NAME:section.key=value;section.key=value (repeatable), e.g. "
                   "\"mean-0.5:diloco.merge=mean;diloco.outer_lr=0.5\"");
-  cmd->add_option("--seeds", seeds_text, "Comma-separated run.seed values; each variant runs once per seed")
+  cmd->add_option("--seeds", o.seeds_text, "Comma-separated run.seed values; each variant runs once per seed")
       ->capture_default_str();
-  cmd->add_option("--set", overrides, "Override a field in every run (repeatable)");
-  cmd->add_option("--name", name, "Comparison folder under run.out_dir")->capture_default_str();
-  cmd->add_option("--plot", plot_path, "Loss-vs-tokens plot (.png or .svg); default <folder>/loss.png");
-  cmd->callback([] {
-    std::vector<Variant> variants;
-    for (const auto& m : split(modes_text, ',')) variants.push_back({m, {"diloco.mode=" + m}});
-    for (const auto& v : variant_texts) variants.push_back(parse_variant(v));
-    if (variants.empty()) throw InputError("give --modes and/or --variant: nothing to compare");
-    std::vector<uint64_t> seeds;
-    for (const auto& s : split(seeds_text, ',')) {
-      try {
-        seeds.push_back(std::stoull(s));
-      } catch (const std::exception&) {
-        throw InputError("--seeds: '" + s + "' is not a non-negative integer");
-      }
-    }
-    if (seeds.empty()) throw InputError("--seeds is empty");
-    // Resolve every config up front, so a typo fails before hours of training.
-    const Config base = load_config(config_path, overrides);
-    const fs::path dir = fs::path(base.run.out_dir) / name;
-    if (fs::exists(dir / "compare.json")) {
-      throw InputError("'" + dir.string() + "' already holds a comparison: pick another --name");
-    }
-    fs::create_directories(dir / "configs");
-    struct Run {
-      std::string variant;
-      uint64_t seed;
-      Config config;
-      nlohmann::json report;
-    };
-    std::vector<Run> runs;
-    for (const auto& v : variants) {
-      for (uint64_t seed : seeds) {
-        std::vector<std::string> all = overrides;
-        all.insert(all.end(), v.overrides.begin(), v.overrides.end());
-        all.push_back("run.seed=" + std::to_string(seed));
-        all.push_back("run.name=" + v.name + "-s" + std::to_string(seed));
-        all.push_back("run.out_dir=\"" + dir.string() + "\"");
-        Config c = load_config(config_path, all);
-        if (c.train.total_tokens != base.train.total_tokens) {
-          throw InputError("variant " + v.name + " changes train.total_tokens: runs must compare at equal tokens");
-        }
-        runs.push_back({v.name, seed, c, nullptr});
-      }
-    }
-    std::printf("[compare] %zu runs (%zu variants × %zu seeds) at %lld tokens each; folder %s\n", runs.size(),
-                variants.size(), seeds.size(), static_cast<long long>(base.train.total_tokens), dir.c_str());
-    std::fflush(stdout);
-    const fs::path self = fs::read_symlink("/proc/self/exe");
-    for (auto& r : runs) {
-      const fs::path cfg = dir / "configs" / (r.config.run.name + ".toml");
-      write_file_atomically(cfg, to_toml(r.config));
-      const fs::path log = dir / (r.config.run.name + ".log");
-      std::printf("[compare] %s (seed %llu): training, log %s\n", r.variant.c_str(),
-                  static_cast<unsigned long long>(r.seed), log.c_str());
-      std::fflush(stdout);
-      const auto t0 = std::chrono::steady_clock::now();
-      const std::string command = "'" + self.string() + "' train --config '" + cfg.string() + "' > '" + log.string() + "' 2>&1";
-      const int rc = std::system(command.c_str());
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const fs::path report_file = r.config.run_dir() / "report.json";
-      if (rc == 0 && fs::exists(report_file)) {
-        r.report = nlohmann::json::parse(std::ifstream(report_file));
-        std::printf("[compare] %s (seed %llu): val loss %.4f in %.0f s\n", r.variant.c_str(),
-                    static_cast<unsigned long long>(r.seed), r.report.value("final_val_loss", NAN), secs);
-      } else {
-        std::printf("[compare] %s (seed %llu): FAILED (exit %d), see %s\n", r.variant.c_str(),
-                    static_cast<unsigned long long>(r.seed), WIFEXITED(rc) ? WEXITSTATUS(rc) : rc, log.c_str());
-        if (WIFSIGNALED(rc) && (WTERMSIG(rc) == SIGINT || WTERMSIG(rc) == SIGTERM)) break;
-      }
-      std::fflush(stdout);
-    }
-
-    // The table: one row per variant, means over its seeds (each seed's loss in brackets).
-    std::ostringstream md;
-    md << "# dloco compare: " << name << "\n\nConfig `" << config_path << "`, " << base.train.total_tokens
-       << " tokens per run, M = " << base.diloco.learners << ", seeds " << seeds_text << ".\n\n"
-       << "| variant | final val loss (nats/token) | perplexity | wall s | tokens/s | MB sent per learner | syncs |\n"
-       << "|---|---|---|---|---|---|---|\n";
-    nlohmann::json out = {{"config", config_path}, {"total_tokens", base.train.total_tokens}, {"runs", nlohmann::json::array()}};
-    std::vector<sim::PlotSeries> series;
-    for (const auto& v : variants) {
-      double loss = 0, ppl = 0, wall = 0, tps = 0, mb = 0, syncs = 0;
-      int ok = 0;
-      std::string per_seed;
-      for (const auto& r : runs) {
-        if (r.variant != v.name) continue;
-        out["runs"].push_back({{"variant", r.variant}, {"seed", r.seed}, {"report", r.report}, {"config", to_json(r.config)}});
-        if (r.report.is_null()) {
-          per_seed += std::string(per_seed.empty() ? "" : ", ") + "failed";
-          continue;
-        }
-        ++ok;
-        loss += r.report.value("final_val_loss", NAN);
-        ppl += r.report.value("final_val_perplexity", NAN);
-        wall += r.report.value("wall_seconds", NAN);
-        tps += r.report.value("tokens_per_second", NAN);
-        mb += mean_sent_per_learner(r.report) / 1e6;
-        syncs += r.report.contains("merges") ? r.report.value("merges", 0.0) : r.report.value("syncs", 0.0);
-        per_seed += std::string(per_seed.empty() ? "" : ", ") + fmt("%.4f", r.report.value("final_val_loss", NAN));
-        const auto curve = eval_curve(r.config.run_dir(), r.config);
-        if (!curve.empty()) {
-          sim::PlotSeries s{r.variant + " s" + std::to_string(r.seed), {}, {}};
-          for (const auto& [x, y] : curve) {
-            s.x.push_back(x);
-            s.y.push_back(y);
-          }
-          series.push_back(std::move(s));
-        }
-      }
-      if (ok == 0) {
-        md << "| " << v.name << " | failed (" << per_seed << ") | | | | | |\n";
-        continue;
-      }
-      md << "| " << v.name << " | " << fmt("%.4f", loss / ok) << " (" << per_seed << ") | " << fmt("%.1f", ppl / ok)
-         << " | " << fmt("%.0f", wall / ok) << " | " << fmt("%.0f", tps / ok) << " | " << fmt("%.1f", mb / ok)
-         << " | " << fmt("%.0f", syncs / ok) << " |\n";
-    }
-    md << "\nSyncs: merges of fragments (decoupled), outer all-reduces (diloco, streaming) or gradient all-reduces "
-          "(dp). Bytes: decoupled counts gRPC payload both ways; the baselines count a ring all-reduce's "
-          "2·(M−1)/M·size per worker. Curves: in-training evaluations on train.eval_tokens validation tokens; "
-          "the table's loss is on the whole validation split.\n";
-    write_file_atomically(dir / "compare.md", md.str());
-    write_file_atomically(dir / "compare.json", out.dump(2) + "\n");
-    std::printf("\n%s", md.str().c_str());
-    const fs::path plot_file = plot_path.empty() ? dir / "loss.png" : fs::path(plot_path);
-    if (!series.empty()) {
-      try {
-        sim::plot(series, "validation loss vs tokens", "tokens (all learners)", "validation loss (nats/token)", false,
-                  plot_file);
-        std::printf("plot: %s\n", plot_file.c_str());
-      } catch (const InputError& e) {
-        std::printf("no plot: %s\n", e.what());
-      }
-    }
-    std::printf("report: %s and %s\n", (dir / "compare.md").c_str(), (dir / "compare.json").c_str());
-  });
+  cmd->add_option("--set", o.overrides, "Override a field in every run (repeatable)");
+  cmd->add_option("--name", o.name, "Comparison folder under run.out_dir")->capture_default_str();
+  cmd->add_option("--plot", o.plot_path, "Loss-vs-tokens plot (.png or .svg); default <folder>/loss.png");
+  cmd->callback([] { run_compare(o); });
 }
 
 }  // namespace dloco::apps

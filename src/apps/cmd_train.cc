@@ -42,121 +42,138 @@ void print_report(const nlohmann::json& r) {
   }
 }
 
-}  // namespace
+// The flags of `dloco train`.
+struct TrainFlags {
+  std::string config_path;
+  std::string resume_dir;
+  std::vector<std::string> overrides;
+  int64_t stop_after_steps = 0;
+  std::string plan_path;
+};
 
-int train_exit_code() { return g_exit_code; }
+// The flags the role subcommands share (syncer, worker, learner, evaluator).
+struct RoleFlags {
+  std::string config, run_dir, listen = "0.0.0.0:7070", address_file, syncer;
+  int id = 0;
+  std::vector<std::string> overrides;
+  std::string store;
+  std::vector<int> slots;
+  int64_t generation = 0;
+  std::string resume_from;
+};
 
-void add_train_commands(CLI::App& app) {
+// The config of --config, or (--resume) the run folder's saved one, named after the folder given.
+Config train_config(const TrainFlags& f, RunOptions& options) {
+  if (f.resume_dir.empty()) return load_config(f.config_path, f.overrides);
+  Config config = load_config(std::filesystem::path(f.resume_dir) / "config.toml", f.overrides);
+  // The run folder is the one given, even if the run was copied or renamed since.
+  const auto dir = std::filesystem::path(f.resume_dir).lexically_normal();
+  const auto folder = dir.has_filename() ? dir : dir.parent_path();
+  config.run.name = folder.filename().string();
+  config.run.out_dir = folder.has_parent_path() ? folder.parent_path().string() : ".";
+  options.resume = true;
+  return config;
+}
+
+void run_train(const TrainFlags& f) {
+  if (f.config_path.empty() == f.resume_dir.empty()) throw InputError("give exactly one of --config FILE or --resume RUN_DIR");
+  RunOptions options;
+  options.stop_after_steps = f.stop_after_steps;
+  const Config config = train_config(f, options);
+  std::optional<FaultPlan> plan;
+  if (!f.plan_path.empty()) {
+    if (config.diloco.mode != Mode::kDecoupled && config.diloco.mode != Mode::kDp) {
+      throw InputError(std::string("--plan needs diloco.mode = \"decoupled\" or \"dp\" (got \"") + to_string(config.diloco.mode) +
+                       "\"): the diloco and streaming baselines cannot re-form their group after a failure");
+    }
+    plan = load_fault_plan(f.plan_path);
+  }
+  if (config.diloco.mode != Mode::kLocal) {
+    if (f.stop_after_steps > 0) throw InputError("--stop-after-steps applies to diloco.mode = \"local\" only");
+    const auto report = is_collective_mode(config.diloco.mode)
+                            ? run_collective_launcher(config, options.resume, plan ? &*plan : nullptr)
+                            : run_launcher(config, options.resume, *grpc_transport::make_transport(),
+                                           plan ? &*plan : nullptr);
+    print_report(report);
+    g_exit_code = report.value("signal", 0) ? 128 + report.value("signal", 0) : 0;
+  } else {
+    const auto report = run_local(config, options);
+    print_report(report);
+    g_exit_code = report.value("signal", 0) ? 128 + report.value("signal", 0) : 0;
+  }
+}
+
+void add_train_command(CLI::App& app) {
   auto* train = app.add_subcommand("train", "Run a training job from a TOML config to its report");
-  static std::string config_path;
-  static std::string resume_dir;
-  static std::vector<std::string> overrides;
-  static int64_t stop_after_steps = 0;
-  static std::string plan_path;
-  train->add_option("--config", config_path, "TOML config (e.g. configs/demo.toml)");
-  train->add_option("--plan", plan_path,
+  static TrainFlags f;
+  train->add_option("--config", f.config_path, "TOML config (e.g. configs/demo.toml)");
+  train->add_option("--plan", f.plan_path,
                     "Fault plan to carry out during the run (plans/*.toml; decoupled, or dp with run.recovery). `dloco chaos` adds the "
                     "goodput report and a fault-free reference");
-  train->add_option("--resume", resume_dir, "Continue a stopped run from its folder (uses its saved config.toml)");
-  train->add_option("--set", overrides, "Override a config field, e.g. --set train.lr=1e-3 (repeatable)");
-  train->add_option("--stop-after-steps", stop_after_steps,
+  train->add_option("--resume", f.resume_dir, "Continue a stopped run from its folder (uses its saved config.toml)");
+  train->add_option("--set", f.overrides, "Override a config field, e.g. --set train.lr=1e-3 (repeatable)");
+  train->add_option("--stop-after-steps", f.stop_after_steps,
                     "Stop after so many steps with a checkpoint (resume later with --resume)");
-  train->callback([] {
-    if (config_path.empty() == resume_dir.empty()) throw InputError("give exactly one of --config FILE or --resume RUN_DIR");
-    RunOptions options;
-    options.stop_after_steps = stop_after_steps;
-    Config config;
-    if (!resume_dir.empty()) {
-      config = load_config(std::filesystem::path(resume_dir) / "config.toml", overrides);
-      // The run folder is the one given, even if the run was copied or renamed since.
-      const auto dir = std::filesystem::path(resume_dir).lexically_normal();
-      const auto folder = dir.has_filename() ? dir : dir.parent_path();
-      config.run.name = folder.filename().string();
-      config.run.out_dir = folder.has_parent_path() ? folder.parent_path().string() : ".";
-      options.resume = true;
-    } else {
-      config = load_config(config_path, overrides);
-    }
-    std::optional<FaultPlan> plan;
-    if (!plan_path.empty()) {
-      if (config.diloco.mode != Mode::kDecoupled && config.diloco.mode != Mode::kDp) {
-        throw InputError(std::string("--plan needs diloco.mode = \"decoupled\" or \"dp\" (got \"") + to_string(config.diloco.mode) +
-                         "\"): the diloco and streaming baselines cannot re-form their group after a failure");
-      }
-      plan = load_fault_plan(plan_path);
-    }
-    if (config.diloco.mode != Mode::kLocal) {
-      if (stop_after_steps > 0) throw InputError("--stop-after-steps applies to diloco.mode = \"local\" only");
-      const auto report = is_collective_mode(config.diloco.mode)
-                              ? run_collective_launcher(config, options.resume, plan ? &*plan : nullptr)
-                              : run_launcher(config, options.resume, *grpc_transport::make_transport(),
-                                             plan ? &*plan : nullptr);
-      print_report(report);
-      g_exit_code = report.value("signal", 0) ? 128 + report.value("signal", 0) : 0;
-    } else {
-      const auto report = run_local(config, options);
-      print_report(report);
-      g_exit_code = report.value("signal", 0) ? 128 + report.value("signal", 0) : 0;
-    }
-  });
+  train->callback([] { run_train(f); });
+}
 
-  // The roles, each its own process: `dloco syncer` and `dloco learner` also run on separate machines.
+void add_syncer_command(CLI::App& app, RoleFlags& r) {
   auto* syncer = app.add_subcommand("syncer", "Run the syncer of a decoupled run");
-  static std::string role_config, role_run_dir, role_listen = "0.0.0.0:7070", role_address_file, role_syncer;
-  static int role_id = 0;
-  static std::vector<std::string> role_overrides;
-  syncer->add_option("--config", role_config, "TOML config")->required();
-  syncer->add_option("--run-dir", role_run_dir, "Run folder (default: run.out_dir/run.name)");
-  syncer->add_option("--listen", role_listen, "Listen address host:port (port 0 = any free port)")->capture_default_str();
-  syncer->add_option("--address-file", role_address_file, "Write the bound host:port here");
-  syncer->add_option("--set", role_overrides, "Override a config field (repeatable)");
-  syncer->callback([] {
-    const Config c = load_config(role_config, role_overrides);
-    SyncerOptions o{role_run_dir.empty() ? c.run_dir() : std::filesystem::path(role_run_dir), role_listen,
-                    role_address_file};
+  syncer->add_option("--config", r.config, "TOML config")->required();
+  syncer->add_option("--run-dir", r.run_dir, "Run folder (default: run.out_dir/run.name)");
+  syncer->add_option("--listen", r.listen, "Listen address host:port (port 0 = any free port)")->capture_default_str();
+  syncer->add_option("--address-file", r.address_file, "Write the bound host:port here");
+  syncer->add_option("--set", r.overrides, "Override a config field (repeatable)");
+  syncer->callback([&r] {
+    const Config c = load_config(r.config, r.overrides);
+    SyncerOptions o{r.run_dir.empty() ? c.run_dir() : std::filesystem::path(r.run_dir), r.listen, r.address_file};
     if (int rc = run_syncer(c, o, *grpc_transport::make_transport()); rc != 0) throw InputError("syncer exited with " + std::to_string(rc));
   });
+}
+
+void add_worker_command(CLI::App& app, RoleFlags& r) {
   auto* worker = app.add_subcommand("worker", "Run one worker of a baseline (diloco.mode = dp, diloco, streaming)");
-  static std::string role_store;
-  worker->add_option("--config", role_config, "TOML config (the same for every rank)")->required();
-  worker->add_option("--rank", role_id, "Rank, 0 ≤ rank < M")->required();
-  worker->add_option("--store", role_store, "Gloo rendezvous file (c10d FileStore), the same for every rank")->required();
-  worker->add_option("--run-dir", role_run_dir, "Run folder (default: run.out_dir/run.name)");
-  worker->add_option("--set", role_overrides, "Override a config field (repeatable)");
-  static std::vector<int> role_slots;
-  static int64_t role_generation = 0;
-  static std::string role_resume_from;
-  worker->add_option("--slots", role_slots, "dp: learner slot of each rank of this group, e.g. 0,1,3 (default 0…M−1)")
+  worker->add_option("--config", r.config, "TOML config (the same for every rank)")->required();
+  worker->add_option("--rank", r.id, "Rank, 0 ≤ rank < M")->required();
+  worker->add_option("--store", r.store, "Gloo rendezvous file (c10d FileStore), the same for every rank")->required();
+  worker->add_option("--run-dir", r.run_dir, "Run folder (default: run.out_dir/run.name)");
+  worker->add_option("--set", r.overrides, "Override a config field (repeatable)");
+  worker->add_option("--slots", r.slots, "dp: learner slot of each rank of this group, e.g. 0,1,3 (default 0…M−1)")
       ->delimiter(',');
-  worker->add_option("--generation", role_generation, "dp: how many times the group was formed before this one");
-  worker->add_option("--resume-from", role_resume_from, "dp: checkpoint folder (or run folder) to start from");
-  worker->callback([] {
-    const Config c = load_config(role_config, role_overrides);
-    WorkerOptions o{role_run_dir.empty() ? c.run_dir() : std::filesystem::path(role_run_dir), role_id, role_store};
-    o.slots = role_slots;
-    o.generation = role_generation;
-    o.resume_from = role_resume_from;
+  worker->add_option("--generation", r.generation, "dp: how many times the group was formed before this one");
+  worker->add_option("--resume-from", r.resume_from, "dp: checkpoint folder (or run folder) to start from");
+  worker->callback([&r] {
+    const Config c = load_config(r.config, r.overrides);
+    WorkerOptions o{r.run_dir.empty() ? c.run_dir() : std::filesystem::path(r.run_dir), r.id, r.store};
+    o.slots = r.slots;
+    o.generation = r.generation;
+    o.resume_from = r.resume_from;
     g_exit_code = run_worker(c, o);  // kPeerFailedExit when the group failed under it
   });
+}
+
+void add_learner_and_evaluator_commands(CLI::App& app, RoleFlags& r) {
   for (const char* name : {"learner", "evaluator"}) {
     const bool is_learner = std::string(name) == "learner";
     auto* cmd = app.add_subcommand(name, is_learner ? "Run one learner of a decoupled run"
                                                     : "Run the evaluator of a decoupled run");
-    cmd->add_option("--config", role_config, "TOML config (the same as the syncer's)")->required();
-    cmd->add_option("--syncer", role_syncer, "Syncer address host:port")->required();
-    if (is_learner) cmd->add_option("--id", role_id, "Learner id: 0 ≤ id < M for the launcher's slots; any other id below 65536 joins a running job (scavenging)")->required();
-    cmd->add_option("--run-dir", role_run_dir, "Folder for this role's events (default: run.out_dir/run.name)");
-    cmd->add_option("--set", role_overrides, "Override a config field (repeatable)");
-    cmd->callback([is_learner] {
-      const Config c = load_config(role_config, role_overrides);
-      LearnerOptions o{role_syncer, role_id, role_run_dir.empty() ? c.run_dir() : std::filesystem::path(role_run_dir)};
+    cmd->add_option("--config", r.config, "TOML config (the same as the syncer's)")->required();
+    cmd->add_option("--syncer", r.syncer, "Syncer address host:port")->required();
+    if (is_learner) cmd->add_option("--id", r.id, "Learner id: 0 ≤ id < M for the launcher's slots; any other id below 65536 joins a running job (scavenging)")->required();
+    cmd->add_option("--run-dir", r.run_dir, "Folder for this role's events (default: run.out_dir/run.name)");
+    cmd->add_option("--set", r.overrides, "Override a config field (repeatable)");
+    cmd->callback([is_learner, &r] {
+      const Config c = load_config(r.config, r.overrides);
+      LearnerOptions o{r.syncer, r.id, r.run_dir.empty() ? c.run_dir() : std::filesystem::path(r.run_dir)};
       const auto transport = grpc_transport::make_transport();
       const int rc = is_learner ? run_learner(c, o, *transport) : run_evaluator(c, o, *transport);
       if (rc != 0) throw InputError(std::string(is_learner ? "learner" : "evaluator") + " exited with " +
                                     std::to_string(rc));
     });
   }
+}
 
+void add_eval_command(CLI::App& app) {
   auto* eval = app.add_subcommand("eval", "Validation loss and perplexity of a checkpoint");
   static std::string eval_ckpt, eval_data;
   static int64_t eval_tokens = 0;
@@ -170,7 +187,9 @@ void add_train_commands(CLI::App& app) {
                                        eval_tokens, eval_threads);
     std::printf("%s\n", r.dump(2).c_str());
   });
+}
 
+void add_generate_command(CLI::App& app) {
   auto* gen = app.add_subcommand("generate", "Sample text from a checkpoint");
   static std::string gen_ckpt, gen_prompt = "And God said";
   static int64_t gen_tokens = 64, gen_top_k = 40;
@@ -189,6 +208,21 @@ void add_train_commands(CLI::App& app) {
                                                  gen_seed, gen_threads)
                             .c_str());
   });
+}
+
+}  // namespace
+
+int train_exit_code() { return g_exit_code; }
+
+void add_train_commands(CLI::App& app) {
+  add_train_command(app);
+  // The roles, each its own process: `dloco syncer` and `dloco learner` also run on separate machines.
+  static RoleFlags role;
+  add_syncer_command(app, role);
+  add_worker_command(app, role);
+  add_learner_and_evaluator_commands(app, role);
+  add_eval_command(app);
+  add_generate_command(app);
 }
 
 }  // namespace dloco::apps

@@ -59,17 +59,18 @@ int run_worker(const Config& config, const WorkerOptions& options) {
 
 namespace {
 
-int run_worker_group(const Config& config, const WorkerOptions& options) {
+// The learner slot (data stream) of each rank of this group: --slots, or every slot in rank order. Throws
+// InputError for a rank outside the group, a slot outside [0, M) or listed twice, or --slots outside dp.
+std::vector<int> group_slots(const Config& config, const WorkerOptions& options) {
   const Mode mode = config.diloco.mode;
   if (!is_collective_mode(mode)) {
     throw InputError(std::string("dloco worker runs the baselines (diloco.mode = dp, diloco or streaming), not \"") + to_string(mode) + "\"");
   }
   const int M = static_cast<int>(config.diloco.learners), rank = options.rank;
-  const bool outer = mode != Mode::kDp;
-  std::vector<int> slots = options.slots;  // learner slot (data stream) of each rank of this group
+  std::vector<int> slots = options.slots;
   if (slots.empty()) {
     for (int s = 0; s < M; ++s) slots.push_back(s);
-  } else if (outer) {
+  } else if (mode != Mode::kDp) {
     throw InputError("--slots (a group without every worker) applies to diloco.mode = \"dp\" only");
   }
   const int W = static_cast<int>(slots.size());
@@ -84,198 +85,307 @@ int run_worker_group(const Config& config, const WorkerOptions& options) {
     }
     seen[s] = true;
   }
-  const int slot = slots[rank];
+  return slots;
+}
+
+std::vector<bool> slot_mask(const std::vector<int>& slots, int M) {
+  std::vector<bool> seen(M, false);
+  for (int s : slots) seen[s] = true;
+  return seen;
+}
+
+// Where this group starts: every slot's data cursor and the tokens trained (from the checkpoint when resuming).
+struct StartPoint {
+  int64_t step = 0;
+  std::vector<StreamCursor> cursors;  // one per slot
+  int64_t tokens_total = 0;           // dp: tokens trained by the whole group since the run began (every generation)
+};
+
+// One rank of the group: the model, its data, the trainer, the outer loop and what rank 0 reports. Constructing
+// it joins the group; the members are built in the order written, which is the order of the steps.
+class Worker {
+ public:
+  Worker(const Config& config, const WorkerOptions& options, std::vector<int> slots);
+  void train();
+  int finish();
+
+ private:
+  GPT initial_model();
+  StartPoint join_group();
+  nlohmann::json cursors_at(int64_t step);
+  int64_t tokens_trained() const { return outer_ ? stream_.cursor().tokens_served * M_ : tokens_total_; }
+  std::vector<int64_t> versions() const { return outer_ ? outer_sync_->versions() : std::vector<int64_t>{}; }
+  GPT& evaluated_model();
+  nlohmann::json manifest(int64_t step);
+  void write_status(int64_t step, bool finished);
+  bool more() const;
+  void train_step();
+  void evaluate_and_checkpoint();
+
+  const Config& config_;
+  const WorkerOptions& options_;
+  const Mode mode_;
+  const bool outer_;
+  const std::vector<int> slots_;
+  const std::vector<bool> seen_;
+  const int M_, W_, rank_, slot_;
+  EventLog events_;
+  std::optional<CheckpointInfo> resumed_;
+  const torch::Device device_;
+  const fs::path data_dir_;
+  std::shared_ptr<TokenSplit> train_split_;
+  std::unique_ptr<TokenSplit> val_split_;  // rank 0 only
+  GPT model_;
+  Collective group_;
+  const int64_t S_;
+  const StartPoint start_;
+  DataStream stream_;
+  InnerTrainer trainer_;
+  int64_t tokens_total_;  // dp: tokens trained by the whole group since the run began (every generation)
+  const int64_t tokens_per_step_, budget_;
+  const double slowdown_;
+  ControlFile control_;
+  double wait_s_ = 0;  // time this rank spent blocked in collectives
+  int64_t syncs_ = 0;
+  double stop_votes_ = 0;  // dp: this rank's vote to stop after the current step, then the group's sum
+  // diloco/streaming: the outer loop, Θ replicated on every rank (collective/outer_sync.h)
+  std::unique_ptr<OuterSync> outer_sync_;
+  GPT global_model_{nullptr};  // rank 0 of diloco/streaming: Θ, the evaluated model
+  Clock::time_point started_;
+  double last_val_ = NAN, loss_ema_ = NAN, eval_s_ = 0;
+  int64_t last_eval_step_ = -1;
+  int64_t step_;
+  Clock::time_point last_status_;
+  bool voted_stop_ = false;  // dp: the group agreed to stop after this step
+};
+
+Worker::Worker(const Config& config, const WorkerOptions& options, std::vector<int> slots)
+    : config_(config),
+      options_(options),
+      mode_(config.diloco.mode),
+      outer_(mode_ != Mode::kDp),
+      slots_(std::move(slots)),
+      seen_(slot_mask(slots_, static_cast<int>(config.diloco.learners))),
+      M_(static_cast<int>(config.diloco.learners)),
+      W_(static_cast<int>(slots_.size())),
+      rank_(options.rank),
+      slot_(slots_[rank_]),
+      events_(options.run_dir / "events" / ("worker_" + std::to_string(slot_) + ".jsonl"), Role::kLearner, slot_),
+      resumed_([&]() -> std::optional<CheckpointInfo> {
+        if (options.resume_from.empty()) return std::nullopt;
+        if (outer_) throw InputError("--resume-from applies to diloco.mode = \"dp\" only");
+        return resolve_checkpoint(options.resume_from);
+      }()),
+      device_(config.run.device),
+      data_dir_(config.data.dir),
+      train_split_(std::make_shared<TokenSplit>(split_shards(data_dir_, "train"))),
+      val_split_(rank_ == 0 ? std::make_unique<TokenSplit>(split_shards(data_dir_, "val")) : nullptr),
+      model_(initial_model()),
+      group_({options.store_file, rank_, W_, options.hostname, config.run.collective_timeout_s}),
+      S_(config.data.streams > 0 ? config.data.streams : M_),
+      start_(join_group()),
+      stream_(train_split_, slot_, S_, config.train.batch_size, config.model.seq_len, start_.cursors[slot_]),
+      trainer_(model_, config.train, make_schedule(config), device_),
+      tokens_total_(start_.tokens_total),
+      tokens_per_step_(config.train.tokens_per_step(config.model)),
+      budget_(config.train.total_tokens / M_),
+      slowdown_(slowdown_factor(config.run, slot_, M_)),
+      control_(options.run_dir / "control" / ("learner_" + std::to_string(slot_) + ".json")) {
+  if (resumed_ && !load_optimizer_state(*resumed_, trainer_.optimizer())) {
+    throw InputError("checkpoint " + resumed_->dir.string() + " has no optimizer state: dp cannot resume from it");
+  }
+  if (mode_ == Mode::kDp) trainer_.set_gradient_hook(dp_gradient_hook(model_, group_, &wait_s_, &syncs_, &stop_votes_));
+  if (outer_) outer_sync_ = make_outer_sync(config_, model_, group_, events_, wait_s_, syncs_);
+  if (rank_ == 0 && outer_) {
+    torch::manual_seed(config_.run.seed);
+    global_model_ = GPT(config_.model);
+    global_model_->to(device_);
+  }
+  started_ = Clock::now();
+  step_ = start_.step;
+  last_status_ = Clock::now();
+}
+
+// Θ0: the syncer's initialisation (same seed); join_group makes it identical everywhere.
+GPT Worker::initial_model() {
+  torch::manual_seed(config_.run.seed);
+  GPT model(config_.model);
+  model->to(device_);
+  if (resumed_) load_model_weights(*resumed_, model);  // every rank reads the same file: no broadcast needed
+  return model;
+}
+
+// Θ0 broadcast from rank 0 (unless resuming), the "joined" event, and every slot's data cursor at the start
+// step: rank 0 writes them all into its checkpoints, each slot of the group advanced by the steps trained since
+// (all ranks step together).
+StartPoint Worker::join_group() {
+  if (!resumed_) {
+    auto flat = flatten_parameters(model_, /*grads=*/false);
+    group_.broadcast(flat, 0);
+    unflatten_into(model_, flat, /*grads=*/false);
+  }
+  StartPoint start;
+  start.step = resumed_ ? resumed_->step : 0;
+  events_.emit("joined", {{"pid", ::getpid()}, {"mode", mode_}, {"world", W_}, {"rank", rank_}, {"slots", slots_},
+                          {"generation", options_.generation}, {"from_step", start.step},
+                          {"checkpoint", resumed_ ? resumed_->dir.string() : std::string()}});
+  std::printf("[worker %d] %s: joined the Gloo group of %d (slot %d, generation %lld, from step %lld)\n", rank_,
+              to_string(mode_), W_, slot_, static_cast<long long>(options_.generation),
+              static_cast<long long>(start.step));
+  std::fflush(stdout);
+  for (int s = 0; s < M_; ++s) start.cursors.push_back(StreamCursor{s, 0, 0, 0});
+  if (resumed_) {
+    const auto& m = resumed_->manifest;
+    if (!m.contains("cursors") || !m["cursors"].is_array() || static_cast<int>(m["cursors"].size()) != M_) {
+      throw InputError("checkpoint " + resumed_->dir.string() + " has no data cursor per slot (written by another mode?)");
+    }
+    for (int s = 0; s < M_; ++s) start.cursors[s] = StreamCursor::from_json(m["cursors"][s]);
+    start.tokens_total = m.value("tokens_trained", int64_t{0});
+  }
+  return start;
+}
+
+// Every slot's cursor after `step` (slots outside the group stand still).
+nlohmann::json Worker::cursors_at(int64_t step) {
+  nlohmann::json out = nlohmann::json::array();
+  for (int s = 0; s < M_; ++s) {
+    StreamCursor c = start_.cursors[s];
+    if (seen_[s]) {
+      DataStream shadow(train_split_, s, S_, config_.train.batch_size, config_.model.seq_len, c);
+      for (int64_t i = 0; i < (step - start_.step) * config_.train.grad_accum; ++i) shadow.skip();
+      c = shadow.cursor();
+    }
+    out.push_back(c.to_json());
+  }
+  return out;
+}
+
+// Rank 0's evaluated model: dp, the parameters; diloco/streaming, Θ.
+GPT& Worker::evaluated_model() {
+  if (!outer_) return model_;
+  outer_sync_->write_global(global_model_);
+  return global_model_;
+}
+
+nlohmann::json Worker::manifest(int64_t step) {
+  nlohmann::json m;
+  m["config"] = to_json(config_);
+  m["mode"] = mode_;
+  m["global_step"] = step;
+  m["fragment_versions"] = versions();
+  m["tokens_trained"] = tokens_trained();
+  if (!outer_) {
+    m["cursors"] = cursors_at(step);
+    m["slots"] = slots_;
+    m["generation"] = options_.generation;
+  }
+  m["tokenizer"] = {{"path", (data_dir_ / "tokenizer.model").string()},
+                    {"hash", tokenizer_file_hash(data_dir_ / "tokenizer.model")}};
+  m["wall_seconds"] = seconds_since(started_);
+  if (std::isfinite(last_val_)) m["val_loss"] = last_val_;
+  return m;
+}
+
+void Worker::write_status(int64_t step, bool finished) {
+  const double secs = seconds_since(started_);
+  const nlohmann::json status = stamp_worker_status({
+      {"mode", mode_}, {"global_step", step}, {"tokens_trained", tokens_trained()}, {"world", W_},
+      {"generation", options_.generation},
+      {"tokens_budget", budget_ * M_}, {"val_loss", std::isfinite(last_val_) ? nlohmann::json(last_val_) : nlohmann::json()},
+      {"last_eval_step", last_eval_step_}, {"loss", std::isfinite(loss_ema_) ? nlohmann::json(loss_ema_) : nlohmann::json()},
+      {"syncs", syncs_}, {"tokens_per_s", (stream_.cursor().tokens_served - start_.cursors[slot_].tokens_served) / std::max(secs, 1e-9)},
+      {"wait_s", wait_s_}, {"eval_s", eval_s_}, {"bytes_sent", group_.bytes_sent()}, {"finished", finished}});
+  write_file_atomically(options_.run_dir / "status.json", status.dump() + "\n");
+}
+
+bool Worker::more() const {
+  if (outer_) return stream_.cursor().tokens_served + tokens_per_step_ <= budget_ && g_worker_signal.load() == 0;
+  return !voted_stop_ && tokens_total_ + W_ * tokens_per_step_ <= config_.train.total_tokens;
+}
+
+void Worker::train() {
+  while (more()) {
+    train_step();
+    if (rank_ == 0) evaluate_and_checkpoint();
+  }
+}
+
+void Worker::train_step() {
+  const auto t0 = Clock::now();
+  const double wait_before = wait_s_;
+  stop_votes_ = g_worker_signal.load() != 0 ? 1.0 : 0.0;
+  const StepResult r = trainer_.step(stream_, step_);  // dp: the all-reduce runs inside, through the hook
+  const double step_s = seconds_since(t0);
+  // heterogeneous hardware (run.slowdown) or a fault plan's slow_learner: this worker is `factor` times slower
+  if (const double factor = std::max(slowdown_, control_.slowdown()); factor > 1.0) {
+    std::this_thread::sleep_for(std::chrono::duration<double>((factor - 1.0) * (step_s - (wait_s_ - wait_before))));
+  }
+  ++step_;
+  if (!outer_) {
+    tokens_total_ += W_ * r.tokens;
+    voted_stop_ = stop_votes_ > 0;
+  }
+  if (std::isfinite(r.loss)) loss_ema_ = std::isnan(loss_ema_) ? r.loss : 0.9 * loss_ema_ + 0.1 * r.loss;
+  if (outer_) outer_sync_->after_step(step_, r.tokens);
+  events_.emit("step", {{"step", step_}, {"loss", r.loss}, {"step_s", step_s}, {"wait_s", wait_s_ - wait_before},
+                        {"skipped", r.skipped}, {"tokens", stream_.cursor().tokens_served}});
+}
+
+// Rank 0, after each step: the evaluation, the checkpoint and the status file when they are due.
+void Worker::evaluate_and_checkpoint() {
+  const int64_t step = step_;
+  if (config_.train.eval_interval > 0 && step % config_.train.eval_interval == 0) {
+    const auto e0 = Clock::now();
+    last_val_ = evaluate_loss(evaluated_model(), *val_split_, config_.train.eval_tokens, config_.train.batch_size, device_);
+    eval_s_ += seconds_since(e0);
+    last_eval_step_ = step;
+    events_.emit("eval", {{"step", step}, {"val_loss", last_val_}, {"tokens", tokens_trained()}});
+  }
+  if (config_.train.checkpoint_interval > 0 && step % config_.train.checkpoint_interval == 0) {
+    const auto c0 = Clock::now();
+    save_checkpoint(options_.run_dir, step, evaluated_model(), outer_ ? nullptr : &trainer_.optimizer(), manifest(step));
+    events_.emit("checkpoint", {{"step", step}, {"seconds", seconds_since(c0)}});
+  }
+  if (seconds_since(last_status_) > 0.5 || last_eval_step_ == step) {
+    write_status(step, false);
+    last_status_ = Clock::now();
+  }
+}
+
+// The final flush (diloco/streaming), the "stopped" event, rank 0's last checkpoint and status. Returns 0.
+int Worker::finish() {
+  const int64_t step = step_;
+  // dp: the budget is spent when no further step of this group fits, also if the stop vote fell on the last step
+  const bool budget_spent = !outer_ && tokens_total_ + W_ * tokens_per_step_ > config_.train.total_tokens;
+  const bool interrupted = (g_worker_signal.load() != 0 || voted_stop_) && !budget_spent;
+  if (outer_ && !interrupted) outer_sync_->flush(step);  // land what is in flight, then the final flush
+  events_.emit("stopped", {{"step", step}, {"signal", g_worker_signal.load()}, {"syncs", syncs_}, {"wait_s", wait_s_},
+                           {"bytes_sent", group_.bytes_sent()}, {"versions", versions()}});
+  if (rank_ == 0) {
+    // also when interrupted; dp: with the AdamW state and every cursor, so a re-formed group continues from here.
+    // A resumed group that trained no step leaves its checkpoint alone (the other ranks may still be reading it).
+    if (!(resumed_ && step == start_.step)) {
+      save_checkpoint(options_.run_dir, step, evaluated_model(), outer_ ? nullptr : &trainer_.optimizer(), manifest(step));
+      events_.emit("checkpoint", {{"step", step}, {"final", !interrupted}});
+    }
+    write_status(step, !interrupted);
+  }
+  std::printf("[worker %d] %s at step %lld: %lld syncs, %.1f s waiting in collectives\n", rank_,
+              interrupted ? "stopped" : "finished", static_cast<long long>(step), static_cast<long long>(syncs_), wait_s_);
+  std::fflush(stdout);
+  return 0;
+}
+
+int run_worker_group(const Config& config, const WorkerOptions& options) {
+  std::vector<int> slots = group_slots(config, options);
   // From the start: a SIGTERM during the rendezvous or the checkpoint load is a stop vote at the first step.
   std::signal(SIGTERM, on_worker_signal);
   std::signal(SIGINT, on_worker_signal);
   apply_thread_budget(thread_budget(static_cast<int>(config.run.threads)));
   fs::create_directories(options.run_dir / "events");
-  EventLog events(options.run_dir / "events" / ("worker_" + std::to_string(slot) + ".jsonl"), Role::kLearner, slot);
-  std::optional<CheckpointInfo> resumed;
-  if (!options.resume_from.empty()) {
-    if (outer) throw InputError("--resume-from applies to diloco.mode = \"dp\" only");
-    resumed = resolve_checkpoint(options.resume_from);
-  }
-  const torch::Device device(config.run.device);
-  const fs::path data_dir(config.data.dir);
-  auto train_split = std::make_shared<TokenSplit>(split_shards(data_dir, "train"));
-  std::unique_ptr<TokenSplit> val_split;
-  if (rank == 0) val_split = std::make_unique<TokenSplit>(split_shards(data_dir, "val"));
-
-  // Θ0: the syncer's initialisation (same seed), made identical everywhere by a broadcast from rank 0.
-  torch::manual_seed(config.run.seed);
-  GPT model(config.model);
-  model->to(device);
-  if (resumed) load_model_weights(*resumed, model);  // every rank reads the same file: no broadcast needed
-  Collective group({options.store_file, rank, W, options.hostname, config.run.collective_timeout_s});
-  if (!resumed) {
-    auto flat = flatten_parameters(model, /*grads=*/false);
-    group.broadcast(flat, 0);
-    unflatten_into(model, flat, /*grads=*/false);
-  }
-  const int64_t start_step = resumed ? resumed->step : 0;
-  events.emit("joined", {{"pid", ::getpid()}, {"mode", mode}, {"world", W}, {"rank", rank}, {"slots", slots},
-                         {"generation", options.generation}, {"from_step", start_step},
-                         {"checkpoint", resumed ? resumed->dir.string() : std::string()}});
-  std::printf("[worker %d] %s: joined the Gloo group of %d (slot %d, generation %lld, from step %lld)\n", rank,
-              to_string(mode), W, slot, static_cast<long long>(options.generation), static_cast<long long>(start_step));
-  std::fflush(stdout);
-
-  // Every slot's data cursor at start_step (from the checkpoint when resuming): rank 0 writes them all into its
-  // checkpoints, each slot of the group advanced by the steps trained since (all ranks step together).
-  const int64_t S = config.data.streams > 0 ? config.data.streams : M;
-  std::vector<StreamCursor> start_cursors;
-  for (int s = 0; s < M; ++s) start_cursors.push_back(StreamCursor{s, 0, 0, 0});
-  int64_t tokens_total = 0;  // dp: tokens trained by the whole group since the run began (every generation)
-  if (resumed) {
-    const auto& m = resumed->manifest;
-    if (!m.contains("cursors") || !m["cursors"].is_array() || static_cast<int>(m["cursors"].size()) != M) {
-      throw InputError("checkpoint " + resumed->dir.string() + " has no data cursor per slot (written by another mode?)");
-    }
-    for (int s = 0; s < M; ++s) start_cursors[s] = StreamCursor::from_json(m["cursors"][s]);
-    tokens_total = m.value("tokens_trained", int64_t{0});
-  }
-  DataStream stream(train_split, slot, S, config.train.batch_size, config.model.seq_len, start_cursors[slot]);
-  InnerTrainer trainer(model, config.train, make_schedule(config), device);
-  if (resumed && !load_optimizer_state(*resumed, trainer.optimizer())) {
-    throw InputError("checkpoint " + resumed->dir.string() + " has no optimizer state: dp cannot resume from it");
-  }
-  const int64_t tokens_per_step = config.train.tokens_per_step(config.model);
-  const int64_t budget = config.train.total_tokens / M;
-  const double slowdown = slowdown_factor(config.run, slot, M);
-  ControlFile control(options.run_dir / "control" / ("learner_" + std::to_string(slot) + ".json"));
-  double wait_s = 0;  // time this rank spent blocked in collectives
-  int64_t syncs = 0;
-  double stop_votes = 0;  // dp: this rank's vote to stop after the current step, then the group's sum
-
-  if (mode == Mode::kDp) trainer.set_gradient_hook(dp_gradient_hook(model, group, &wait_s, &syncs, &stop_votes));
-  auto cursors_at = [&](int64_t step) {  // every slot's cursor after `step` (slots outside the group stand still)
-    nlohmann::json out = nlohmann::json::array();
-    for (int s = 0; s < M; ++s) {
-      StreamCursor c = start_cursors[s];
-      if (seen[s]) {
-        DataStream shadow(train_split, s, S, config.train.batch_size, config.model.seq_len, c);
-        for (int64_t i = 0; i < (step - start_step) * config.train.grad_accum; ++i) shadow.skip();
-        c = shadow.cursor();
-      }
-      out.push_back(c.to_json());
-    }
-    return out;
-  };
-  auto tokens_trained = [&] { return outer ? stream.cursor().tokens_served * M : tokens_total; };
-
-  // diloco/streaming: the outer loop, Θ replicated on every rank (collective/outer_sync.h)
-  std::unique_ptr<OuterSync> outer_sync = outer ? make_outer_sync(config, model, group, events, wait_s, syncs) : nullptr;
-  auto versions = [&] { return outer ? outer_sync->versions() : std::vector<int64_t>{}; };
-
-  // Rank 0: the evaluated model (dp: the parameters; diloco/streaming: Θ), status and checkpoints.
-  GPT global_model(nullptr);
-  if (rank == 0 && outer) {
-    torch::manual_seed(config.run.seed);
-    global_model = GPT(config.model);
-    global_model->to(device);
-  }
-  auto evaluated_model = [&]() -> GPT& {
-    if (!outer) return model;
-    outer_sync->write_global(global_model);
-    return global_model;
-  };
-  const auto started = Clock::now();
-  double last_val = NAN, loss_ema = NAN, eval_s = 0;
-  int64_t last_eval_step = -1;
-  auto manifest = [&](int64_t step) {
-    nlohmann::json m;
-    m["config"] = to_json(config);
-    m["mode"] = mode;
-    m["global_step"] = step;
-    m["fragment_versions"] = versions();
-    m["tokens_trained"] = tokens_trained();
-    if (!outer) {
-      m["cursors"] = cursors_at(step);
-      m["slots"] = slots;
-      m["generation"] = options.generation;
-    }
-    m["tokenizer"] = {{"path", (data_dir / "tokenizer.model").string()},
-                      {"hash", tokenizer_file_hash(data_dir / "tokenizer.model")}};
-    m["wall_seconds"] = seconds_since(started);
-    if (std::isfinite(last_val)) m["val_loss"] = last_val;
-    return m;
-  };
-  auto write_status = [&](int64_t step, bool finished) {
-    const double secs = seconds_since(started);
-    const nlohmann::json status = stamp_worker_status({
-        {"mode", mode}, {"global_step", step}, {"tokens_trained", tokens_trained()}, {"world", W},
-        {"generation", options.generation},
-        {"tokens_budget", budget * M}, {"val_loss", std::isfinite(last_val) ? nlohmann::json(last_val) : nlohmann::json()},
-        {"last_eval_step", last_eval_step}, {"loss", std::isfinite(loss_ema) ? nlohmann::json(loss_ema) : nlohmann::json()},
-        {"syncs", syncs}, {"tokens_per_s", (stream.cursor().tokens_served - start_cursors[slot].tokens_served) / std::max(secs, 1e-9)},
-        {"wait_s", wait_s}, {"eval_s", eval_s}, {"bytes_sent", group.bytes_sent()}, {"finished", finished}});
-    write_file_atomically(options.run_dir / "status.json", status.dump() + "\n");
-  };
-
-  int64_t step = start_step;
-  auto last_status = Clock::now();
-  bool voted_stop = false;  // dp: the group agreed to stop after this step
-  auto more = [&] {
-    if (outer) return stream.cursor().tokens_served + tokens_per_step <= budget && g_worker_signal.load() == 0;
-    return !voted_stop && tokens_total + W * tokens_per_step <= config.train.total_tokens;
-  };
-  while (more()) {
-    const auto t0 = Clock::now();
-    const double wait_before = wait_s;
-    stop_votes = g_worker_signal.load() != 0 ? 1.0 : 0.0;
-    const StepResult r = trainer.step(stream, step);  // dp: the all-reduce runs inside, through the hook
-    const double step_s = seconds_since(t0);
-    // heterogeneous hardware (run.slowdown) or a fault plan's slow_learner: this worker is `factor` times slower
-    if (const double factor = std::max(slowdown, control.slowdown()); factor > 1.0) {
-      std::this_thread::sleep_for(std::chrono::duration<double>((factor - 1.0) * (step_s - (wait_s - wait_before))));
-    }
-    ++step;
-    if (!outer) {
-      tokens_total += W * r.tokens;
-      voted_stop = stop_votes > 0;
-    }
-    if (std::isfinite(r.loss)) loss_ema = std::isnan(loss_ema) ? r.loss : 0.9 * loss_ema + 0.1 * r.loss;
-    if (outer) outer_sync->after_step(step, r.tokens);
-    events.emit("step", {{"step", step}, {"loss", r.loss}, {"step_s", step_s}, {"wait_s", wait_s - wait_before},
-                         {"skipped", r.skipped}, {"tokens", stream.cursor().tokens_served}});
-    if (rank != 0) continue;
-    if (config.train.eval_interval > 0 && step % config.train.eval_interval == 0) {
-      const auto e0 = Clock::now();
-      last_val = evaluate_loss(evaluated_model(), *val_split, config.train.eval_tokens, config.train.batch_size, device);
-      eval_s += seconds_since(e0);
-      last_eval_step = step;
-      events.emit("eval", {{"step", step}, {"val_loss", last_val}, {"tokens", tokens_trained()}});
-    }
-    if (config.train.checkpoint_interval > 0 && step % config.train.checkpoint_interval == 0) {
-      const auto c0 = Clock::now();
-      save_checkpoint(options.run_dir, step, evaluated_model(), outer ? nullptr : &trainer.optimizer(), manifest(step));
-      events.emit("checkpoint", {{"step", step}, {"seconds", seconds_since(c0)}});
-    }
-    if (seconds_since(last_status) > 0.5 || last_eval_step == step) {
-      write_status(step, false);
-      last_status = Clock::now();
-    }
-  }
-  // dp: the budget is spent when no further step of this group fits, also if the stop vote fell on the last step
-  const bool budget_spent = !outer && tokens_total + W * tokens_per_step > config.train.total_tokens;
-  const bool interrupted = (g_worker_signal.load() != 0 || voted_stop) && !budget_spent;
-  if (outer && !interrupted) outer_sync->flush(step);  // land what is in flight, then the final flush
-  events.emit("stopped", {{"step", step}, {"signal", g_worker_signal.load()}, {"syncs", syncs}, {"wait_s", wait_s},
-                          {"bytes_sent", group.bytes_sent()}, {"versions", versions()}});
-  if (rank == 0) {
-    // also when interrupted; dp: with the AdamW state and every cursor, so a re-formed group continues from here.
-    // A resumed group that trained no step leaves its checkpoint alone (the other ranks may still be reading it).
-    if (!(resumed && step == start_step)) {
-      save_checkpoint(options.run_dir, step, evaluated_model(), outer ? nullptr : &trainer.optimizer(), manifest(step));
-      events.emit("checkpoint", {{"step", step}, {"final", !interrupted}});
-    }
-    write_status(step, !interrupted);
-  }
-  std::printf("[worker %d] %s at step %lld: %lld syncs, %.1f s waiting in collectives\n", rank,
-              interrupted ? "stopped" : "finished", static_cast<long long>(step), static_cast<long long>(syncs), wait_s);
-  std::fflush(stdout);
-  return 0;
+  Worker worker(config, options, std::move(slots));
+  worker.train();
+  return worker.finish();
 }
 
 }  // namespace

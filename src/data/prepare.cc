@@ -111,8 +111,8 @@ nlohmann::json prepare_corpus(const PrepareOptions& o) {
 }
 
 namespace {
-nlohmann::json prepare_corpus_impl(const PrepareOptions& o) {
-  const auto started = std::chrono::steady_clock::now();
+
+void check_prepare_options(const PrepareOptions& o) {
   if (o.inputs.empty() && !o.kjv) throw InputError("no input: give text files/folders, or --kjv for the KJV bible");
   if (o.vocab_size < 300) throw InputError("--vocab-size must be ≥ 300 (bytes plus a few merges)");
   if (!(o.val_fraction > 0 && o.val_fraction < 0.5)) throw InputError("--val-fraction must be in (0, 0.5)");
@@ -131,10 +131,11 @@ nlohmann::json prepare_corpus_impl(const PrepareOptions& o) {
                        "dloco-tokens): refusing to replace it even with --force; pick an empty or new folder");
     }
   }
+}
 
-  // 1) collect lines
-  std::vector<std::string> lines;
-  std::vector<std::string> sources;
+// The lines of the KJV (--kjv) and of every input file (folders: their text files, sorted), and a description
+// of each source.
+void collect_lines(const PrepareOptions& o, std::vector<std::string>& lines, std::vector<std::string>& sources) {
   if (o.kjv) {
     read_kjv(lines);
     sources.push_back("bible-kjv (Gen1:1-Rev22:21, verse references stripped)");
@@ -155,13 +156,11 @@ nlohmann::json prepare_corpus_impl(const PrepareOptions& o) {
     sources.push_back(input.string());
   }
   if (lines.empty()) throw InputError("the inputs contain no text");
+}
 
-  // 2) staging folder; the tokenizer is trained on the training part of the text only
-  fs::path staging = o.out;
-  staging += ".staging";
-  fs::remove_all(staging);
-  fs::create_directories(staging);
-  const size_t train_lines = std::max<size_t>(1, static_cast<size_t>(lines.size() * (1.0 - o.val_fraction)));
+// Trains the BPE tokenizer on the first `train_lines` lines into staging/tokenizer.model.
+void train_tokenizer(const PrepareOptions& o, const fs::path& staging, const std::vector<std::string>& lines,
+                     size_t train_lines) {
   {
     std::ofstream corpus(staging / "corpus.txt");
     for (size_t i = 0; i < train_lines; ++i) corpus << lines[i] << '\n';
@@ -169,9 +168,10 @@ nlohmann::json prepare_corpus_impl(const PrepareOptions& o) {
   }
   SentencePieceTokenizer::train_bpe(staging / "corpus.txt", staging / "tokenizer", o.vocab_size, o.threads);
   fs::remove(staging / "corpus.txt");
-  SentencePieceTokenizer tok(staging / "tokenizer.model");
+}
 
-  // 3) encode: each line followed by the end-of-sentence id
+// Each line followed by the end-of-sentence id.
+std::vector<int32_t> encode_lines(const SentencePieceTokenizer& tok, const std::vector<std::string>& lines) {
   std::vector<int32_t> tokens;
   tokens.reserve(lines.size() * 32);
   for (const auto& line : lines) {
@@ -179,31 +179,65 @@ nlohmann::json prepare_corpus_impl(const PrepareOptions& o) {
     tokens.insert(tokens.end(), ids.begin(), ids.end());
     tokens.push_back(tok.eos_id());
   }
+  return tokens;
+}
+
+// tokens[begin, begin + count) as <split>_000.bin, <split>_001.bin, … of at most shard_tokens each. Returns the
+// number of shards.
+int write_split(const fs::path& staging, const std::string& split, const std::vector<int32_t>& tokens, int64_t begin,
+                int64_t count, int64_t shard_tokens, uint32_t vocab) {
+  int shard = 0;
+  for (int64_t at = 0; at < count; at += shard_tokens, ++shard) {
+    char name[64];
+    std::snprintf(name, sizeof(name), "%s_%03d.bin", split.c_str(), shard);
+    const int64_t n = std::min(shard_tokens, count - at);
+    write_shard(staging / name, std::span<const int32_t>(tokens.data() + begin + at, static_cast<size_t>(n)), vocab);
+  }
+  return shard;
+}
+
+// Unigram baseline: the validation cross-entropy (summed nats) under add-one-smoothed train frequencies.
+double unigram_val_nll(const std::vector<int32_t>& tokens, int64_t n_train, uint32_t vocab) {
+  const int64_t total = static_cast<int64_t>(tokens.size());
+  std::vector<double> counts(vocab, 1.0);
+  for (int64_t i = 0; i < n_train; ++i) counts[static_cast<size_t>(tokens[i])] += 1.0;
+  const double norm = static_cast<double>(n_train) + vocab;
+  double nll = 0;
+  for (int64_t i = n_train; i < total; ++i) nll -= std::log(counts[static_cast<size_t>(tokens[i])] / norm);
+  return nll;
+}
+
+nlohmann::json prepare_corpus_impl(const PrepareOptions& o) {
+  const auto started = std::chrono::steady_clock::now();
+  check_prepare_options(o);
+
+  // 1) collect lines
+  std::vector<std::string> lines;
+  std::vector<std::string> sources;
+  collect_lines(o, lines, sources);
+
+  // 2) staging folder; the tokenizer is trained on the training part of the text only
+  fs::path staging = o.out;
+  staging += ".staging";
+  fs::remove_all(staging);
+  fs::create_directories(staging);
+  const size_t train_lines = std::max<size_t>(1, static_cast<size_t>(lines.size() * (1.0 - o.val_fraction)));
+  train_tokenizer(o, staging, lines, train_lines);
+  SentencePieceTokenizer tok(staging / "tokenizer.model");
+
+  // 3) encode: each line followed by the end-of-sentence id
+  const std::vector<int32_t> tokens = encode_lines(tok, lines);
   const int64_t total = static_cast<int64_t>(tokens.size());
   const int64_t n_val = std::max<int64_t>(1, static_cast<int64_t>(std::llround(total * o.val_fraction)));
   const int64_t n_train = total - n_val;
 
   // 4) shards
   const auto vocab = static_cast<uint32_t>(tok.vocab_size());
-  auto write_split = [&](const std::string& split, int64_t begin, int64_t count) {
-    int shard = 0;
-    for (int64_t at = 0; at < count; at += o.shard_tokens, ++shard) {
-      char name[64];
-      std::snprintf(name, sizeof(name), "%s_%03d.bin", split.c_str(), shard);
-      const int64_t n = std::min(o.shard_tokens, count - at);
-      write_shard(staging / name, std::span<const int32_t>(tokens.data() + begin + at, static_cast<size_t>(n)), vocab);
-    }
-    return shard;
-  };
-  const int train_shards = write_split("train", 0, n_train);
-  const int val_shards = write_split("val", n_train, n_val);
+  const int train_shards = write_split(staging, "train", tokens, 0, n_train, o.shard_tokens, vocab);
+  const int val_shards = write_split(staging, "val", tokens, n_train, n_val, o.shard_tokens, vocab);
 
-  // 5) unigram baseline: validation cross-entropy under add-one-smoothed train frequencies
-  std::vector<double> counts(vocab, 1.0);
-  for (int64_t i = 0; i < n_train; ++i) counts[static_cast<size_t>(tokens[i])] += 1.0;
-  const double norm = static_cast<double>(n_train) + vocab;
-  double nll = 0;
-  for (int64_t i = n_train; i < total; ++i) nll -= std::log(counts[static_cast<size_t>(tokens[i])] / norm);
+  // 5) unigram baseline
+  const double nll = unigram_val_nll(tokens, n_train, vocab);
 
   nlohmann::json meta = {
       {"format", "dloco-tokens"},

@@ -73,10 +73,442 @@ std::string join_slots(const std::vector<int>& slots) {
   return out;
 }
 
-}  // namespace
+// What one step of a supervision pass decided: go on to the next step, start the next pass, or leave the loop.
+enum class Next { kGoOn, kNextPass, kStop };
 
-nlohmann::json run_collective_launcher(const Config& config, bool resume, const FaultPlan* plan) {
-  const auto started = Clock::now();
+// Removes run_dir/gloo (the stores of an earlier run) and resolves the fault plan, writing run_dir/plan.json.
+std::vector<FaultEvent> reset_gloo_and_resolve_plan(const fs::path& run_dir, const FaultPlan* plan, int M) {
+  std::error_code ec;
+  fs::remove_all(run_dir / "gloo", ec);
+  fs::create_directories(run_dir / "gloo");
+  std::vector<FaultEvent> faults;
+  if (plan != nullptr) {
+    faults = plan->resolve(M);
+    write_file_atomically(run_dir / "plan.json", plan->to_json(M).dump(2) + "\n");
+  }
+  return faults;
+}
+
+// The state the launcher's steps share: the worker slots, the running group, rank 0's last status.json and how
+// the run ended. Its methods are the steps of run_collective_launcher, in the order they run.
+class CollectiveRun {
+ public:
+  CollectiveRun(const Config& config, const RunFolder& folder, const FaultPlan* plan, Clock::time_point started)
+      : config_(config),
+        started_(started),
+        run_dir_(config.run_dir()),
+        M_(folder.learners),
+        worker_threads_(folder.child_threads),
+        recovery_(config.run.recovery),
+        cfg_(folder.config_path),
+        events_(run_dir_ / "events" / "launcher.jsonl", Role::kLauncher, 0),
+        faults_(reset_gloo_and_resolve_plan(run_dir_, plan, M_)),
+        injector_(faults_, run_dir_, events_),
+        down_(M_, false),
+        back_at_(M_, Clock::time_point::max()) {
+    for (int s = 0; s < M_; ++s) children_.push_back({"worker " + std::to_string(s), s, -1, true, 0, Clock::now(), 0});
+    plan_started_ = Clock::now();
+  }
+
+  void start();
+  void supervise();
+  void stop_workers();
+  nlohmann::json report(int cores);
+
+ private:
+  double elapsed_s() const { return std::chrono::duration<double>(Clock::now() - plan_started_).count(); }
+  int64_t global_step() const { return last_.is_object() ? last_.value("global_step", int64_t{0}) : 0; }
+  bool poll_status();
+  void form(const std::string& reason);
+  void wait_group(std::chrono::seconds grace);
+  void hold_out(int s);
+  void hold_out_planned_kills(const std::vector<int>& members);
+  void bring_back(const std::vector<int>& returning);
+  Next supervise_once();
+  Next handle_deaths();
+  Next stop_failed_group(const std::vector<int>& dead);
+  Next regroup();
+  Next form_when_allowed(const std::vector<int>& returning);
+  Next grow(const std::vector<int>& returning);
+  void progress_row();
+
+  const Config& config_;
+  const Clock::time_point started_;  // the run's start, for wall times
+  const fs::path run_dir_;
+  const int M_, worker_threads_;
+  const RecoveryPolicy recovery_;
+  const std::string cfg_;
+  EventLog events_;
+  const std::vector<FaultEvent> faults_;
+  FaultInjector injector_;
+  std::vector<Child> children_;                 // one per slot; a slot outside the current group has exited = true
+  std::vector<bool> down_;                      // dead and not yet due back
+  std::vector<Clock::time_point> back_at_;
+  std::vector<int> group_;                      // slots of the running group, rank order
+  int64_t generation_ = -1;
+  Clock::time_point plan_started_;              // a fault plan's clock: seconds since the first group was started
+  // Rank 0's status.json (collective/worker_status.h). One of another format version ends the run with its
+  // message: the fields it holds may not mean what this launcher reads.
+  nlohmann::json last_;
+  std::string status_error_;
+  std::string failure_;
+  int failures_ = 0;
+  bool run_finished_ = false;
+  static constexpr int kMaxFailuresFromOneCheckpoint = 10;
+  int same_checkpoint_failures_ = 0;
+  int64_t last_failed_from_ = -1;
+  Clock::time_point last_row_ = Clock::now() - std::chrono::hours(1);
+  int64_t last_eval_printed_ = -1;
+};
+
+bool CollectiveRun::poll_status() {
+  try {
+    if (auto status = read_worker_status(run_dir_ / "status.json"); !status.is_null()) last_ = status;
+  } catch (const InputError& e) {
+    if (status_error_.empty()) status_error_ = e.what();
+  }
+  return status_error_.empty();
+}
+
+// Spawns one worker per slot that is not down, as generation + 1 (from the newest checkpoint after the first).
+void CollectiveRun::form(const std::string& reason) {
+  group_.clear();
+  for (int s = 0; s < M_; ++s) {
+    if (!down_[s]) group_.push_back(s);
+  }
+  ++generation_;
+  const fs::path store = run_dir_ / "gloo" / ("store_" + std::to_string(generation_));
+  const auto checkpoint = generation_ > 0 ? latest_checkpoint(run_dir_) : std::nullopt;
+  for (size_t rank = 0; rank < group_.size(); ++rank) {
+    const int s = group_[rank];
+    std::vector<std::string> args{"worker", "--config", cfg_, "--rank", std::to_string(rank), "--run-dir",
+                                  run_dir_.string(), "--store", store.string(), "--set",
+                                  "run.threads=" + std::to_string(worker_threads_)};
+    if (recovery_ != RecoveryPolicy::kStop) {
+      args.insert(args.end(), {"--slots", join_slots(group_), "--generation", std::to_string(generation_)});
+      if (checkpoint) args.insert(args.end(), {"--resume-from", checkpoint->dir.string()});
+    }
+    Child& c = children_[s];
+    c.pid = spawn(args, run_dir_ / "logs" / ("worker_" + std::to_string(s) + ".log"), worker_threads_);
+    c.exited = false;
+    c.status = 0;
+    if (generation_ > 0) ++c.restarts;
+  }
+  events_.emit("group_formed", {{"generation", generation_}, {"slots", group_}, {"world", group_.size()},
+                                {"from_step", checkpoint ? checkpoint->step : 0}, {"reason", reason},
+                                {"at_s", elapsed_s()}});
+  std::printf("[launcher] generation %lld: %zu workers (slots %s) from step %lld (%s)\n",
+              static_cast<long long>(generation_), group_.size(), join_slots(group_).c_str(),
+              static_cast<long long>(checkpoint ? checkpoint->step : 0), reason.c_str());
+  std::fflush(stdout);
+}
+
+// Every group member exits (SIGKILL after `grace`).
+void CollectiveRun::wait_group(std::chrono::seconds grace) {
+  std::vector<Child> members;
+  for (int s : group_) members.push_back(children_[s]);
+  const auto deadline = Clock::now() + grace;
+  while (Clock::now() < deadline && g_collective_signal.load() == 0 &&
+         !std::all_of(members.begin(), members.end(), [](const Child& c) { return c.exited; })) {
+    reap(members);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  for (auto& c : members) {
+    if (!c.exited && c.pid > 0) {
+      ::kill(c.pid, SIGCONT);
+      ::kill(c.pid, SIGKILL);
+      ::waitpid(c.pid, &c.status, 0);
+      c.exited = true;
+      c.died_at = Clock::now();
+    }
+  }
+  for (const auto& c : members) children_[c.learner] = c;
+  group_.clear();
+}
+
+// Slot s died: out of the group until its restart delay has passed.
+void CollectiveRun::hold_out(int s) {
+  down_[s] = true;
+  const double delay = injector_.restart_delay(children_[s], config_.run.restart_delay_s);
+  back_at_[s] = delay < 0 ? Clock::time_point::max()
+                          : children_[s].died_at + std::chrono::duration_cast<Clock::duration>(
+                                                       std::chrono::duration<double>(std::min(delay, 1e7)));
+}
+
+// A plan kill that landed while the launcher was stopping the group was reaped as one of the launcher's own
+// stops: it still holds its slot out for the plan's delay.
+void CollectiveRun::hold_out_planned_kills(const std::vector<int>& members) {
+  for (int s : members) {
+    if (down_[s] || !injector_.planned_kill(children_[s])) continue;
+    events_.emit("worker_failed", {{"slot", s}, {"exit", describe_exit(children_[s])}, {"planned", true},
+                                   {"generation", generation_}, {"at_s", elapsed_s()}});
+    ++failures_;
+    hold_out(s);
+  }
+}
+
+void CollectiveRun::bring_back(const std::vector<int>& returning) {
+  for (int s : returning) {
+    down_[s] = false;
+    injector_.restarted(children_[s]);
+  }
+}
+
+void CollectiveRun::start() {
+  form("start");
+  events_.emit("started", {{"mode", config_.diloco.mode}, {"workers", M_}, {"worker_threads", worker_threads_},
+                           {"recovery", recovery_}, {"faults_planned", faults_.size()}});
+  std::printf("[launcher] run %s: %s with %d workers × %d BLAS threads (Gloo), recovery \"%s\"; logs in %s\n",
+              config_.run.name.c_str(), to_string(config_.diloco.mode), M_, worker_threads_, to_string(recovery_),
+              (run_dir_ / "logs").c_str());
+  std::fflush(stdout);
+}
+
+// Until a signal, the run's end or a failure the policy cannot recover from.
+void CollectiveRun::supervise() {
+  while (g_collective_signal.load() == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    if (supervise_once() == Next::kStop) break;
+  }
+}
+
+Next CollectiveRun::supervise_once() {
+  reap(children_);
+  if (!poll_status()) {
+    failure_ = status_error_;
+    return Next::kStop;
+  }
+  run_finished_ = last_.is_object() && last_.value("finished", false);
+  injector_.tick(elapsed_s(), global_step(), run_finished_, children_);
+  if (const Next next = handle_deaths(); next != Next::kGoOn) return next;
+  if (run_finished_) return Next::kNextPass;
+  if (const Next next = regroup(); next != Next::kGoOn) return next;
+  progress_row();
+  return Next::kGoOn;
+}
+
+// A member that died (not by a clean exit) takes the group down with it.
+// Casualties (kPeerFailedExit: their collective failed because of another) re-form at once; the others are
+// the failure, held out until their restart delay has passed.
+Next CollectiveRun::handle_deaths() {
+  std::vector<int> dead;
+  bool all_exited = !group_.empty(), casualties = false;
+  for (int s : group_) {
+    all_exited &= children_[s].exited;
+    if (!children_[s].exited || exited_cleanly(children_[s])) continue;
+    const bool casualty = WIFEXITED(children_[s].status) && WEXITSTATUS(children_[s].status) == kPeerFailedExit;
+    casualties |= casualty;
+    if (!casualty) dead.push_back(s);
+  }
+  if (!group_.empty() && all_exited && dead.empty() && !casualties) return Next::kStop;  // finished (or every rank voted to stop)
+  if (dead.empty() && !casualties) return Next::kGoOn;
+  if (run_finished_) return Next::kStop;  // a worker died after the run finished: nothing to recover
+  return stop_failed_group(dead);
+}
+
+Next CollectiveRun::stop_failed_group(const std::vector<int>& dead) {
+  for (int s : dead) {
+    events_.emit("worker_failed", {{"slot", s}, {"exit", describe_exit(children_[s])},
+                                   {"planned", injector_.planned_kill(children_[s])}, {"generation", generation_},
+                                   {"at_s", elapsed_s()}});
+  }
+  const int64_t at_step = global_step();
+  const std::vector<int> members_before = group_;
+  for (int s : group_) {
+    if (!children_[s].exited) ::kill(children_[s].pid, SIGKILL);  // Gloo groups do not recover: stop them all
+  }
+  wait_group(std::chrono::seconds(10));
+  events_.emit("group_stopped", {{"generation", generation_}, {"reason", "failure"}, {"at_step", at_step},
+                                 {"at_s", elapsed_s()}});
+  failures_ += static_cast<int>(dead.size());
+  if (recovery_ == RecoveryPolicy::kStop) {
+    const int s = dead.empty() ? 0 : dead[0];
+    failure_ = dead.empty() ? std::string("a collective failed (a worker hung or passed run.collective_timeout_s)")
+                            : children_[s].role + " " + describe_exit(children_[s]) + " (see logs/worker_" +
+                                  std::to_string(s) + ".log)";
+    return Next::kStop;
+  }
+  for (int s : dead) {
+    hold_out(s);
+    std::printf("[launcher] worker %d died (%s) at step %lld: %s\n", s, describe_exit(children_[s]).c_str(),
+                static_cast<long long>(at_step),
+                recovery_ == RecoveryPolicy::kElastic ? "the others re-form without it from the newest checkpoint"
+                                      : "every worker waits for it, then all restart from the newest checkpoint");
+    std::fflush(stdout);
+  }
+  hold_out_planned_kills(members_before);
+  return Next::kGoOn;
+}
+
+// Slots due back: a new group when none runs, or (elastic) a grown one.
+Next CollectiveRun::regroup() {
+  std::vector<int> returning;
+  for (int s = 0; s < M_; ++s) {
+    if (down_[s] && Clock::now() >= back_at_[s]) returning.push_back(s);
+  }
+  if (group_.empty()) return form_when_allowed(returning);  // no group runs: form one when the policy allows
+  if (recovery_ == RecoveryPolicy::kElastic && !returning.empty() &&
+      std::none_of(group_.begin(), group_.end(), [&](int s) { return injector_.paused(children_[s]); })) {
+    return grow(returning);
+  }
+  return Next::kGoOn;
+}
+
+Next CollectiveRun::form_when_allowed(const std::vector<int>& returning) {
+  const bool any_down = std::count(down_.begin(), down_.end(), true) > static_cast<long>(returning.size());
+  // Slots that will never be back (restart delay < 0): restart cannot go on without them, elastic without
+  // any slot.
+  int never = 0, up = 0;
+  for (int s = 0; s < M_; ++s) {
+    never += down_[s] && back_at_[s] == Clock::time_point::max() ? 1 : 0;
+    up += down_[s] ? 0 : 1;
+  }
+  if ((recovery_ == RecoveryPolicy::kRestart && never > 0) || (recovery_ == RecoveryPolicy::kElastic && never == M_)) {
+    failure_ = std::to_string(never) + " worker(s) died and will not be restarted (restart delay < 0): " +
+               (recovery_ == RecoveryPolicy::kRestart ? "run.recovery = restart needs every worker" : "no worker is left");
+    return Next::kStop;
+  }
+  const bool ready = recovery_ == RecoveryPolicy::kElastic ? (up > 0 || !returning.empty()) : !any_down;
+  if (!ready) return Next::kNextPass;
+  bring_back(returning);
+  if (std::count(down_.begin(), down_.end(), false) == 0) return Next::kNextPass;
+  // A group that keeps failing from the same checkpoint (a worker that crashes the same way every time, a
+  // collective that always times out) is not re-formed forever.
+  const auto newest = latest_checkpoint(run_dir_);
+  const int64_t from = newest ? newest->step : 0;
+  same_checkpoint_failures_ = from == last_failed_from_ ? same_checkpoint_failures_ + 1 : 1;
+  last_failed_from_ = from;
+  if (same_checkpoint_failures_ > kMaxFailuresFromOneCheckpoint) {
+    failure_ = "the group failed " + std::to_string(kMaxFailuresFromOneCheckpoint) +
+               " times in a row from the checkpoint at step " + std::to_string(from) + " (see logs/worker_*.log)";
+    return Next::kStop;
+  }
+  form(returning.empty() ? "failure" : "rejoin");
+  return Next::kGoOn;
+}
+
+// Grow (not while a member is paused: it could not vote): the group stops after a step all ranks voted
+// for, rank 0 checkpoints it, and it re-forms with the returning slots.
+Next CollectiveRun::grow(const std::vector<int>& returning) {
+  const int64_t at_step = global_step();
+  const std::vector<int> members_before = group_;
+  for (int s : group_) {
+    if (!children_[s].exited) ::kill(children_[s].pid, SIGTERM);
+  }
+  wait_group(std::chrono::seconds(static_cast<int64_t>(config_.run.collective_timeout_s) + 30));
+  events_.emit("group_stopped", {{"generation", generation_}, {"reason", "grow"}, {"at_step", at_step},
+                                 {"at_s", elapsed_s()}});
+  hold_out_planned_kills(members_before);  // a plan kill that landed while the group was stopping
+  if (!poll_status()) {
+    failure_ = status_error_;
+    return Next::kStop;
+  }
+  if (last_.is_object() && last_.value("finished", false)) return Next::kStop;
+  bring_back(returning);
+  form("rejoin");
+  return Next::kGoOn;
+}
+
+// One console row and one progress event per report interval, and after each new evaluation.
+void CollectiveRun::progress_row() {
+  if (last_.is_null()) return;
+  const int64_t eval_step = last_.value("last_eval_step", int64_t{-1});
+  if (Clock::now() - last_row_ <= std::chrono::duration<double>(config_.run.report_interval_s) &&
+      eval_step <= last_eval_printed_) {
+    return;
+  }
+  last_row_ = Clock::now();
+  last_eval_printed_ = eval_step;
+  const double frac = last_.value("tokens_trained", 0.0) / std::max(1.0, last_.value("tokens_budget", 1.0));
+  char val[32] = "  -  ";
+  if (last_["val_loss"].is_number()) std::snprintf(val, sizeof(val), "%.3f", last_["val_loss"].get<double>());
+  const double elapsed = std::chrono::duration<double>(Clock::now() - started_).count();
+  std::printf("%s %3.0f%% t %5lld | val %s | syncs %5lld | waiting %5.1fs | workers %zu/%d | tok/s per worker %.0f | %4.0fs\n",
+              progress_bar(frac).c_str(), 100 * frac, static_cast<long long>(last_.value("global_step", 0)), val,
+              static_cast<long long>(last_.value("syncs", 0)), last_.value("wait_s", 0.0), group_.size(), M_,
+              last_.value("tokens_per_s", 0.0), elapsed);
+  std::fflush(stdout);
+  events_.emit("progress", {{"global_step", last_.value("global_step", 0)}, {"tokens", last_.value("tokens_trained", 0)},
+                            {"syncs", last_.value("syncs", 0)}, {"val_loss", last_["val_loss"]},
+                            {"world", group_.size()}});
+}
+
+// Says why the run is ending, waits for the workers (a minute when they finish on their own), then stops them.
+void CollectiveRun::stop_workers() {
+  injector_.release(children_, elapsed_s());
+  if (!failure_.empty() && !status_error_.empty()) {
+    std::printf("[launcher] %s: stopping the workers\n", failure_.c_str());
+  } else if (!failure_.empty()) {
+    std::printf("[launcher] %s: stopped the other workers (synchronous training needs all %d; run.recovery = "
+                "\"restart\" or \"elastic\" re-forms the group)\n", failure_.c_str(), M_);
+  }
+  if (g_collective_signal.load() != 0) {
+    std::printf("[launcher] signal %d: stopping every worker; rank 0 writes a checkpoint\n", g_collective_signal.load());
+  }
+  std::fflush(stdout);
+  const auto wait_until = Clock::now() + std::chrono::seconds(failure_.empty() && g_collective_signal.load() == 0 ? 60 : 1);
+  while (Clock::now() < wait_until) {
+    reap(children_);
+    if (std::all_of(children_.begin(), children_.end(), [](const Child& c) { return c.exited; })) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  stop_children(children_, std::chrono::seconds(30));
+}
+
+// The final evaluation and run_dir/report.json. Throws InputError for a status.json of another version or a
+// run that stopped before rank 0 wrote a checkpoint.
+nlohmann::json CollectiveRun::report(int cores) {
+  poll_status();
+  if (!status_error_.empty()) throw InputError(status_error_);
+  const bool finished = last_.is_object() && last_.value("finished", false) && failure_.empty();
+  if (!latest_checkpoint(run_dir_)) {
+    throw InputError(std::string("the ") + to_string(config_.diloco.mode) + " run stopped before rank 0 wrote a checkpoint" +
+                     (failure_.empty() ? std::string() : ": " + failure_));
+  }
+
+  const nlohmann::json final_eval = evaluate_final_checkpoint(config_, cores);
+  const double wall = std::chrono::duration<double>(Clock::now() - started_).count();
+  const auto workers = worker_summaries(run_dir_, M_);
+  nlohmann::json bytes = nlohmann::json::object();
+  for (const auto& w : workers) {
+    const int64_t sent = w.value("bytes_sent", int64_t{0});
+    bytes["worker_" + std::to_string(w["rank"].get<int>())] = {{"sent", sent}, {"received", sent}};  // ring: symmetric
+  }
+  const int64_t tokens = last_.is_object() ? last_.value("tokens_trained", int64_t{0}) : 0;
+  nlohmann::json report = {
+      {"run", config_.run.name},
+      {"mode", config_.diloco.mode},
+      {"status", finished ? "finished" : "stopped"},
+      {"final_val_loss", final_eval["val_loss"]},
+      {"final_val_perplexity", final_eval["val_perplexity"]},
+      {"global_step", last_.value("global_step", 0)},
+      {"steps", last_.value("global_step", 0)},
+      {"syncs", last_.value("syncs", 0)},
+      {"wait_seconds_rank0", last_.value("wait_s", 0.0)},
+      {"eval_seconds", last_.value("eval_s", 0.0)},
+      {"tokens_trained", tokens},
+      {"wall_seconds", wall},
+      {"tokens_per_second", tokens / std::max(wall, 1e-9)},
+      {"workers", workers},
+      {"checkpoint", final_eval["checkpoint"]},
+      {"sample", final_eval["sample"]},
+      {"bytes", bytes},
+      {"signal", g_collective_signal.load()},
+  };
+  if (!failure_.empty()) report["failure"] = failure_;
+  report["recovery"] = recovery_;
+  report["generations"] = generation_ + 1;
+  report["worker_failures"] = failures_;
+  report["faults_injected"] = injector_.injected();
+  int restarts = 0;
+  for (const auto& c : children_) restarts += c.restarts;
+  report["worker_restarts"] = restarts;
+  write_file_atomically(run_dir_ / "report.json", report.dump(2) + "\n");
+  events_.emit("finished", {{"status", report["status"]}, {"val_loss", report["final_val_loss"]}});
+  return report;
+}
+
+void check_collective_run(const Config& config, bool resume, const FaultPlan* plan) {
   const fs::path run_dir = config.run_dir();
   if (resume) {
     throw InputError(std::string("--resume is not supported for diloco.mode = \"") + to_string(config.diloco.mode) +
@@ -88,337 +520,23 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume, const 
   if (plan != nullptr && config.diloco.mode != Mode::kDp) {
     throw InputError(std::string("a fault plan needs diloco.mode = \"dp\" among the baselines (got \"") + to_string(config.diloco.mode) + "\")");
   }
+}
+
+}  // namespace
+
+nlohmann::json run_collective_launcher(const Config& config, bool resume, const FaultPlan* plan) {
+  const auto started = Clock::now();
+  check_collective_run(config, resume, plan);
   const RunFolder folder = prepare_run_folder(config);
-  const int M = folder.learners, cores = folder.cores, worker_threads = folder.child_threads;
-  const RecoveryPolicy recovery = config.run.recovery;
-  EventLog events(run_dir / "events" / "launcher.jsonl", Role::kLauncher, 0);
-  std::error_code ec;
-  fs::remove_all(run_dir / "gloo", ec);
-  fs::create_directories(run_dir / "gloo");
-  std::vector<FaultEvent> faults;
-  if (plan != nullptr) {
-    faults = plan->resolve(M);
-    write_file_atomically(run_dir / "plan.json", plan->to_json(M).dump(2) + "\n");
-  }
-  FaultInjector injector(faults, run_dir, events);
-
-  const std::string& cfg = folder.config_path;
-  std::vector<Child> children;  // one per slot; a slot outside the current group has exited = true
-  for (int s = 0; s < M; ++s) children.push_back({"worker " + std::to_string(s), s, -1, true, 0, Clock::now(), 0});
-  std::vector<bool> down(M, false);                 // dead and not yet due back
-  std::vector<Clock::time_point> back_at(M, Clock::time_point::max());
-  std::vector<int> group;                            // slots of the running group, rank order
-  int64_t generation = -1;
-  const auto plan_started = Clock::now();  // a fault plan's clock: seconds since the first group was started
-  auto elapsed_s = [&] { return std::chrono::duration<double>(Clock::now() - plan_started).count(); };
-  nlohmann::json last;
-  // Rank 0's status.json (collective/worker_status.h). One of another format version ends the run with its
-  // message: the fields it holds may not mean what this launcher reads.
-  std::string status_error;
-  auto poll_status = [&] {
-    try {
-      if (auto status = read_worker_status(run_dir / "status.json"); !status.is_null()) last = status;
-    } catch (const InputError& e) {
-      if (status_error.empty()) status_error = e.what();
-    }
-    return status_error.empty();
-  };
-  auto form = [&](const std::string& reason) {
-    group.clear();
-    for (int s = 0; s < M; ++s) {
-      if (!down[s]) group.push_back(s);
-    }
-    ++generation;
-    const fs::path store = run_dir / "gloo" / ("store_" + std::to_string(generation));
-    const auto checkpoint = generation > 0 ? latest_checkpoint(run_dir) : std::nullopt;
-    for (size_t rank = 0; rank < group.size(); ++rank) {
-      const int s = group[rank];
-      std::vector<std::string> args{"worker", "--config", cfg, "--rank", std::to_string(rank), "--run-dir",
-                                    run_dir.string(), "--store", store.string(), "--set",
-                                    "run.threads=" + std::to_string(worker_threads)};
-      if (recovery != RecoveryPolicy::kStop) {
-        args.insert(args.end(), {"--slots", join_slots(group), "--generation", std::to_string(generation)});
-        if (checkpoint) args.insert(args.end(), {"--resume-from", checkpoint->dir.string()});
-      }
-      Child& c = children[s];
-      c.pid = spawn(args, run_dir / "logs" / ("worker_" + std::to_string(s) + ".log"), worker_threads);
-      c.exited = false;
-      c.status = 0;
-      if (generation > 0) ++c.restarts;
-    }
-    events.emit("group_formed", {{"generation", generation}, {"slots", group}, {"world", group.size()},
-                                 {"from_step", checkpoint ? checkpoint->step : 0}, {"reason", reason},
-                                 {"at_s", elapsed_s()}});
-    std::printf("[launcher] generation %lld: %zu workers (slots %s) from step %lld (%s)\n",
-                static_cast<long long>(generation), group.size(), join_slots(group).c_str(),
-                static_cast<long long>(checkpoint ? checkpoint->step : 0), reason.c_str());
-    std::fflush(stdout);
-  };
-  auto wait_group = [&](std::chrono::seconds grace) {  // every group member exits (SIGKILL after `grace`)
-    std::vector<Child> members;
-    for (int s : group) members.push_back(children[s]);
-    const auto deadline = Clock::now() + grace;
-    while (Clock::now() < deadline && g_collective_signal.load() == 0 &&
-           !std::all_of(members.begin(), members.end(), [](const Child& c) { return c.exited; })) {
-      reap(members);
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    for (auto& c : members) {
-      if (!c.exited && c.pid > 0) {
-        ::kill(c.pid, SIGCONT);
-        ::kill(c.pid, SIGKILL);
-        ::waitpid(c.pid, &c.status, 0);
-        c.exited = true;
-        c.died_at = Clock::now();
-      }
-    }
-    for (const auto& c : members) children[c.learner] = c;
-    group.clear();
-  };
-
-  form("start");
-  events.emit("started", {{"mode", config.diloco.mode}, {"workers", M}, {"worker_threads", worker_threads},
-                          {"recovery", recovery}, {"faults_planned", faults.size()}});
-  std::printf("[launcher] run %s: %s with %d workers × %d BLAS threads (Gloo), recovery \"%s\"; logs in %s\n",
-              config.run.name.c_str(), to_string(config.diloco.mode), M, worker_threads, to_string(recovery),
-              (run_dir / "logs").c_str());
-  std::fflush(stdout);
-
+  CollectiveRun run(config, folder, plan, started);
+  run.start();
   std::signal(SIGINT, on_collective_signal);
   std::signal(SIGTERM, on_collective_signal);
-  auto last_row = Clock::now() - std::chrono::hours(1);
-  int64_t last_eval_printed = -1;
-  std::string failure;
-  int failures = 0;
-  bool run_finished = false;
-  constexpr int kMaxFailuresFromOneCheckpoint = 10;
-  int same_checkpoint_failures = 0;
-  int64_t last_failed_from = -1;
-  auto hold_out = [&](int s) {  // slot s died: out of the group until its restart delay has passed
-    down[s] = true;
-    const double delay = injector.restart_delay(children[s], config.run.restart_delay_s);
-    back_at[s] = delay < 0 ? Clock::time_point::max()
-                           : children[s].died_at + std::chrono::duration_cast<Clock::duration>(
-                                                       std::chrono::duration<double>(std::min(delay, 1e7)));
-  };
-  // A plan kill that landed while the launcher was stopping the group was reaped as one of the launcher's own
-  // stops: it still holds its slot out for the plan's delay.
-  auto hold_out_planned_kills = [&](const std::vector<int>& members) {
-    for (int s : members) {
-      if (down[s] || !injector.planned_kill(children[s])) continue;
-      events.emit("worker_failed", {{"slot", s}, {"exit", describe_exit(children[s])}, {"planned", true},
-                                    {"generation", generation}, {"at_s", elapsed_s()}});
-      ++failures;
-      hold_out(s);
-    }
-  };
-  while (g_collective_signal.load() == 0) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    reap(children);
-    if (!poll_status()) {
-      failure = status_error;
-      break;
-    }
-    run_finished = last.is_object() && last.value("finished", false);
-    injector.tick(elapsed_s(), last.is_object() ? last.value("global_step", int64_t{0}) : 0, run_finished, children);
-    // A member that died (not by a clean exit) takes the group down with it.
-    // Casualties (kPeerFailedExit: their collective failed because of another) re-form at once; the others are
-    // the failure, held out until their restart delay has passed.
-    std::vector<int> dead;
-    bool all_exited = !group.empty(), casualties = false;
-    for (int s : group) {
-      all_exited &= children[s].exited;
-      if (!children[s].exited || exited_cleanly(children[s])) continue;
-      const bool casualty = WIFEXITED(children[s].status) && WEXITSTATUS(children[s].status) == kPeerFailedExit;
-      casualties |= casualty;
-      if (!casualty) dead.push_back(s);
-    }
-    if (!group.empty() && all_exited && dead.empty() && !casualties) break;  // finished (or every rank voted to stop)
-    if ((!dead.empty() || casualties) && !run_finished) {
-      for (int s : dead) {
-        events.emit("worker_failed", {{"slot", s}, {"exit", describe_exit(children[s])},
-                                      {"planned", injector.planned_kill(children[s])}, {"generation", generation},
-                                      {"at_s", elapsed_s()}});
-      }
-      const int64_t at_step = last.is_object() ? last.value("global_step", int64_t{0}) : 0;
-      const std::vector<int> members_before = group;
-      for (int s : group) {
-        if (!children[s].exited) ::kill(children[s].pid, SIGKILL);  // Gloo groups do not recover: stop them all
-      }
-      wait_group(std::chrono::seconds(10));
-      events.emit("group_stopped", {{"generation", generation}, {"reason", "failure"}, {"at_step", at_step},
-                                    {"at_s", elapsed_s()}});
-      failures += static_cast<int>(dead.size());
-      if (recovery == RecoveryPolicy::kStop) {
-        const int s = dead.empty() ? 0 : dead[0];
-        failure = dead.empty() ? std::string("a collective failed (a worker hung or passed run.collective_timeout_s)")
-                               : children[s].role + " " + describe_exit(children[s]) + " (see logs/worker_" +
-                                     std::to_string(s) + ".log)";
-        break;
-      }
-      for (int s : dead) {
-        hold_out(s);
-        std::printf("[launcher] worker %d died (%s) at step %lld: %s\n", s, describe_exit(children[s]).c_str(),
-                    static_cast<long long>(at_step),
-                    recovery == RecoveryPolicy::kElastic ? "the others re-form without it from the newest checkpoint"
-                                          : "every worker waits for it, then all restart from the newest checkpoint");
-        std::fflush(stdout);
-      }
-      hold_out_planned_kills(members_before);
-    } else if (!dead.empty() || casualties) {
-      break;  // a worker died after the run finished: nothing to recover
-    }
-    if (run_finished) continue;
-    // Slots due back.
-    std::vector<int> returning;
-    for (int s = 0; s < M; ++s) {
-      if (down[s] && Clock::now() >= back_at[s]) returning.push_back(s);
-    }
-    const bool any_down = std::count(down.begin(), down.end(), true) > static_cast<long>(returning.size());
-    if (group.empty()) {  // no group runs: form one when the policy allows
-      // Slots that will never be back (restart delay < 0): restart cannot go on without them, elastic without
-      // any slot.
-      int never = 0, up = 0;
-      for (int s = 0; s < M; ++s) {
-        never += down[s] && back_at[s] == Clock::time_point::max() ? 1 : 0;
-        up += down[s] ? 0 : 1;
-      }
-      if ((recovery == RecoveryPolicy::kRestart && never > 0) || (recovery == RecoveryPolicy::kElastic && never == M)) {
-        failure = std::to_string(never) + " worker(s) died and will not be restarted (restart delay < 0): " +
-                  (recovery == RecoveryPolicy::kRestart ? "run.recovery = restart needs every worker" : "no worker is left");
-        break;
-      }
-      const bool ready = recovery == RecoveryPolicy::kElastic ? (up > 0 || !returning.empty()) : !any_down;
-      if (!ready) continue;
-      for (int s : returning) {
-        down[s] = false;
-        injector.restarted(children[s]);
-      }
-      if (std::count(down.begin(), down.end(), false) == 0) continue;
-      // A group that keeps failing from the same checkpoint (a worker that crashes the same way every time, a
-      // collective that always times out) is not re-formed forever.
-      const auto newest = latest_checkpoint(run_dir);
-      const int64_t from = newest ? newest->step : 0;
-      same_checkpoint_failures = from == last_failed_from ? same_checkpoint_failures + 1 : 1;
-      last_failed_from = from;
-      if (same_checkpoint_failures > kMaxFailuresFromOneCheckpoint) {
-        failure = "the group failed " + std::to_string(kMaxFailuresFromOneCheckpoint) +
-                  " times in a row from the checkpoint at step " + std::to_string(from) + " (see logs/worker_*.log)";
-        break;
-      }
-      form(returning.empty() ? "failure" : "rejoin");
-    } else if (recovery == RecoveryPolicy::kElastic && !returning.empty() &&
-               std::none_of(group.begin(), group.end(), [&](int s) { return injector.paused(children[s]); })) {
-      // Grow (not while a member is paused: it could not vote): the group stops after a step all ranks voted
-      // for, rank 0 checkpoints it, and it re-forms with the returning slots.
-      const int64_t at_step = last.is_object() ? last.value("global_step", int64_t{0}) : 0;
-      const std::vector<int> members_before = group;
-      for (int s : group) {
-        if (!children[s].exited) ::kill(children[s].pid, SIGTERM);
-      }
-      wait_group(std::chrono::seconds(static_cast<int64_t>(config.run.collective_timeout_s) + 30));
-      events.emit("group_stopped", {{"generation", generation}, {"reason", "grow"}, {"at_step", at_step},
-                                    {"at_s", elapsed_s()}});
-      hold_out_planned_kills(members_before);  // a plan kill that landed while the group was stopping
-      if (!poll_status()) {
-        failure = status_error;
-        break;
-      }
-      if (last.is_object() && last.value("finished", false)) break;
-      for (int s : returning) {
-        down[s] = false;
-        injector.restarted(children[s]);
-      }
-      form("rejoin");
-    }
-    if (last.is_null()) continue;
-    const int64_t eval_step = last.value("last_eval_step", int64_t{-1});
-    if (Clock::now() - last_row > std::chrono::duration<double>(config.run.report_interval_s) ||
-        eval_step > last_eval_printed) {
-      last_row = Clock::now();
-      last_eval_printed = eval_step;
-      const double frac = last.value("tokens_trained", 0.0) / std::max(1.0, last.value("tokens_budget", 1.0));
-      char val[32] = "  -  ";
-      if (last["val_loss"].is_number()) std::snprintf(val, sizeof(val), "%.3f", last["val_loss"].get<double>());
-      const double elapsed = std::chrono::duration<double>(Clock::now() - started).count();
-      std::printf("%s %3.0f%% t %5lld | val %s | syncs %5lld | waiting %5.1fs | workers %zu/%d | tok/s per worker %.0f | %4.0fs\n",
-                  progress_bar(frac).c_str(), 100 * frac, static_cast<long long>(last.value("global_step", 0)), val,
-                  static_cast<long long>(last.value("syncs", 0)), last.value("wait_s", 0.0), group.size(), M,
-                  last.value("tokens_per_s", 0.0), elapsed);
-      std::fflush(stdout);
-      events.emit("progress", {{"global_step", last.value("global_step", 0)}, {"tokens", last.value("tokens_trained", 0)},
-                               {"syncs", last.value("syncs", 0)}, {"val_loss", last["val_loss"]},
-                               {"world", group.size()}});
-    }
-  }
-  injector.release(children, elapsed_s());
-  if (!failure.empty() && !status_error.empty()) {
-    std::printf("[launcher] %s: stopping the workers\n", failure.c_str());
-  } else if (!failure.empty()) {
-    std::printf("[launcher] %s: stopped the other workers (synchronous training needs all %d; run.recovery = "
-                "\"restart\" or \"elastic\" re-forms the group)\n", failure.c_str(), M);
-  }
-  if (g_collective_signal.load() != 0) {
-    std::printf("[launcher] signal %d: stopping every worker; rank 0 writes a checkpoint\n", g_collective_signal.load());
-  }
-  std::fflush(stdout);
-  const auto wait_until = Clock::now() + std::chrono::seconds(failure.empty() && g_collective_signal.load() == 0 ? 60 : 1);
-  while (Clock::now() < wait_until) {
-    reap(children);
-    if (std::all_of(children.begin(), children.end(), [](const Child& c) { return c.exited; })) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  stop_children(children, std::chrono::seconds(30));
+  run.supervise();
+  run.stop_workers();
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
-  poll_status();
-  if (!status_error.empty()) throw InputError(status_error);
-  const bool finished = last.is_object() && last.value("finished", false) && failure.empty();
-  if (!latest_checkpoint(run_dir)) {
-    throw InputError(std::string("the ") + to_string(config.diloco.mode) + " run stopped before rank 0 wrote a checkpoint" +
-                     (failure.empty() ? std::string() : ": " + failure));
-  }
-
-  const nlohmann::json final_eval = evaluate_final_checkpoint(config, cores);
-  const double wall = std::chrono::duration<double>(Clock::now() - started).count();
-  const auto workers = worker_summaries(run_dir, M);
-  nlohmann::json bytes = nlohmann::json::object();
-  for (const auto& w : workers) {
-    const int64_t sent = w.value("bytes_sent", int64_t{0});
-    bytes["worker_" + std::to_string(w["rank"].get<int>())] = {{"sent", sent}, {"received", sent}};  // ring: symmetric
-  }
-  const int64_t tokens = last.is_object() ? last.value("tokens_trained", int64_t{0}) : 0;
-  nlohmann::json report = {
-      {"run", config.run.name},
-      {"mode", config.diloco.mode},
-      {"status", finished ? "finished" : "stopped"},
-      {"final_val_loss", final_eval["val_loss"]},
-      {"final_val_perplexity", final_eval["val_perplexity"]},
-      {"global_step", last.value("global_step", 0)},
-      {"steps", last.value("global_step", 0)},
-      {"syncs", last.value("syncs", 0)},
-      {"wait_seconds_rank0", last.value("wait_s", 0.0)},
-      {"eval_seconds", last.value("eval_s", 0.0)},
-      {"tokens_trained", tokens},
-      {"wall_seconds", wall},
-      {"tokens_per_second", tokens / std::max(wall, 1e-9)},
-      {"workers", workers},
-      {"checkpoint", final_eval["checkpoint"]},
-      {"sample", final_eval["sample"]},
-      {"bytes", bytes},
-      {"signal", g_collective_signal.load()},
-  };
-  if (!failure.empty()) report["failure"] = failure;
-  report["recovery"] = recovery;
-  report["generations"] = generation + 1;
-  report["worker_failures"] = failures;
-  report["faults_injected"] = injector.injected();
-  int restarts = 0;
-  for (const auto& c : children) restarts += c.restarts;
-  report["worker_restarts"] = restarts;
-  write_file_atomically(run_dir / "report.json", report.dump(2) + "\n");
-  events.emit("finished", {{"status", report["status"]}, {"val_loss", report["final_val_loss"]}});
-  return report;
+  return run.report(folder.cores);
 }
 
 }  // namespace dloco

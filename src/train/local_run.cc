@@ -75,19 +75,184 @@ void check_vocab(const ModelConfig& m, const Tokenizer& tok, const std::string& 
   }
 }
 
-}  // namespace
+using Clock = std::chrono::steady_clock;
 
-nlohmann::json run_local(const Config& config, const RunOptions& options) {
-  const auto started = std::chrono::steady_clock::now();
-  const fs::path run_dir = config.run_dir();
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// What the steps of a local run share: the objects run_local sets up (by reference) and the loop's counters.
+struct LocalRun {
+  const Config& config;
+  const RunOptions& options;
+  const fs::path& run_dir;
+  const fs::path& data_dir;
+  const Clock::time_point started;
+  const torch::Device device;
+  const Tokenizer& tok;
+  TokenSplit& val_split;
+  GPT& model;
+  InnerTrainer& trainer;
+  EventLog& events;
+  DataStream* stream = nullptr;  // set once the cursor is known (resume)
+  int64_t step = 0, tokens = 0, skipped = 0;
+  double previous_wall = 0;  // wall time of earlier sessions of this run (resume)
+  StreamCursor cursor{};     // where the data stream starts
+  double last_val = NAN, loss_ema = NAN;
+  Clock::time_point window_start{};  // of the tokens/s shown in the next row
+  int64_t window_tokens = 0;
+  int64_t first_step = 0;
+};
+
+void check_run_folder(const fs::path& run_dir, bool resume) {
   const bool has_checkpoint = latest_checkpoint(run_dir).has_value();
-  if (options.resume && !has_checkpoint) {
+  if (resume && !has_checkpoint) {
     throw InputError("cannot resume: '" + run_dir.string() + "' has no valid checkpoint");
   }
-  if (!options.resume && has_checkpoint) {
+  if (!resume && has_checkpoint) {
     throw InputError("run folder '" + run_dir.string() + "' already holds a trained run: continue it with --resume " +
                      run_dir.string() + ", or pick another run.name");
   }
+}
+
+// Weights, optimizer moments, data cursor and step counters from the newest checkpoint. Returns the earlier
+// report when that run already spent its budget (nothing to do).
+std::optional<nlohmann::json> resume(LocalRun& run) {
+  const Config& config = run.config;
+  const auto ckpt = *latest_checkpoint(run.run_dir);
+  load_model_weights(ckpt, run.model);
+  load_optimizer_state(ckpt, run.trainer.optimizer());
+  run.step = ckpt.step;
+  run.tokens = ckpt.manifest.at("tokens_trained").get<int64_t>();
+  run.cursor = StreamCursor::from_json(ckpt.manifest.at("cursors").at(0));
+  run.previous_wall = ckpt.manifest.value("wall_seconds", 0.0);
+  if (run.tokens + config.train.tokens_per_step(config.model) > config.train.total_tokens) {
+    std::ifstream in(run.run_dir / "report.json");
+    if (in) {
+      std::printf("[local] run %s already finished its %lld-token budget: nothing to do\n",
+                  config.run.name.c_str(), static_cast<long long>(config.train.total_tokens));
+      return nlohmann::json::parse(in);
+    }
+  }
+  std::printf("[local] resumed from %s at step %lld (%lld tokens)\n", ckpt.dir.c_str(),
+              static_cast<long long>(run.step), static_cast<long long>(run.tokens));
+  run.events.emit("resumed", {{"step", run.step}, {"tokens", run.tokens}, {"checkpoint", ckpt.dir.string()}});
+  return std::nullopt;
+}
+
+nlohmann::json manifest(const LocalRun& run, double val_loss) {
+  nlohmann::json m;
+  m["config"] = to_json(run.config);
+  m["global_step"] = run.step;
+  m["tokens_trained"] = run.tokens;
+  m["cursors"] = nlohmann::json::array({run.stream->cursor().to_json()});
+  m["fragment_versions"] = nlohmann::json::array();
+  m["tokenizer"] = {{"path", (run.data_dir / "tokenizer.model").string()}, {"hash", run.tok.hash()}};
+  m["parameters"] = count_parameters(*run.model);
+  m["wall_seconds"] = run.previous_wall + seconds_since(run.started);
+  if (std::isfinite(val_loss)) m["val_loss"] = val_loss;
+  return m;
+}
+
+bool more(const LocalRun& run) {
+  const bool stop_requested = g_stop_signal.load() != 0 || (run.options.stop_after_steps > 0 &&
+                                                            run.step - run.first_step >= run.options.stop_after_steps);
+  return run.tokens + run.config.train.tokens_per_step(run.config.model) <= run.config.train.total_tokens &&
+         !stop_requested;
+}
+
+// One console row and one progress event; the tokens/s window starts again.
+void progress_row(LocalRun& run, const StepResult& r) {
+  const double secs = seconds_since(run.window_start);
+  const double tps = run.window_tokens / std::max(secs, 1e-9);
+  const double elapsed = seconds_since(run.started);
+  const int64_t total_steps = run.config.train.total_tokens / run.config.train.tokens_per_step(run.config.model);
+  const double frac = static_cast<double>(run.step) / std::max<int64_t>(total_steps, 1);
+  std::printf("%s %3.0f%% step %6lld | loss %.3f | val %s | lr %.2e | %7.0f tok/s | %5.0fs elapsed\n",
+              progress_bar(frac).c_str(), 100 * frac, static_cast<long long>(run.step), run.loss_ema,
+              std::isnan(run.last_val) ? "  -  " : (std::to_string(run.last_val).substr(0, 5)).c_str(), r.lr, tps,
+              elapsed);
+  std::fflush(stdout);
+  run.events.emit("progress", {{"step", run.step}, {"tokens", run.tokens}, {"loss", run.loss_ema}, {"tokens_per_s", tps}});
+  run.window_start = Clock::now();
+  run.window_tokens = 0;
+}
+
+// batch -> step -> log -> evaluate -> checkpoint.
+void train_step(LocalRun& run) {
+  const TrainConfig& train = run.config.train;
+  const StepResult r = run.trainer.step(*run.stream, run.step);
+  ++run.step;
+  run.tokens += r.tokens;
+  run.window_tokens += r.tokens;
+  if (r.skipped) {
+    ++run.skipped;
+    run.events.emit("step_skipped", {{"step", run.step}, {"loss", r.loss}, {"grad_norm", r.grad_norm}});
+  }
+  if (std::isfinite(r.loss)) run.loss_ema = std::isnan(run.loss_ema) ? r.loss : 0.9 * run.loss_ema + 0.1 * r.loss;
+
+  const bool eval_now = train.eval_interval > 0 && run.step % train.eval_interval == 0;
+  if (eval_now) {
+    run.last_val = evaluate_loss(run.model, run.val_split, train.eval_tokens, train.batch_size, run.device);
+    run.events.emit("eval", {{"step", run.step}, {"tokens", run.tokens}, {"val_loss", run.last_val}});
+  }
+  if (run.step % train.log_interval == 0 || eval_now) progress_row(run, r);
+  if (train.checkpoint_interval > 0 && run.step % train.checkpoint_interval == 0) {
+    save_checkpoint(run.run_dir, run.step, run.model, &run.trainer.optimizer(), manifest(run, run.last_val));
+  }
+}
+
+// Until the token budget is spent, a signal or --stop-after-steps. Returns whether it was interrupted.
+bool train(LocalRun& run) {
+  g_stop_signal.store(0);
+  auto old_int = std::signal(SIGINT, on_stop_signal);
+  auto old_term = std::signal(SIGTERM, on_stop_signal);
+  run.window_start = Clock::now();
+  run.first_step = run.step;
+  while (more(run)) train_step(run);
+  const bool interrupted = run.tokens + run.config.train.tokens_per_step(run.config.model) <= run.config.train.total_tokens;
+  if (g_stop_signal.load() != 0) {
+    std::printf("[local] signal %d: stopping after step %lld with a checkpoint (resume with --resume %s)\n",
+                g_stop_signal.load(), static_cast<long long>(run.step), run.run_dir.c_str());
+  }
+  std::signal(SIGINT, old_int);
+  std::signal(SIGTERM, old_term);
+  return interrupted;
+}
+
+// The final evaluation, checkpoint, sample and run_dir/report.json.
+nlohmann::json finish(LocalRun& run, const std::vector<int32_t>& prompt_ids, bool interrupted) {
+  const Config& config = run.config;
+  const double final_val = evaluate_loss(run.model, run.val_split, 0, config.train.batch_size, run.device);
+  const auto ckpt_dir = save_checkpoint(run.run_dir, run.step, run.model, &run.trainer.optimizer(), manifest(run, final_val));
+  const std::string sample = sample_text(run.model, run.tok, prompt_ids, 48, 0.8, 40, config.run.seed, run.device);
+  const double wall = run.previous_wall + seconds_since(run.started);
+  nlohmann::json report = {
+      {"run", config.run.name},
+      {"mode", "local"},
+      {"status", interrupted ? "stopped" : "finished"},
+      {"final_val_loss", final_val},
+      {"final_val_perplexity", std::exp(final_val)},
+      {"steps", run.step},
+      {"steps_skipped", run.skipped},
+      {"tokens_trained", run.tokens},
+      {"wall_seconds", wall},
+      {"tokens_per_second", run.tokens / std::max(wall, 1e-9)},
+      {"parameters", count_parameters(*run.model)},
+      {"checkpoint", ckpt_dir.string()},
+      {"sample", sample},
+      {"bytes", {{"learner", {{"sent", 0}, {"received", 0}}}}},
+      {"signal", g_stop_signal.load()},
+  };
+  write_file_atomically(run.run_dir / "report.json", report.dump(2) + "\n");
+  run.events.emit("finished", {{"status", report["status"]}, {"val_loss", final_val}, {"tokens", run.tokens}});
+  return report;
+}
+
+}  // namespace
+
+nlohmann::json run_local(const Config& config, const RunOptions& options) {
+  const auto started = Clock::now();
+  const fs::path run_dir = config.run_dir();
+  check_run_folder(run_dir, options.resume);
 
   // 1) threads, device, data, model
   const ThreadBudget budget = thread_budget(static_cast<int>(config.run.threads));
@@ -116,129 +281,22 @@ nlohmann::json run_local(const Config& config, const RunOptions& options) {
               static_cast<long long>(gpt_parameter_count(config.model)), blas_description().c_str(),
               allocator_description().c_str(),
               config.run.device.c_str(), budget.torch_threads, budget.blas_threads);
+  LocalRun run{.config = config, .options = options, .run_dir = run_dir, .data_dir = data_dir, .started = started,
+               .device = device, .tok = tok, .val_split = val_split, .model = model, .trainer = trainer,
+               .events = events};
 
   // 2) resume: weights, optimizer moments, data cursor and step counters
-  int64_t step = 0, tokens = 0, skipped = 0;
-  double previous_wall = 0;  // wall time of earlier sessions of this run (resume)
-  StreamCursor cursor;
   if (options.resume) {
-    const auto ckpt = *latest_checkpoint(run_dir);
-    load_model_weights(ckpt, model);
-    load_optimizer_state(ckpt, trainer.optimizer());
-    step = ckpt.step;
-    tokens = ckpt.manifest.at("tokens_trained").get<int64_t>();
-    cursor = StreamCursor::from_json(ckpt.manifest.at("cursors").at(0));
-    previous_wall = ckpt.manifest.value("wall_seconds", 0.0);
-    if (tokens + config.train.tokens_per_step(config.model) > config.train.total_tokens) {
-      std::ifstream in(run_dir / "report.json");
-      if (in) {
-        std::printf("[local] run %s already finished its %lld-token budget: nothing to do\n",
-                    config.run.name.c_str(), static_cast<long long>(config.train.total_tokens));
-        return nlohmann::json::parse(in);
-      }
-    }
-    std::printf("[local] resumed from %s at step %lld (%lld tokens)\n", ckpt.dir.c_str(),
-                static_cast<long long>(step), static_cast<long long>(tokens));
-    events.emit("resumed", {{"step", step}, {"tokens", tokens}, {"checkpoint", ckpt.dir.string()}});
+    if (auto finished = resume(run)) return *finished;
   }
-  DataStream stream(train_split, 0, 1, config.train.batch_size, config.model.seq_len, cursor);
-
-  auto manifest = [&](double val_loss) {
-    nlohmann::json m;
-    m["config"] = to_json(config);
-    m["global_step"] = step;
-    m["tokens_trained"] = tokens;
-    m["cursors"] = nlohmann::json::array({stream.cursor().to_json()});
-    m["fragment_versions"] = nlohmann::json::array();
-    m["tokenizer"] = {{"path", (data_dir / "tokenizer.model").string()}, {"hash", tok.hash()}};
-    m["parameters"] = count_parameters(*model);
-    m["wall_seconds"] = previous_wall + std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    if (std::isfinite(val_loss)) m["val_loss"] = val_loss;
-    return m;
-  };
+  DataStream stream(train_split, 0, 1, config.train.batch_size, config.model.seq_len, run.cursor);
+  run.stream = &stream;
 
   // 3) the loop
-  g_stop_signal.store(0);
-  auto old_int = std::signal(SIGINT, on_stop_signal);
-  auto old_term = std::signal(SIGTERM, on_stop_signal);
-  const int64_t budget_tokens = config.train.total_tokens;
-  const int64_t total_steps = budget_tokens / config.train.tokens_per_step(config.model);
-  double last_val = NAN, loss_ema = NAN;
-  auto window_start = std::chrono::steady_clock::now();
-  int64_t window_tokens = 0;
-  const int64_t first_step = step;
-  auto stop_requested = [&] {
-    return g_stop_signal.load() != 0 ||
-           (options.stop_after_steps > 0 && step - first_step >= options.stop_after_steps);
-  };
-  while (tokens + config.train.tokens_per_step(config.model) <= budget_tokens && !stop_requested()) {
-    const StepResult r = trainer.step(stream, step);
-    ++step;
-    tokens += r.tokens;
-    window_tokens += r.tokens;
-    if (r.skipped) {
-      ++skipped;
-      events.emit("step_skipped", {{"step", step}, {"loss", r.loss}, {"grad_norm", r.grad_norm}});
-    }
-    if (std::isfinite(r.loss)) loss_ema = std::isnan(loss_ema) ? r.loss : 0.9 * loss_ema + 0.1 * r.loss;
-
-    const bool eval_now = config.train.eval_interval > 0 && step % config.train.eval_interval == 0;
-    if (eval_now) {
-      last_val = evaluate_loss(model, val_split, config.train.eval_tokens, config.train.batch_size, device);
-      events.emit("eval", {{"step", step}, {"tokens", tokens}, {"val_loss", last_val}});
-    }
-    if (step % config.train.log_interval == 0 || eval_now) {
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count();
-      const double tps = window_tokens / std::max(secs, 1e-9);
-      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-      const double frac = static_cast<double>(step) / std::max<int64_t>(total_steps, 1);
-      std::printf("%s %3.0f%% step %6lld | loss %.3f | val %s | lr %.2e | %7.0f tok/s | %5.0fs elapsed\n",
-                  progress_bar(frac).c_str(), 100 * frac, static_cast<long long>(step), loss_ema,
-                  std::isnan(last_val) ? "  -  " : (std::to_string(last_val).substr(0, 5)).c_str(), r.lr, tps,
-                  elapsed);
-      std::fflush(stdout);
-      events.emit("progress", {{"step", step}, {"tokens", tokens}, {"loss", loss_ema}, {"tokens_per_s", tps}});
-      window_start = std::chrono::steady_clock::now();
-      window_tokens = 0;
-    }
-    if (config.train.checkpoint_interval > 0 && step % config.train.checkpoint_interval == 0) {
-      save_checkpoint(run_dir, step, model, &trainer.optimizer(), manifest(last_val));
-    }
-  }
-  const bool interrupted = tokens + config.train.tokens_per_step(config.model) <= budget_tokens;
-  if (g_stop_signal.load() != 0) {
-    std::printf("[local] signal %d: stopping after step %lld with a checkpoint (resume with --resume %s)\n",
-                g_stop_signal.load(), static_cast<long long>(step), run_dir.c_str());
-  }
-  std::signal(SIGINT, old_int);
-  std::signal(SIGTERM, old_term);
+  const bool interrupted = train(run);
 
   // 4) final evaluation, checkpoint, sample, report
-  const double final_val = evaluate_loss(model, val_split, 0, config.train.batch_size, device);
-  const auto ckpt_dir = save_checkpoint(run_dir, step, model, &trainer.optimizer(), manifest(final_val));
-  const std::string sample = sample_text(model, tok, prompt_ids, 48, 0.8, 40, config.run.seed, device);
-  const double wall =
-      previous_wall + std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  nlohmann::json report = {
-      {"run", config.run.name},
-      {"mode", "local"},
-      {"status", interrupted ? "stopped" : "finished"},
-      {"final_val_loss", final_val},
-      {"final_val_perplexity", std::exp(final_val)},
-      {"steps", step},
-      {"steps_skipped", skipped},
-      {"tokens_trained", tokens},
-      {"wall_seconds", wall},
-      {"tokens_per_second", tokens / std::max(wall, 1e-9)},
-      {"parameters", count_parameters(*model)},
-      {"checkpoint", ckpt_dir.string()},
-      {"sample", sample},
-      {"bytes", {{"learner", {{"sent", 0}, {"received", 0}}}}},
-      {"signal", g_stop_signal.load()},
-  };
-  write_file_atomically(run_dir / "report.json", report.dump(2) + "\n");
-  events.emit("finished", {{"status", report["status"]}, {"val_loss", final_val}, {"tokens", tokens}});
-  return report;
+  return finish(run, prompt_ids, interrupted);
 }
 
 nlohmann::json evaluate_checkpoint(const fs::path& checkpoint, const std::optional<std::string>& data_dir,
