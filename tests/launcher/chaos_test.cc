@@ -259,9 +259,11 @@ TEST_F(ChaosTest, PausedLearnerNeverMakesTheOtherWait) {
   ASSERT_GT(resumed_at, paused_at) << "the pause never ended";
   const int during = steps_between(run, 0, paused_at, resumed_at);
   std::printf("pause of learner 1: %.2f s; learner 0 trained %d steps in it, learner 1 %d\n", resumed_at - paused_at,
-              during, steps_between(run, 1, paused_at + 0.05, resumed_at));
+              during, steps_between(run, 1, paused_at + 0.5, resumed_at));
   EXPECT_GE(during, 30) << "learner 0 stopped training while learner 1 was paused";
-  EXPECT_EQ(steps_between(run, 1, paused_at + 0.05, resumed_at), 0) << "learner 1 was not stopped";
+  // From 0.5 s after the fault event: on a loaded machine the launcher can be descheduled between logging the
+  // fault and sending SIGSTOP, and a slowed learner can log a step in that gap (seen once with DLOCO_TEST_SLOWDOWN=3).
+  EXPECT_EQ(steps_between(run, 1, paused_at + 0.5, resumed_at), 0) << "learner 1 was not stopped";
   EXPECT_GE(events_named(run, "learner_0", "step").size(), 100u);
   expect_never_waited(run, 0, 2);
 }
