@@ -66,6 +66,15 @@ std::vector<int64_t> SyncerState::versions() const {
   return v;
 }
 
+bool SyncerState::every_stream_started() const {
+  const int64_t S = config_.data.streams > 0 ? config_.data.streams : config_.diloco.learners;
+  for (int64_t stream = 0; stream < S; ++stream) {
+    const auto it = stream_tokens_.find(stream);
+    if (it == stream_tokens_.end() || it->second <= 0) return false;
+  }
+  return true;
+}
+
 int64_t SyncerState::tokens_trained() const {
   int64_t total = 0;
   for (const auto& [stream, tokens] : stream_tokens_) total += tokens;
@@ -212,7 +221,12 @@ SyncerActions SyncerState::tick(double now_s) {
       live_finished += rec.last.finished ? 1 : 0;
     }
   }
-  if (phase_.is(SyncerPhase::kTraining) && live > 0 && live == live_finished) {
+  // With a fixed share per stream (train.shared_budget = false) the end also waits until every stream has been
+  // trained at all: a learner that is slow to start, or down before its first report, is neither live nor
+  // finished, and ending without it would drop its whole share (seen under load: one learner trained all 12
+  // steps before the other had joined).
+  if (phase_.is(SyncerPhase::kTraining) && live > 0 && live == live_finished &&
+      (config_.train.shared_budget || every_stream_started())) {
     phase_.to(SyncerPhase::kFlushing);
     pending_.clear();
     for (auto it = open_.begin(); it != open_.end();) {

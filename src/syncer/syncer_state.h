@@ -141,6 +141,8 @@ class SyncerState {
   /// Tokens trained over all data streams: Σ_s of the furthest cursor reported for stream s (a stream trained
   /// by several learners in turn, after a kill or a handover, counts once).
   int64_t tokens_trained() const;
+  /// True when each of the S data streams has had tokens trained on it (the fixed-share end waits for it).
+  bool every_stream_started() const;
   /// Restores stream s's served tokens (after a syncer restart, from its persisted cursor).
   void restore_stream_tokens(int64_t stream, int64_t tokens);
   bool finished() const { return phase_.is(SyncerPhase::kFinished); }

@@ -39,6 +39,7 @@ class SyncerStateTest : public ::testing::Test {
     r.steps = {step, step};
     r.tokens = {step * 10, step * 10};
     r.step_time_s = step_s;
+    r.tokens_trained = step * 10;
     r.finished = finished;
     return r;
   }
@@ -198,6 +199,37 @@ TEST_F(SyncerStateTest, FinalFlushMergesEveryFragmentOnceThenFinishes) {
   EXPECT_EQ(a.merged.size(), 2u);
   EXPECT_TRUE(a.finished_now);
   EXPECT_TRUE(s.finished());
+}
+
+TEST_F(SyncerStateTest, WithFixedSharesTheEndWaitsForEveryStreamToHaveTrained) {
+  // M = 2: learner 0 spends its share before learner 1 has joined (slow to start). Ending then would drop
+  // learner 1's whole share; the flush waits until stream 1 has trained and its learner finished.
+  auto s = make(2, 1, false);
+  s.on_join(0, 0.0);
+  s.on_report(0, report(4, 1.0, /*finished=*/true), 1.0);
+  auto a = s.tick(1.0);
+  EXPECT_TRUE(a.pulls.empty() || a.pulls[0].round_step != -1) << "no final flush while stream 1 has not trained";
+  EXPECT_FALSE(s.every_stream_started());
+  s.on_join(1, 2.0);
+  s.on_report(1, report(1, 1.0), 2.0);
+  EXPECT_TRUE(s.every_stream_started());
+  for (double t = 2.0; t < 4.0; t += 0.5) EXPECT_FALSE(s.tick(t).finished_now) << "learner 1 has not finished";
+  // With a shared budget the syncer's own notice ends the run: no wait for streams nobody leased.
+  Config c = parse_config("");
+  c.diloco.learners = 2;
+  c.diloco.quorum = 1;
+  c.diloco.grace_window = false;
+  c.diloco.inner_steps = 2;
+  c.diloco.fragments = 2;
+  c.train.shared_budget = true;
+  FragmentLayout layout = make_fragment_layout({{"a", {4}}, {"b", {4}}}, 2, false);
+  SyncerState shared(c, layout, {std::vector<float>(4, 1.0f), std::vector<float>(4, 2.0f)},
+                     [](const std::string&) { return false; });
+  shared.on_join(0, 0.0);
+  shared.on_report(0, report(4, 1.0, /*finished=*/true), 1.0);
+  a = shared.tick(1.0);
+  ASSERT_FALSE(a.pulls.empty());
+  EXPECT_EQ(a.pulls[0].round_step, -1) << "the shared-budget run flushes without stream 1";
 }
 
 TEST_F(SyncerStateTest, MismatchedInitialBuffersAreRefused) {
