@@ -18,6 +18,7 @@ void TensorParallelGroup::allreduce_sum(torch::Tensor tensor, TensorParallelCall
     case TensorParallelCall::kG: ++counts_.g_forward; break;
     case TensorParallelCall::kCrossEntropy: ++counts_.cross_entropy; break;
     case TensorParallelCall::kGather: ++counts_.gather; break;
+    case TensorParallelCall::kNorm: ++counts_.norm; break;
   }
   collective_->allreduce_sum(std::move(tensor));
 }

@@ -28,6 +28,7 @@ enum class TensorParallelCall {
   kG,             // operator g: all-reduce forward (row-parallel outputs, the vocab-parallel embedding)
   kCrossEntropy,  // the vocab-parallel cross-entropy's three forward all-reduces (max, target logit, sum of exp)
   kGather,        // all-gathers: a column-parallel output, parameters and gradients gathered for checkpoints
+  kNorm,          // the sum of squared gradients of the sharded parameters (global-norm clipping)
 };
 
 /// All-reduces issued through a TensorParallelGroup, by the operation that issued them. Counted on this rank.
@@ -36,7 +37,8 @@ struct TensorParallelCounts {
   int64_t g_forward = 0;      // operator g, in forward
   int64_t cross_entropy = 0;  // vocab-parallel cross-entropy, in forward (3 per call)
   int64_t gather = 0;         // all-gathers (each one all-reduce of a zero-padded tensor)
-  int64_t total() const { return f_backward + g_forward + cross_entropy + gather; }
+  int64_t norm = 0;           // gradient-norm sums
+  int64_t total() const { return f_backward + g_forward + cross_entropy + gather + norm; }
 };
 
 /// The tensor-parallel group of one rank: a Collective of world t plus the counters. Thread-compatible, like the
@@ -167,7 +169,8 @@ TORCH_MODULE(VocabParallelEmbedding);
 /// Vocabulary-parallel cross-entropy (Megatron core's vocab_parallel_cross_entropy), per token, in nats:
 /// loss_n = log Σ_v exp(z_nv − m_n) − (z_n,target − m_n), with three all-reduces (kCrossEntropy): the maximum m_n,
 /// the target logit (held by one rank, 0 elsewhere) and the sum of exp. The B·T·V logits are never gathered.
-/// Backward is hand-written and local: (softmax − one-hot) on this rank's columns times the incoming gradient.
+/// Backward is hand-written and local: (softmax − one-hot) on this rank's columns times the incoming gradient; it
+/// reuses the saved softmax in place, so the graph can be backpropagated once (no retain_graph).
 /// logits: (N, V/t) float, rank r's columns [r·V/t, (r+1)·V/t); targets: (N) int64 in [0, V). Returns (N).
 /// Throws InvariantError on mismatched shapes, CollectiveError on a failed all-reduce.
 torch::Tensor vocab_parallel_cross_entropy_per_token(const torch::Tensor& logits, const torch::Tensor& targets,

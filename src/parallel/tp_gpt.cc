@@ -158,6 +158,31 @@ std::vector<std::pair<std::string, torch::Tensor>> TensorParallelGPTImpl::gather
   return out;
 }
 
+double TensorParallelGPTImpl::clip_grad_norm(double max_norm) {
+  torch::NoGradGuard no_grad;
+  const auto local = named_parameters();
+  auto sharded_sq = torch::zeros({1}, torch::kDouble);  // Σ ‖g‖² over this rank's shards, then over all ranks
+  double replicated_sq = 0;                             // identical on every rank: counted once, not summed
+  for (const auto& [name, spec] : specs_) {
+    const auto& grad = local[name].grad();
+    if (!grad.defined()) continue;
+    if (spec.replicated()) {
+      replicated_sq += grad.to(torch::kDouble).square().sum().item<double>();
+    } else {
+      sharded_sq += grad.to(torch::kDouble).square().sum();
+    }
+  }
+  group_->allreduce_sum(sharded_sq, TensorParallelCall::kNorm);
+  const double norm = std::sqrt(sharded_sq.item<double>() + replicated_sq);
+  const double coef = max_norm / (norm + 1e-6);  // torch::nn::utils::clip_grad_norm_'s coefficient
+  if (coef < 1) {
+    for (auto& p : parameters()) {
+      if (p.grad().defined()) p.grad().mul_(coef);
+    }
+  }
+  return norm;
+}
+
 void TensorParallelGPTImpl::write_to(GPT& full) {
   auto gathered = gather(false);  // every rank takes part, whatever `full` holds
   auto targets = full->named_parameters();

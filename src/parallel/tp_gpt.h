@@ -11,7 +11,7 @@
 // own optimizer on its own parameters with no further communication.
 // Built by sharding a full GPT; gathers back to a full GPT (same parameter names, so the same safetensors).
 // Dimension letters: B, T, C, NH, hs = C/NH, F, V, L as in model/gpt.h; t the tensor-parallel degree.
-// Deliberately not here: gradient clipping across ranks, dropout, generation, sequence parallelism.
+// Deliberately not here: dropout, generation, sequence parallelism.
 #pragma once
 
 #include <torch/torch.h>
@@ -98,6 +98,11 @@ class TensorParallelGPTImpl : public torch::nn::Module {
   /// Copies the gathered parameters into `full` in place (under NoGradGuard, so its optimizer keeps its state).
   /// Throws InputError when `full` lacks a parameter or has another shape; CollectiveError.
   void write_to(GPT& full);
+  /// Global-norm gradient clipping over the whole (unsharded) model, as torch::nn::utils::clip_grad_norm_ on the
+  /// full GPT: ‖g‖ = sqrt(Σ_r Σ_sharded ‖g_r‖² + Σ_replicated ‖g‖²) (one kNorm all-reduce; replicated gains counted
+  /// once), and every gradient scaled by max_norm / (‖g‖ + 1e-6) when that is below 1. Returns ‖g‖ before
+  /// clipping (the same on every rank). max_norm = +inf only measures. Throws CollectiveError.
+  double clip_grad_norm(double max_norm);
   /// The split rule of a parameter, by its full name; throws InputError for an unknown name.
   ShardSpec shard_spec(const std::string& parameter_name) const;
 
