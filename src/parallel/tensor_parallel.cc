@@ -30,14 +30,15 @@ torch::Tensor shard_of(const torch::Tensor& full, const ShardSpec& spec, int ran
   DLOCO_CHECK_GE(spec.blocks, 1);
   const int64_t size = full.size(spec.dim);
   if (size % (spec.blocks * world) != 0) {
-    throw InputError("tensor parallelism: dimension " + std::to_string(spec.dim) + " of size " +
-                     std::to_string(size) + " (" + std::to_string(spec.blocks) + " block(s)) cannot be split " +
-                     "evenly over " + std::to_string(world) + " ranks; choose a degree that divides heads, " +
+    throw InputError("tensor parallelism: dimension " + std::to_string(spec.dim) + " of size " + std::to_string(size) +
+                     " (" + std::to_string(spec.blocks) + " block(s)) cannot be split " + "evenly over " +
+                     std::to_string(world) + " ranks; choose a degree that divides heads, " +
                      "the SwiGLU width and the vocabulary");
   }
   const int64_t block = size / spec.blocks, piece = block / world;
   std::vector<torch::Tensor> pieces;
-  for (int64_t j = 0; j < spec.blocks; ++j) pieces.push_back(full.detach().narrow(spec.dim, j * block + rank * piece, piece));
+  for (int64_t j = 0; j < spec.blocks; ++j)
+    pieces.push_back(full.detach().narrow(spec.dim, j * block + rank * piece, piece));
   return torch::cat(pieces, spec.dim).contiguous();
 }
 
@@ -49,7 +50,8 @@ torch::Tensor gather_shards(const torch::Tensor& local, const ShardSpec& spec, a
   DLOCO_CHECK_EQ(local.size(spec.dim), piece * spec.blocks);
   auto full = torch::zeros(full_sizes, local.options());  // zero-padded: this rank's pieces, zeros elsewhere
   for (int64_t j = 0; j < spec.blocks; ++j) {
-    full.narrow(spec.dim, j * block + group.rank() * piece, piece).copy_(local.detach().narrow(spec.dim, j * piece, piece));
+    full.narrow(spec.dim, j * block + group.rank() * piece, piece)
+        .copy_(local.detach().narrow(spec.dim, j * piece, piece));
   }
   group.allreduce_sum(full, TensorParallelCall::kGather);  // x + 0 = x: the sum is the exact concatenation
   return full;
@@ -60,9 +62,10 @@ namespace {
 // LibTorch's saved_data holds IValues; the group travels as its address in an int64. The group outlives the
 // graph (documented on TensorParallelGroup).
 int64_t handle_of(TensorParallelGroup& group) { return reinterpret_cast<intptr_t>(&group); }
-TensorParallelGroup& group_of(AutogradContext* ctx) {
-  return *reinterpret_cast<TensorParallelGroup*>(static_cast<intptr_t>(ctx->saved_data["group"].toInt()));
+TensorParallelGroup& group_at(int64_t handle) {
+  return *reinterpret_cast<TensorParallelGroup*>(static_cast<intptr_t>(handle));
 }
+TensorParallelGroup& group_of(AutogradContext* ctx) { return group_at(ctx->saved_data["group"].toInt()); }
 
 // f: identity forward, all-reduce backward.
 struct CopyToTensorParallel : torch::autograd::Function<CopyToTensorParallel> {
@@ -81,7 +84,7 @@ struct CopyToTensorParallel : torch::autograd::Function<CopyToTensorParallel> {
 struct ReduceFromTensorParallel : torch::autograd::Function<ReduceFromTensorParallel> {
   static torch::Tensor forward(AutogradContext*, const torch::Tensor& x, int64_t group) {
     auto y = x.clone(torch::MemoryFormat::Contiguous);  // x stays intact: autograd may have saved it
-    reinterpret_cast<TensorParallelGroup*>(static_cast<intptr_t>(group))->allreduce_sum(y, TensorParallelCall::kG);
+    group_at(group).allreduce_sum(y, TensorParallelCall::kG);
     return y;
   }
   static tensor_list backward(AutogradContext*, tensor_list grad_output) { return {grad_output[0], torch::Tensor()}; }
@@ -91,7 +94,7 @@ struct ReduceFromTensorParallel : torch::autograd::Function<ReduceFromTensorPara
 struct GatherLastDim : torch::autograd::Function<GatherLastDim> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t group_handle) {
     ctx->saved_data["group"] = group_handle;
-    auto& group = *reinterpret_cast<TensorParallelGroup*>(static_cast<intptr_t>(group_handle));
+    auto& group = group_at(group_handle);
     const int64_t n = x.size(-1);
     auto sizes = x.sizes().vec();
     sizes.back() = n * group.world();
@@ -111,7 +114,7 @@ struct GatherLastDim : torch::autograd::Function<GatherLastDim> {
 struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossEntropy> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits, const torch::Tensor& targets,
                                int64_t group_handle) {
-    auto& group = *reinterpret_cast<TensorParallelGroup*>(static_cast<intptr_t>(group_handle));
+    auto& group = group_at(group_handle);
     const int64_t N = logits.size(0), Vt = logits.size(1), start = group.rank() * Vt;
     // 1. The maximum m_n over all V columns: each rank's row maxima in its row of a (t, N) zero tensor, summed.
     auto maxima = torch::zeros({group.world(), N}, logits.options());  // (t, N)
@@ -119,22 +122,22 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
     group.allreduce_sum(maxima, TensorParallelCall::kCrossEntropy);
     auto z = logits - std::get<0>(maxima.max(0)).unsqueeze(1);  // (N, V/t) z = logit − m
     // 2. The target logit z_n,target: held by the rank whose columns contain the target, 0 on the others.
-    auto in_range = targets.ge(start).logical_and(targets.lt(start + Vt));  // (N) bool
+    auto in_range = targets.ge(start).logical_and(targets.lt(start + Vt));         // (N) bool
     auto local_target = (targets - start).masked_fill(in_range.logical_not(), 0);  // (N) in [0, V/t)
     auto target_z = z.gather(1, local_target.unsqueeze(1)).squeeze(1).masked_fill(in_range.logical_not(), 0.0);  // (N)
     group.allreduce_sum(target_z, TensorParallelCall::kCrossEntropy);
     // 3. The sum of exp over all V columns.
-    auto exp_z = z.exp_();                // (N, V/t), in place: z is ours
-    auto sum_exp = exp_z.sum(1);          // (N)
+    auto exp_z = z.exp_();        // (N, V/t), in place: z is ours
+    auto sum_exp = exp_z.sum(1);  // (N)
     group.allreduce_sum(sum_exp, TensorParallelCall::kCrossEntropy);
-    auto loss = sum_exp.log() - target_z;  // (N) nats
+    auto loss = sum_exp.log() - target_z;                           // (N) nats
     ctx->saved_data["softmax"] = exp_z.div_(sum_exp.unsqueeze(1));  // (N, V/t); backward consumes it in place
     ctx->saved_data["local_target"] = local_target;
     ctx->saved_data["in_range"] = in_range;
     return loss;
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_output) {
-    auto grad = ctx->saved_data["softmax"].toTensor();  // (N, V/t)
+    auto grad = ctx->saved_data["softmax"].toTensor();                                  // (N, V/t)
     const auto local_target = ctx->saved_data["local_target"].toTensor().unsqueeze(1);  // (N, 1)
     const auto in_range = ctx->saved_data["in_range"].toTensor().unsqueeze(1);          // (N, 1)
     ctx->saved_data.clear();
@@ -175,8 +178,8 @@ ShardSpec ColumnParallelLinearImpl::shard_spec(const std::string& name) const {
 
 torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& x) {
   auto input = options_.copy_input ? copy_to_tensor_parallel(x, *group_) : x;  // (..., in)
-  auto y = torch::linear(input, weight, bias);                                  // (..., out/t)
-  return options_.gather_output ? gather_last_dim(y, *group_) : y;              // (..., out) or (..., out/t)
+  auto y = torch::linear(input, weight, bias);                                 // (..., out/t)
+  return options_.gather_output ? gather_last_dim(y, *group_) : y;             // (..., out) or (..., out/t)
 }
 
 RowParallelLinearImpl::RowParallelLinearImpl(const torch::nn::Linear& full, TensorParallelGroup& group)
@@ -203,10 +206,10 @@ VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(const torch::nn::Embeddin
 
 torch::Tensor VocabParallelEmbeddingImpl::forward(const torch::Tensor& idx) {
   const int64_t Vt = weight.size(0);
-  auto outside = idx.lt(vocab_start_).logical_or(idx.ge(vocab_start_ + Vt));  // (B, T) bool
-  auto local = (idx - vocab_start_).masked_fill(outside, 0);                 // (B, T) in [0, V/t)
+  auto outside = idx.lt(vocab_start_).logical_or(idx.ge(vocab_start_ + Vt));            // (B, T) bool
+  auto local = (idx - vocab_start_).masked_fill(outside, 0);                            // (B, T) in [0, V/t)
   auto rows = torch::embedding(weight, local).masked_fill(outside.unsqueeze(-1), 0.0);  // (B, T, C)
-  return reduce_from_tensor_parallel(rows, *group_);                                 // (B, T, C)
+  return reduce_from_tensor_parallel(rows, *group_);                                    // (B, T, C)
 }
 
 torch::Tensor vocab_parallel_cross_entropy_per_token(const torch::Tensor& logits, const torch::Tensor& targets,

@@ -48,7 +48,7 @@ class TensorParallelGroup {
   /// collective: the t ranks of this tensor-parallel group (not owned; outlives this object).
   explicit TensorParallelGroup(Collective& collective) : collective_(&collective) {}
 
-  int rank() const { return collective_->rank(); }   // r
+  int rank() const { return collective_->rank(); }    // r
   int world() const { return collective_->world(); }  // t
   const TensorParallelCounts& counts() const { return counts_; }
 

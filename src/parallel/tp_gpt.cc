@@ -130,7 +130,7 @@ torch::Tensor TensorParallelGPTImpl::forward(const torch::Tensor& idx) {
   auto x = wte(idx);  // (B, T, C), all-reduced by g
   for (auto& block : *h) x = block->as<TensorParallelBlock>()->forward(x, cos, sin, causal);
   x = ln_f(x);
-  if (!cfg_.tie_embeddings) return lm_head(x);                             // (B, T, V/t), f inside
+  if (!cfg_.tie_embeddings) return lm_head(x);                                 // (B, T, V/t), f inside
   return torch::matmul(copy_to_tensor_parallel(x, *group_), wte->weight.t());  // (B, T, V/t)
 }
 

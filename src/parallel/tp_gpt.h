@@ -116,10 +116,10 @@ class TensorParallelGPTImpl : public torch::nn::Module {
  private:
   ModelConfig cfg_;
   TensorParallelGroup* group_;
-  std::vector<std::pair<std::string, ShardSpec>> specs_;            // every parameter, named_parameters() order
+  std::vector<std::pair<std::string, ShardSpec>> specs_;                  // every parameter, named_parameters() order
   std::vector<std::pair<std::string, std::vector<int64_t>>> full_sizes_;  // the full shapes, same order
-  torch::Tensor rope_cos_, rope_sin_;  // (T, hs/2), copied from the full model
-  torch::Tensor causal_;               // (T, T) additive mask
+  torch::Tensor rope_cos_, rope_sin_;                                     // (T, hs/2), copied from the full model
+  torch::Tensor causal_;                                                  // (T, T) additive mask
 };
 TORCH_MODULE(TensorParallelGPT);
 

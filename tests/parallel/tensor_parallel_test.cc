@@ -150,7 +150,7 @@ TEST(TensorParallelCounts, TwoAllReducesPerLayerForwardAndTwoBackward) {
   torch::manual_seed(2);
   const ModelConfig cfg = tiny_config(true);
   GPT full(cfg);
-  const auto x = torch::randn({2, 16, 32});                  // (B, T, C)
+  const auto x = torch::randn({2, 16, 32});                       // (B, T, C)
   const auto idx = torch::randint(0, 64, {2, 16}, torch::kLong);  // (B, T)
   const int64_t L = cfg.n_layer;
   std::vector<std::vector<TensorParallelCounts>> seen(2);
@@ -173,7 +173,7 @@ TEST(TensorParallelCounts, TwoAllReducesPerLayerForwardAndTwoBackward) {
     ASSERT_EQ(c.size(), 4u);
     EXPECT_EQ(c[0].g_forward, 2);  // attention's g and the MLP's g
     EXPECT_EQ(c[0].f_backward, 0);
-    EXPECT_EQ(c[1].g_forward, 2);  // backward adds no g
+    EXPECT_EQ(c[1].g_forward, 2);   // backward adds no g
     EXPECT_EQ(c[1].f_backward, 2);  // attention's f and the MLP's f
     EXPECT_EQ(c[1].total(), 4);
     // The whole model: 2 per block each way, one g for the embedding and one f for the tied head, and the
@@ -193,8 +193,8 @@ TEST(VocabParallelCrossEntropy, ReproducesMegatronsFixedAnswerAtTp4) {
   // all in rank 0's columns. loss_n = log(16 · Σ_{k=0}^{7} e^k) − logit[target_n] = 10.2309 − {0, 2, 4, 6}.
   const int t = 4;
   const auto local_logits = torch::arange(8, torch::kFloat).repeat({16, 4});  // (N = 16, V/t = 32)
-  const auto targets = torch::arange(0, 32, 2, torch::kLong);                  // (N)
-  const auto full_logits = local_logits.repeat({1, t});                        // (N, V = 128)
+  const auto targets = torch::arange(0, 32, 2, torch::kLong);                 // (N)
+  const auto full_logits = local_logits.repeat({1, t});                       // (N, V = 128)
   auto ref = full_logits.clone().requires_grad_(true);
   cross_entropy(ref, targets).backward();
   std::vector<torch::Tensor> losses(t), grads(t);
@@ -209,7 +209,8 @@ TEST(VocabParallelCrossEntropy, ReproducesMegatronsFixedAnswerAtTp4) {
   for (int k = 0; k < t; ++k) {
     ASSERT_EQ(losses[k].size(0), 16);
     for (int64_t n = 0; n < 16; ++n) {
-      EXPECT_NEAR(losses[k][n].item<double>(), expected[n % 4], 5e-5) << "rank " << k << " token " << n;  // 4 decimals given
+      EXPECT_NEAR(losses[k][n].item<double>(), expected[n % 4], 5e-5)
+          << "rank " << k << " token " << n;  // 4 decimals given
     }
     EXPECT_TRUE(near(grads[k], ref.grad().narrow(1, k * 32, 32)));
   }
@@ -283,8 +284,8 @@ TEST(TensorParallelGPT, GatherOfShardReproducesEveryParameterExactly) {
       }
       // The fused qkv shard: rank k's heads (rows [16k, 16k + 16) of each of q, k, v in the (96, 32) weight).
       const auto full_qkv = expected["h.1.attn.qkv.weight"];
-      const auto rows = torch::cat({full_qkv.narrow(0, 16 * k, 16), full_qkv.narrow(0, 32 + 16 * k, 16),
-                                    full_qkv.narrow(0, 64 + 16 * k, 16)});
+      const auto rows = torch::cat(
+          {full_qkv.narrow(0, 16 * k, 16), full_qkv.narrow(0, 32 + 16 * k, 16), full_qkv.narrow(0, 64 + 16 * k, 16)});
       EXPECT_TRUE(torch::equal(qkv_shard[k], rows)) << "rank " << k;
     }
   }
@@ -374,16 +375,16 @@ void expect_trains_like_the_full_model(bool tied) {
   // Tolerances: the row-parallel reductions add t partial sums of C/t or F/t products where the full model adds
   // one sum of C or F, so forward values and gradients differ by a few ε relative (measured, tied and untied:
   // logits 1.8e-7, loss bitwise equal here, gradients ≤ 4.3e-7 of each tensor's largest element, the clipped
-  // global norm 6e-7 relative; bounds 1e-6, 1e-6, 1e-5 and 1e-5). AdamW's update m/√v is ≈ ±lr wherever |g| is near 0 (or near ε = 1e-8), so a relative gradient
-  // difference of 4e-7 there can move one weight by a good fraction of lr per step: measured 4.6e-6 (tied) and
-  // 3.9e-5 (untied; 6.4e-5 without clipping, one element of h.0.mlp.gate) after 5 steps at lr = 1e-2, bound
-  // lr/10 = 1e-3 per element (a
-  // wrong shard or gradient moves weights by ~lr every step). Over the whole model the difference is measured
-  // against how far the 5 steps moved Θ: ‖Θ_tp − Θ‖ / ‖Θ − Θ_0‖, measured 2.4e-6 (tied) and 1.8e-5 (untied),
-  // bound 1e-3.
+  // global norm 6e-7 relative; bounds 1e-6, 1e-6, 1e-5 and 1e-5). AdamW's update m/√v is ≈ ±lr wherever |g| is near 0
+  // (or near ε = 1e-8), so a relative gradient difference of 4e-7 there can move one weight by a good fraction of lr
+  // per step: measured 4.6e-6 (tied) and 3.9e-5 (untied; 6.4e-5 without clipping, one element of h.0.mlp.gate) after 5
+  // steps at lr = 1e-2, bound lr/10 = 1e-3 per element (a wrong shard or gradient moves weights by ~lr every step).
+  // Over the whole model the difference is measured against how far the 5 steps moved Θ: ‖Θ_tp − Θ‖ / ‖Θ − Θ_0‖,
+  // measured 2.4e-6 (tied) and 1.8e-5 (untied), bound 1e-3.
   for (int k = 0; k < 2; ++k) {
     const auto& mine = ranks[k];
-    const double dlogits = max_abs_diff(mine.logits, logits), dloss = std::abs(mine.loss.item<double>() - loss.item<double>());
+    const double dlogits = max_abs_diff(mine.logits, logits),
+                 dloss = std::abs(mine.loss.item<double>() - loss.item<double>());
     EXPECT_LE(dlogits, 1e-6);
     EXPECT_NEAR(mine.loss.item<double>(), loss.item<double>(), 1e-6 * loss.item<double>());
     double worst_grad = 0, worst_param = 0, diff_sq = 0, moved_sq = 0;
@@ -409,11 +410,12 @@ void expect_trains_like_the_full_model(bool tied) {
     }
     const double relative_drift = std::sqrt(diff_sq / moved_sq);  // ‖Θ_tp − Θ‖ / ‖Θ − Θ_0‖
     EXPECT_LE(relative_drift, 1e-3);
-    std::printf("TP = 2 GPT (%s) vs full, rank %d: logits max |diff| %.2e, loss |diff| %.2e (loss %.4f), step-1 grads "
-                "max |diff|/max|g| %.2e, ‖g‖ (%.3f at step 1) max relative diff %.1e, parameters after %d AdamW steps max |diff| %.2e, "
-                "‖diff‖/‖movement‖ %.2e\n",
-                tied ? "tied" : "untied", k, dlogits, dloss, loss.item<double>(), worst_grad, norms[0], worst_norm, steps,
-                worst_param, relative_drift);
+    std::printf(
+        "TP = 2 GPT (%s) vs full, rank %d: logits max |diff| %.2e, loss |diff| %.2e (loss %.4f), step-1 grads "
+        "max |diff|/max|g| %.2e, ‖g‖ (%.3f at step 1) max relative diff %.1e, parameters after %d AdamW steps "
+        "max |diff| %.2e, ‖diff‖/‖movement‖ %.2e\n",
+        tied ? "tied" : "untied", k, dlogits, dloss, loss.item<double>(), worst_grad, norms[0], worst_norm, steps,
+        worst_param, relative_drift);
   }
 }
 
