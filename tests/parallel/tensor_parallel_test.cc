@@ -270,11 +270,16 @@ TEST(TensorParallelGPT, GatherOfShardReproducesEveryParameterExactly) {
       targets.emplace_back(cfg);
     }
     std::vector<torch::Tensor> qkv_shard(2);
+    std::vector<int64_t> held(2);  // parameters one rank holds
     on_ranks("gather", 2, [&](TensorParallelGroup& group) {
       TensorParallelGPT model(source, group);
       qkv_shard[group.rank()] = model->named_parameters()["h.1.attn.qkv.weight"].detach().clone();
+      held[group.rank()] = count_parameters(*model);
       model->write_to(targets[group.rank()]);
     });
+    // Every matrix is split in half; the norm gains ((2L + 1)·C = 160) are replicated.
+    const int64_t replicated = (2 * cfg.n_layer + 1) * cfg.d_model;
+    for (int k = 0; k < 2; ++k) EXPECT_EQ(held[k], (gpt_parameter_count(cfg) - replicated) / 2 + replicated);
     const auto expected = source->named_parameters();
     for (int k = 0; k < 2; ++k) {
       const auto got = targets[k]->named_parameters();
@@ -306,10 +311,10 @@ TEST(TensorParallelGPT, RefusesADegreeThatDoesNotDivideHeadsWidthOrVocabulary) {
   for (const auto& m : messages) EXPECT_NE(m.find("model.vocab_size = 64"), std::string::npos) << m;
 }
 
-// TP = 2 against one process running the full GPT on the same 5 batches, each side its own global-norm clipping
+// TP = t against one process running the full GPT on the same 5 batches, each side its own global-norm clipping
 // and AdamW (each rank on its shards). Compared: step-1 logits and loss, every step-1 gradient (gathered), the
 // gradient norm of every step, the parameters after 5 steps.
-void expect_trains_like_the_full_model(bool tied) {
+void expect_trains_like_the_full_model(bool tied, int t) {
   const ModelConfig cfg = tiny_config(tied);
   const int steps = 5;
   torch::manual_seed(7);
@@ -329,8 +334,8 @@ void expect_trains_like_the_full_model(bool tied) {
     std::vector<std::pair<std::string, torch::Tensor>> grads, params;
     std::vector<double> norms;  // ‖g‖ before clipping, per step
   };
-  std::vector<Rank> ranks(2);
-  on_ranks("gpt", 2, [&](TensorParallelGroup& group) {  // shards `reference` before it trains
+  std::vector<Rank> ranks(t);
+  on_ranks("gpt", t, [&](TensorParallelGroup& group) {  // shards `reference` before it trains
     auto& mine = ranks[group.rank()];
     TensorParallelGPT model(reference, group);
     torch::optim::AdamW optimizer(model->parameters(), adamw);
@@ -373,15 +378,16 @@ void expect_trains_like_the_full_model(bool tied) {
   }
   const auto params = reference->named_parameters();
   // Tolerances: the row-parallel reductions add t partial sums of C/t or F/t products where the full model adds
-  // one sum of C or F, so forward values and gradients differ by a few ε relative (measured, tied and untied:
-  // logits 1.8e-7, loss bitwise equal here, gradients ≤ 4.3e-7 of each tensor's largest element, the clipped
-  // global norm 6e-7 relative; bounds 1e-6, 1e-6, 1e-5 and 1e-5). AdamW's update m/√v is ≈ ±lr wherever |g| is near 0
-  // (or near ε = 1e-8), so a relative gradient difference of 4e-7 there can move one weight by a good fraction of lr
-  // per step: measured 4.6e-6 (tied) and 3.9e-5 (untied; 6.4e-5 without clipping, one element of h.0.mlp.gate) after 5
-  // steps at lr = 1e-2, bound lr/10 = 1e-3 per element (a wrong shard or gradient moves weights by ~lr every step).
-  // Over the whole model the difference is measured against how far the 5 steps moved Θ: ‖Θ_tp − Θ‖ / ‖Θ − Θ_0‖,
-  // measured 2.4e-6 (tied) and 1.8e-5 (untied), bound 1e-3.
-  for (int k = 0; k < 2; ++k) {
+  // one sum of C or F, so forward values and gradients differ by a few ε relative. Measured (t = 2 tied, untied;
+  // t = 4): logits max |diff| 1.8e-7, 1.2e-7, 1.2e-7 (bound 1e-6); loss equal, equal, 1.1e-7 relative (bound 1e-6);
+  // gradients 4.3e-7, 4.0e-7, 5.1e-7 of each tensor's largest element (bound 1e-5); clipped global norm 5.4e-7,
+  // 6.4e-7, 7.9e-7 relative (bound 1e-5). AdamW's update m/√v is ≈ ±lr wherever |g| is near 0 (or near ε = 1e-8),
+  // so a relative gradient difference of 4e-7 there can move one weight by a good fraction of lr per step: after 5
+  // steps at lr = 1e-2 max |diff| 4.6e-6, 3.9e-5 (6.4e-5 without clipping, one element of h.0.mlp.gate), 8.6e-6;
+  // bound lr/10 = 1e-3 per element (a wrong shard or gradient moves weights by ~lr every step). Over the whole model
+  // the difference is measured against how far the 5 steps moved Θ, ‖Θ_tp − Θ‖ / ‖Θ − Θ_0‖: 2.4e-6, 1.8e-5, 3.5e-6
+  // (bound 1e-3).
+  for (int k = 0; k < t; ++k) {
     const auto& mine = ranks[k];
     const double dlogits = max_abs_diff(mine.logits, logits),
                  dloss = std::abs(mine.loss.item<double>() - loss.item<double>());
@@ -411,16 +417,18 @@ void expect_trains_like_the_full_model(bool tied) {
     const double relative_drift = std::sqrt(diff_sq / moved_sq);  // ‖Θ_tp − Θ‖ / ‖Θ − Θ_0‖
     EXPECT_LE(relative_drift, 1e-3);
     std::printf(
-        "TP = 2 GPT (%s) vs full, rank %d: logits max |diff| %.2e, loss |diff| %.2e (loss %.4f), step-1 grads "
+        "TP = %d GPT (%s) vs full, rank %d: logits max |diff| %.2e, loss |diff| %.2e (loss %.4f), step-1 grads "
         "max |diff|/max|g| %.2e, ‖g‖ (%.3f at step 1) max relative diff %.1e, parameters after %d AdamW steps "
         "max |diff| %.2e, ‖diff‖/‖movement‖ %.2e\n",
-        tied ? "tied" : "untied", k, dlogits, dloss, loss.item<double>(), worst_grad, norms[0], worst_norm, steps,
+        t, tied ? "tied" : "untied", k, dlogits, dloss, loss.item<double>(), worst_grad, norms[0], worst_norm, steps,
         worst_param, relative_drift);
   }
 }
 
-TEST(TensorParallelGPT, TrainsLikeTheFullModelOverFiveAdamWSteps) { expect_trains_like_the_full_model(true); }
-TEST(TensorParallelGPT, UntiedHeadTrainsLikeTheFullModelToo) { expect_trains_like_the_full_model(false); }
+TEST(TensorParallelGPT, TrainsLikeTheFullModelOverFiveAdamWSteps) { expect_trains_like_the_full_model(true, 2); }
+TEST(TensorParallelGPT, UntiedHeadTrainsLikeTheFullModelToo) { expect_trains_like_the_full_model(false, 2); }
+// t = 4: one head per rank, F/t = 32, V/t = 16.
+TEST(TensorParallelGPT, TrainsLikeTheFullModelAtTp4) { expect_trains_like_the_full_model(true, 4); }
 
 }  // namespace
 }  // namespace dloco
