@@ -70,7 +70,7 @@ struct ShardSpec {
   bool replicated() const { return dim < 0; }
 };
 
-/// Rank r's piece of `full` (a fresh contiguous tensor; the full tensor itself when replicated is cloned).
+/// Rank r's piece of `full`, detached: a fresh contiguous tensor (a clone of all of `full` when replicated).
 /// Throws InputError when full.size(dim) is not a multiple of blocks·t (the message names the sizes).
 torch::Tensor shard_of(const torch::Tensor& full, const ShardSpec& spec, int rank, int world);
 
