@@ -96,4 +96,50 @@ void Collective::broadcast(torch::Tensor tensor, int root) {
   pending.wait();
 }
 
+namespace {
+void check_peer(int peer, int rank, int world, int tag, const char* what) {
+  if (peer < 0 || peer >= world || peer == rank) {
+    throw InputError(std::string(what) + " peer " + std::to_string(peer) + " is not another rank of this group of " +
+                     std::to_string(world) + " (this is rank " + std::to_string(rank) + ")");
+  }
+  if (tag < 0) throw InputError(std::string(what) + " tag must be ≥ 0, got " + std::to_string(tag));
+}
+}  // namespace
+
+Collective::Pending Collective::isend(torch::Tensor tensor, int dst, int tag) {
+  check_tensor(tensor);
+  check_peer(dst, rank_, world_, tag, "send");
+  Pending pending;
+  pending.timeout_ = timeout_;
+  if (tensor.numel() == 0) return pending;  // nothing to move; the receiver skips too
+  std::vector<at::Tensor> tensors{std::move(tensor)};
+  try {
+    pending.work_ = erase(gloo(group_).send(tensors, dst, tag));
+  } catch (const std::exception& e) {
+    throw CollectiveError("send to rank " + std::to_string(dst) + " could not start: " + e.what());
+  }
+  bytes_sent_ += tensors[0].nbytes();
+  return pending;
+}
+
+void Collective::recv(torch::Tensor tensor, int src, int tag) {
+  check_tensor(tensor);
+  check_peer(src, rank_, world_, tag, "recv");
+  if (tensor.numel() == 0) return;
+  std::vector<at::Tensor> tensors{std::move(tensor)};
+  Pending pending;
+  try {
+    pending.work_ = erase(gloo(group_).recv(tensors, src, tag));
+  } catch (const std::exception& e) {
+    throw CollectiveError("recv from rank " + std::to_string(src) + " could not start: " + e.what());
+  }
+  pending.timeout_ = timeout_;
+  try {
+    pending.wait();
+  } catch (const CollectiveError& e) {
+    throw CollectiveError("recv from rank " + std::to_string(src) + " (tag " + std::to_string(tag) +
+                          "): " + e.what());
+  }
+}
+
 }  // namespace dloco

@@ -74,6 +74,20 @@ class Collective {
   /// a broadcast: n on the root). Gloo does not report its own counters.
   int64_t bytes_sent() const { return bytes_sent_; }
 
+  // Point-to-point (pipeline stages). Both ends agree on shape and dtype beforehand (the schedule says what moves);
+  // a message is matched by (peer, tag), in order per (peer, tag). Tags are ≥ 0. A 0-element tensor moves nothing
+  // and returns at once on both ends. The group is unusable after a CollectiveError (as for the collectives).
+
+  /// Starts sending `tensor` to rank `dst` under `tag` and returns at once; Pending::wait() blocks until the data
+  /// has left this rank's buffer (deadline: timeout_s). The tensor must not change until then. Counts its bytes as
+  /// sent. Throws InputError on a bad peer or tag, CollectiveError when it cannot start.
+  Pending isend(torch::Tensor tensor, int dst, int tag = 0);
+  /// Blocking send: isend(...).wait(). Throws CollectiveError on failure or when the deadline passes.
+  void send(torch::Tensor tensor, int dst, int tag = 0) { isend(std::move(tensor), dst, tag).wait(); }
+  /// Receives into `tensor` (already shaped) from rank `src` under `tag`, blocking up to timeout_s. Throws
+  /// CollectiveError when the peer does not send in time or the transport fails, InputError on a bad peer or tag.
+  void recv(torch::Tensor tensor, int src, int tag = 0);
+
  private:
   int rank_ = 0, world_ = 1;
   std::chrono::milliseconds timeout_{0};

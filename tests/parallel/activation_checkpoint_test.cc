@@ -1,0 +1,221 @@
+// Activation checkpointing (parallel/activation_checkpoint.h) on torchtitan's toy block
+// (x 512 × 512 → gate 512→512 → wq 512→512 → out 512→1024 → sum, no biases) and on a tiny GPT; plus the
+// hand-written non-finite check and unscale of fp16 loss scaling (parallel/grad_unscale.h).
+// How things are counted, not assumed:
+//   matmul work: a global at::RecordFunction callback sees every aten::mm / addmm / bmm with its input shapes and
+//     adds 2·M·K·N; reported in units of 2·512³ (forward 4 = 1 + 1 + 2; backward 8 plain, 12 checkpointed).
+//   saved activations: a counting c10 CPU allocator (installed with SetCPUAllocator) tracks live tensor bytes;
+//     bytes still alive after forward, minus the scalar loss, are what autograd keeps (x and the weights were
+//     alive before). Plain: h1 + h2 = 2 · 512·512·4 B = 2 MiB. Checkpointed: only the CPU RNG state tensor
+//     (5056 B in 1.13), as the function keeps x, which already existed.
+#include <gtest/gtest.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/record_function.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <atomic>
+#include <cmath>
+
+#include "core/check.h"
+#include "model/gpt.h"
+#include "parallel/activation_checkpoint.h"
+#include "parallel/grad_unscale.h"
+
+namespace dloco {
+namespace {
+
+// Counts live bytes of CPU tensors allocated while installed.
+class CountingAllocator : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t n) const override {
+    auto* ctx = new Allocation{base_->allocate(n), n, this};
+    live_ += static_cast<int64_t>(n);
+    void* data = ctx->inner.get();
+    return {data, ctx, &release, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  int64_t live() const { return live_.load(); }
+  void install() {
+    base_ = c10::GetCPUAllocator();
+    c10::SetCPUAllocator(this, /*priority=*/1);
+  }
+  void uninstall() { c10::SetCPUAllocator(base_, /*priority=*/1); }
+
+ private:
+  struct Allocation {
+    c10::DataPtr inner;
+    size_t n;
+    const CountingAllocator* owner;
+  };
+  static void release(void* p) {
+    auto* a = static_cast<Allocation*>(p);
+    a->owner->live_ -= static_cast<int64_t>(a->n);
+    delete a;
+  }
+  c10::Allocator* base_ = nullptr;
+  mutable std::atomic<int64_t> live_{0};
+};
+CountingAllocator g_counting;  // outlives every tensor it allocated
+
+// Sums 2·M·K·N over the matmuls ATen runs while alive.
+class MatmulCounter {
+ public:
+  MatmulCounter() {
+    handle_ = at::addGlobalCallback(at::RecordFunctionCallback(&MatmulCounter::on_start).needsInputs(true));
+  }
+  ~MatmulCounter() { at::removeCallback(handle_); }
+  static double units() { return flops_.load() / (2.0 * 512 * 512 * 512); }
+  static void reset() { flops_ = 0; }
+
+ private:
+  static std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+    const std::string name = fn.name();
+    if (name != "aten::mm" && name != "aten::addmm" && name != "aten::bmm") return nullptr;
+    const auto inputs = fn.inputs();
+    const size_t a = name == "aten::addmm" ? 1 : 0;  // addmm(bias, m1, m2)
+    const auto s1 = inputs[a].toTensor().sizes(), s2 = inputs[a + 1].toTensor().sizes();
+    const double batch = name == "aten::bmm" ? static_cast<double>(s1[0]) : 1.0;
+    const double M = s1[s1.size() - 2], K = s1[s1.size() - 1], N = s2[s2.size() - 1];
+    flops_ = flops_.load() + static_cast<int64_t>(2 * batch * M * K * N);
+    return nullptr;
+  }
+  at::CallbackHandle handle_;
+  static inline std::atomic<int64_t> flops_{0};
+};
+
+struct ToyBlockImpl : torch::nn::Module {
+  ToyBlockImpl() {
+    gate = register_module("gate", torch::nn::Linear(torch::nn::LinearOptions(512, 512).bias(false)));
+    wq = register_module("wq", torch::nn::Linear(torch::nn::LinearOptions(512, 512).bias(false)));
+    out = register_module("out", torch::nn::Linear(torch::nn::LinearOptions(512, 1024).bias(false)));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return out(wq(gate(x))); }  // (512, 512) -> (512, 1024)
+  torch::nn::Linear gate{nullptr}, wq{nullptr}, out{nullptr};
+};
+TORCH_MODULE(ToyBlock);
+
+struct ToyRun {
+  torch::Tensor loss, grad_x;
+  std::vector<torch::Tensor> grads;
+  double forward_units, backward_units;
+  int64_t saved_bytes;
+};
+
+ToyRun run_toy(ToyBlock& block, const torch::Tensor& x0, bool checkpointed) {
+  block->zero_grad();
+  auto x = x0.clone().requires_grad_(true);  // (512, 512)
+  ToyRun r;
+  MatmulCounter counter;
+  MatmulCounter::reset();
+  g_counting.install();
+  const int64_t before = g_counting.live();
+  if (checkpointed) {
+    r.loss = checkpoint([&](const torch::Tensor& in) { return block->forward(in); }, x, block->parameters()).sum();
+  } else {
+    r.loss = block->forward(x).sum();
+  }
+  r.saved_bytes = g_counting.live() - before - static_cast<int64_t>(r.loss.nbytes());
+  g_counting.uninstall();
+  r.forward_units = MatmulCounter::units();
+  MatmulCounter::reset();
+  r.loss.backward();
+  r.backward_units = MatmulCounter::units();
+  r.grad_x = x.grad();
+  for (const auto& p : block->parameters()) r.grads.push_back(p.grad().clone());
+  return r;
+}
+
+TEST(ActivationCheckpoint, ToyBlockMatmulsAndSavedBytes) {
+  torch::manual_seed(0);
+  ToyBlock block;
+  const auto x = torch::randn({512, 512});
+  const auto plain = run_toy(block, x, false);
+  const auto ckpt = run_toy(block, x, true);
+  EXPECT_TRUE(torch::equal(plain.loss, ckpt.loss));
+  EXPECT_TRUE(torch::equal(plain.grad_x, ckpt.grad_x));
+  ASSERT_EQ(plain.grads.size(), 3u);
+  for (size_t i = 0; i < plain.grads.size(); ++i) EXPECT_TRUE(torch::equal(plain.grads[i], ckpt.grads[i])) << i;
+  EXPECT_DOUBLE_EQ(plain.forward_units, 4.0);
+  EXPECT_DOUBLE_EQ(ckpt.forward_units, 4.0);
+  EXPECT_DOUBLE_EQ(plain.backward_units, 8.0);
+  EXPECT_DOUBLE_EQ(ckpt.backward_units, 12.0);  // 4 recomputed + 8
+  EXPECT_EQ(plain.saved_bytes, 2 * 512 * 512 * 4);  // h1 and h2
+  EXPECT_LE(ckpt.saved_bytes, 8 * 1024);            // the RNG state only
+  std::printf("toy block: matmul units fwd %.0f / %.0f, bwd %.0f -> %.0f; saved bytes %lld -> %lld\n",
+              plain.forward_units, ckpt.forward_units, plain.backward_units, ckpt.backward_units,
+              static_cast<long long>(plain.saved_bytes), static_cast<long long>(ckpt.saved_bytes));
+}
+
+TEST(ActivationCheckpoint, RecomputeReplaysTheRngState) {
+  // A dropout inside the block: the recomputation must draw the forward's mask, or the gradient is wrong.
+  torch::manual_seed(1);
+  auto w = torch::randn({16, 16}, torch::requires_grad());
+  auto block = [&](const torch::Tensor& in) { return torch::dropout(torch::matmul(in, w), 0.5, true); };
+  const auto x = torch::randn({8, 16});
+  torch::manual_seed(7);
+  auto plain = block(x).square().sum();
+  plain.backward();
+  const auto plain_grad = w.grad().clone();
+  w.mutable_grad().zero_();
+  torch::manual_seed(7);
+  auto ckpt = checkpoint(block, x, {w}).square().sum();
+  (void)torch::randn({100});  // the RNG moves on between forward and backward
+  const auto after_forward = at::detail::getDefaultCPUGenerator().get_state();
+  ckpt.backward();
+  EXPECT_TRUE(torch::equal(plain, ckpt));
+  EXPECT_TRUE(torch::equal(plain_grad, w.grad()));
+  EXPECT_TRUE(torch::equal(after_forward, at::detail::getDefaultCPUGenerator().get_state()))
+      << "backward must leave the RNG where it found it";
+}
+
+TEST(ActivationCheckpoint, TinyGptLossAndGradsUnchanged) {
+  ModelConfig cfg = model_preset("tiny");
+  cfg.n_layer = 2;
+  torch::manual_seed(3);
+  GPT model(cfg);
+  const auto idx = torch::randint(0, cfg.vocab_size, {2, 16}, torch::kLong);
+  const auto targets = torch::randint(0, cfg.vocab_size, {2, 16}, torch::kLong);
+  auto plain = model->loss(idx, targets);
+  plain.backward();
+  std::vector<torch::Tensor> plain_grads;
+  for (const auto& p : model->parameters()) plain_grads.push_back(p.grad().clone());
+  model->zero_grad();
+  // The same forward as GPTImpl::forward, each block through checkpoint().
+  auto buffers = model->named_buffers();
+  const auto cos = buffers["rope_cos"].narrow(0, 0, 16), sin = buffers["rope_sin"].narrow(0, 0, 16);
+  const auto causal = buffers["causal"].narrow(0, 0, 16).narrow(1, 0, 16);
+  auto x = model->wte(idx);  // (B, T, C)
+  for (auto& m : *model->h) {
+    auto block = m->as<Block>();
+    x = checkpoint([=](const torch::Tensor& in) { return block->forward(in, cos, sin, causal); }, x,
+                   block->parameters());
+  }
+  auto logits = torch::matmul(model->ln_f(x), model->wte->weight.t());  // (B, T, V) tied head
+  auto ckpt = cross_entropy(logits.view({-1, cfg.vocab_size}), targets.reshape({-1}));
+  ckpt.backward();
+  EXPECT_TRUE(torch::equal(plain, ckpt)) << plain.item<double>() << " vs " << ckpt.item<double>();
+  const auto params = model->named_parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(torch::equal(plain_grads[i], params[i].value().grad())) << params[i].key();
+  }
+}
+
+TEST(GradUnscale, FindsNonFiniteAndUnscales) {
+  std::vector<torch::Tensor> grads = {torch::full({3}, 8.0), torch::Tensor(), torch::full({2, 2}, -4.0)};
+  EXPECT_FALSE(non_finite_check_and_unscale(grads, 1.0 / 8));
+  EXPECT_TRUE(torch::equal(grads[0], torch::ones({3})));
+  EXPECT_TRUE(torch::equal(grads[2], torch::full({2, 2}, -0.5)));
+  for (float bad : {INFINITY, -INFINITY, NAN}) {
+    std::vector<torch::Tensor> g = {torch::ones({4}), torch::tensor({1.0f, bad})};
+    EXPECT_TRUE(non_finite_check_and_unscale(g, 0.5)) << bad;
+    EXPECT_TRUE(torch::equal(g[0], torch::full({4}, 0.5)));
+  }
+  std::vector<torch::Tensor> half = {torch::full({2}, 65504.0, torch::kHalf)};  // fp16's largest finite value
+  EXPECT_FALSE(non_finite_check_and_unscale(half, 1.0));
+  EXPECT_THROW(non_finite_check_and_unscale(grads, 0.0), InputError);
+  EXPECT_THROW(non_finite_check_and_unscale(grads, INFINITY), InputError);
+}
+
+}  // namespace
+}  // namespace dloco
