@@ -52,6 +52,7 @@ struct Report {
   int64_t parameters = 0;                                   // Ψ
   int64_t param_bytes = 0, grad_bytes = 0, adam_bytes = 0;  // live, between backward and step of step 1
   int64_t bytes_per_step = 0;                               // sent by rank 0 during step 2
+  int64_t peak_full_grad_bytes = 0, peak_gathered_bytes = 0;  // ZeroMemory's transient peaks after step 1
 };
 
 // Runs body(rank's model, group, rank 0's report) on N ranks; every rank's model starts from the same weights.
@@ -162,6 +163,8 @@ Report zero_run(int N, int stage, ReduceScatterAlgo algo = ReduceScatterAlgo::kA
         run.param_bytes = m.parameter_bytes;
         run.grad_bytes = m.gradient_bytes;
         run.adam_bytes = m.optimizer_state_bytes;
+        run.peak_full_grad_bytes = m.peak_full_gradient_bytes;
+        run.peak_gathered_bytes = m.peak_gathered_parameter_bytes;
       }
       zero.step();
       if (step == 1) run.bytes_per_step = group.bytes_sent() - sent;
@@ -258,11 +261,24 @@ TEST(ZeroAdamW, MemoryPerCategoryAtFourRanks) {
     const Report r = e.stage == 0 ? plain_dp(N) : zero_run(N, e.stage);
     const double psi = static_cast<double>(r.parameters);
     const double param = r.param_bytes / psi, grad = r.grad_bytes / psi, adam = r.adam_bytes / psi;
-    std::printf("stage %d: %.4f + %.4f + %.4f = %.4f bytes per parameter\n", e.stage, param, grad, adam,
-                param + grad + adam);
+    std::printf("stage %d: %.4f + %.4f + %.4f = %.4f bytes per parameter; peaks: full gradients %lld B, gathered "
+                "parameters %lld B\n", e.stage, param, grad, adam, param + grad + adam,
+                static_cast<long long>(r.peak_full_grad_bytes), static_cast<long long>(r.peak_gathered_bytes));
     EXPECT_NEAR(param, e.param, 0.05 * e.param) << "stage " << e.stage;
     EXPECT_NEAR(grad, e.grad, 0.05 * e.grad) << "stage " << e.stage;
     EXPECT_NEAR(adam, e.adam, 0.05 * e.adam) << "stage " << e.stage;
+    // The transients: stage 2 holds at most two parameters' full gradients at once (the largest are the MLP's
+    // (F, C) = 128 × 32 floats); stage 3 gathers one unit at a time (the largest a block: 4C² + 3CF + 2C = 16,448
+    // floats, a multiple of N) and forms its full gradient beside the flat copy of it.
+    const int64_t largest_param = 4 * 128 * 32, largest_unit = 4 * 16448;
+    if (e.stage == 2) {
+      EXPECT_GT(r.peak_full_grad_bytes, 0);
+      EXPECT_LE(r.peak_full_grad_bytes, 2 * largest_param);
+    }
+    if (e.stage == 3) {
+      EXPECT_EQ(r.peak_gathered_bytes, largest_unit);
+      EXPECT_EQ(r.peak_full_grad_bytes, 2 * largest_unit);
+    }
   }
 }
 
