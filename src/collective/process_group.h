@@ -33,6 +33,9 @@ enum class ReduceScatterAlgo {
   kReducePerOwner,  // one reduce to each chunk's owner (DeepSpeed's way on backends without reduce-scatter)
 };
 
+/// all_gather, all_gather_flat, all_to_all, reduce_sum and reduce_scatter_sum move nothing for an empty tensor (all
+/// ranks hold the same shape, so all skip the Gloo call, and a missing peer goes unnoticed by it); it still counts.
+
 /// Calls and bytes of one kind of collective on this rank.
 struct OpTraffic {
   int64_t calls = 0;
