@@ -1,7 +1,10 @@
 // The one adapter around c10d (NOTES.md: ProcessGroupGloo derives from ProcessGroup in LibTorch 1.13 and from
 // Backend in 2.x, so nothing else in dloco includes c10d). Used by the synchronous baselines (dp, diloco,
 // streaming; docs/protocol.md §11): sums of tensors across M worker processes over Gloo, every call with a
-// deadline.
+// deadline. Used inside a learner (src/parallel, issue 12) for its sub-groups (TP/DP/PP) and the collectives of
+// ZeRO: all-gather, reduce-scatter, all-to-all, reduce, barrier.
+// Deliberately not here: Gloo or c10d types (a NCCL build swaps native ops in behind the same declarations), and
+// any recovery: a group that failed is dropped and re-formed by the caller.
 #pragma once
 
 #include <torch/torch.h>
@@ -21,6 +24,37 @@ namespace dloco {
 class CollectiveError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+/// How reduce_scatter_sum is built: Gloo 1.13 has no reduce-scatter (spec/inner-parallelism.md). Both agree with
+/// all-reduce-then-slice to fp32 rounding (≤ 2.4e-7 relative), not bitwise: the summation order differs.
+enum class ReduceScatterAlgo {
+  kAllToAll,        // one all_to_all (the ring volume, (M−1)/M·n sent) + a local sum of the M received chunks
+  kReducePerOwner,  // one reduce to each chunk's owner (DeepSpeed's way on backends without reduce-scatter)
+};
+
+/// all_gather, all_gather_flat, all_to_all, reduce_sum and reduce_scatter_sum move nothing for an empty tensor (all
+/// ranks hold the same shape, so all skip the Gloo call, and a missing peer goes unnoticed by it); it still counts.
+
+/// Calls and bytes of one kind of collective on this rank.
+struct OpTraffic {
+  int64_t calls = 0;
+  int64_t bytes = 0;  // sent by this rank, by the model in Traffic's comment
+};
+
+/// What this rank put on the wire, per operation, counted by the ring model (Gloo reports no counters of its own).
+/// n is the tensor's size in bytes, M the group's world:
+///   all-reduce 2(M−1)/M·n; reduce-scatter (M−1)/M·n of the full input (either algorithm); all-gather (M−1)/M·n of
+///   the full output; all-to-all (M−1)/M·n of the input; broadcast n on the root, 0 elsewhere; reduce n on every
+///   non-root (its whole contribution leaves it once), 0 on the root; barrier 0; send n, recv 0.
+struct Traffic {
+  OpTraffic all_reduce, reduce_scatter, all_gather, all_to_all, broadcast, reduce, barrier;
+  OpTraffic send;  // point-to-point (pipeline stages): n per send, 0 per recv
+  /// Bytes over all operations.
+  int64_t bytes() const {
+    return all_reduce.bytes + reduce_scatter.bytes + all_gather.bytes + all_to_all.bytes + broadcast.bytes +
+           reduce.bytes + send.bytes;
+  }
 };
 
 /// How the M workers find each other.
@@ -70,9 +104,46 @@ class Collective {
   /// Copies rank `root`'s tensor into every rank's `tensor`, blocking. Throws CollectiveError.
   void broadcast(torch::Tensor tensor, int root = 0);
 
-  /// Bytes this rank put on the wire so far by the ring-algorithm count (an all-reduce of n bytes: 2·(M−1)/M·n;
-  /// a broadcast: n on the root). Gloo does not report its own counters.
-  int64_t bytes_sent() const { return bytes_sent_; }
+  /// A new group of the ranks `ranks` (ranks of this group, each once, this rank among them), e.g. the TP, DP or
+  /// PP group of a learner's rank (parallel/layout.h). Every listed rank calls it with the same list and name, in
+  /// the same order relative to its other collectives; the others do not call it. The new group's rank is the
+  /// index of this rank in `ranks`; it rendezvouses through a prefix ("<name>/<ranks>") of this group's store and
+  /// has this group's deadline. Groups of different names may be formed at once (e.g. {0,1},{2,3} and {0,2},{1,3}).
+  /// A name is used once per store: re-form a failed group under a new name. Throws InputError on a bad list,
+  /// CollectiveError when the others do not join within the deadline.
+  std::unique_ptr<Collective> subgroup(const std::vector<int>& ranks, const std::string& name);
+
+  /// Gathers every rank's `input` (any shape, the same on all ranks): returns M new tensors, element r from rank r.
+  /// Throws CollectiveError.
+  std::vector<torch::Tensor> all_gather(const torch::Tensor& input);
+
+  /// Flat all-gather: shard (n) from every rank into output (M·n), rank r's shard at [r·n, (r+1)·n). Throws
+  /// InputError when output.numel() ≠ M·n, CollectiveError on failure.
+  void all_gather_flat(torch::Tensor output, const torch::Tensor& shard);
+
+  /// Reduce-scatter (sum): input (M·n) on every rank; output (n) on rank r gets Σ over ranks of input[r·n, (r+1)·n).
+  /// `algo` picks the emulation (Gloo has none). Throws InputError when input.numel() ≠ M·output.numel(),
+  /// CollectiveError on failure.
+  void reduce_scatter_sum(torch::Tensor output, const torch::Tensor& input,
+                          ReduceScatterAlgo algo = ReduceScatterAlgo::kAllToAll);
+
+  /// All-to-all with equal chunks: input (M·n), chunk j goes to rank j; output (M·n) gets rank j's chunk r at
+  /// [j·n, (j+1)·n). Throws InputError when the sizes differ or are not divisible by M, CollectiveError.
+  void all_to_all(torch::Tensor output, const torch::Tensor& input);
+
+  /// Sums `tensor` over all ranks into rank `root`'s `tensor` in place; other ranks' tensors are left undefined in
+  /// content (Gloo may use them as scratch). Throws CollectiveError.
+  void reduce_sum(torch::Tensor tensor, int root);
+
+  /// Blocks until every rank has called it, or throws CollectiveError at the deadline.
+  void barrier();
+
+  /// Per-operation counters of this rank since construction (see Traffic).
+  const Traffic& traffic() const { return traffic_; }
+
+  /// Bytes this rank put on the wire so far over all operations by the ring-algorithm count (an all-reduce of n
+  /// bytes: 2·(M−1)/M·n; a broadcast: n on the root; the rest as in Traffic). Gloo does not report its own counters.
+  int64_t bytes_sent() const { return traffic_.bytes(); }
 
   // Point-to-point (pipeline stages). Both ends agree on shape and dtype beforehand (the schedule says what moves);
   // a message is matched by (peer, tag), in order per (peer, tag). Tags are ≥ 0. A 0-element tensor moves nothing
@@ -89,10 +160,17 @@ class Collective {
   void recv(torch::Tensor tensor, int src, int tag = 0);
 
  private:
+  struct Joined {};  // tag of the constructor that joins over an existing store
+  Collective(Joined, std::shared_ptr<void> store, int rank, int world, std::chrono::milliseconds timeout,
+             std::string hostname);
+  void join(const std::string& where);
+
   int rank_ = 0, world_ = 1;
   std::chrono::milliseconds timeout_{0};
+  std::string hostname_;
+  std::shared_ptr<void> store_;  // c10d::Store the group rendezvoused through; sub-groups prefix it
   std::shared_ptr<void> group_;  // c10d::ProcessGroupGloo
-  int64_t bytes_sent_ = 0;
+  Traffic traffic_;
 };
 
 }  // namespace dloco

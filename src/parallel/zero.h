@@ -1,0 +1,118 @@
+// ZeRO (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models", §5):
+// AdamW whose state is sharded over a data-parallel group of N ranks, with DeepSpeed's / nanotron's semantics.
+// The parameters of a unit are flattened into one fp32 buffer in model->parameters() order, padded with zeros to a
+// multiple of N; rank r owns the slice [r·S, (r+1)·S), S = padded / N, of every unit.
+//   stage 1 (P_os):   one unit (the whole model). m, v only for the own slice. backward() leaves full gradients in
+//                     the parameters; step() reduce-scatters them (or all-reduces and slices), averages over N,
+//                     runs AdamW on the own slice and all-gathers the parameters.
+//   stage 2 (P_os+g): plus gradients. A hook on every parameter reduces each piece of its gradient to the piece's
+//                     owner as soon as autograd has formed it (DeepSpeed's reduce per owner), accumulating into the
+//                     owner's gradient slice. Full gradients exist transiently: a parameter's full gradient lives
+//                     from the moment autograd computes it until the hook of the next parameter (or the end of
+//                     backward()) frees it; memory().peak_full_gradient_bytes is the largest sum of live full
+//                     gradients seen at a hook.
+//   stage 3 (P_os+g+p): plus parameters. Units: the embedding, each transformer block, and the head (ln_f +
+//                     lm_head + the loss). Each rank holds only its parameter slice of each unit; a custom autograd
+//                     function per unit all-gathers the unit's parameters for forward under no-grad and frees them,
+//                     and in backward gathers again, recomputes the unit with grad (ZeRO-3 with activation
+//                     recompute: only unit inputs are kept), back-propagates, and reduce-scatters the unit's
+//                     gradient into the slice. Needs untied embeddings (the tied wte would be in two units).
+// AdamW is torch::optim::AdamW's arithmetic (decoupled weight decay, bias correction), applied elementwise to the
+// slices, with weight decay on matrices only (train/trainer.cc's recipe). Everything is fp32 on the CPU.
+// Deliberately not here: bucketing and overlap of communication with compute, mixed precision, offload,
+// gradient clipping (needs a global norm over all slices: one all-reduce of a scalar; not yet wired).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "collective/process_group.h"
+#include "model/gpt.h"
+
+namespace dloco {
+
+/// Hyperparameters of the sharded AdamW; the same meaning as torch::optim::AdamWOptions.
+struct ZeroOptions {
+  int stage = 1;               // 1, 2 or 3
+  double lr = 1e-3;            // learning rate (set_lr changes it per step)
+  double beta1 = 0.9;          // first-moment decay
+  double beta2 = 0.999;        // second-moment decay
+  double eps = 1e-8;           // added to sqrt(v̂)
+  double weight_decay = 1e-2;  // decoupled, on parameters with dim ≥ 2 only
+  ReduceScatterAlgo reduce_scatter = ReduceScatterAlgo::kAllToAll;  // stages 1 and 3
+  bool all_reduce_gradients = false;  // stage 1 only: all-reduce the full gradient and slice (plain DP's traffic)
+};
+
+/// Live tensor bytes of model state on this rank (counted from the tensors' sizes, not RSS).
+struct ZeroMemory {
+  int64_t parameter_bytes = 0;        // held between steps: the flat model (stages 1, 2) or the slices (stage 3)
+  int64_t gradient_bytes = 0;         // held between backward() and step(): full .grad (stage 1) or slices
+  int64_t optimizer_state_bytes = 0;  // m and v of the own slices
+  int64_t peak_full_gradient_bytes = 0;    // stages 2, 3: largest transient full gradients alive at once
+  int64_t peak_gathered_parameter_bytes = 0;  // stage 3: largest gathered (full) unit parameters alive at once
+};
+
+/// A GPT trained with ZeRO over the data-parallel group `group` (every rank of it constructs one from a model with
+/// identical parameters, and calls loss/backward/step in lockstep). One step:
+///   auto loss = zero.loss(idx, targets); zero.backward(loss); zero.step();
+/// Every call that communicates throws CollectiveError when a peer fails (the group is then unusable).
+class ZeroAdamW {
+ public:
+  /// Takes over `model`'s parameter storage (stages 1, 2: views of one flat buffer; stage 3: released, only the
+  /// slices stay). Throws InputError for a stage outside 1..3 or stage 3 with tied embeddings.
+  ZeroAdamW(GPT model, Collective& group, ZeroOptions options);
+  ~ZeroAdamW();
+  ZeroAdamW(const ZeroAdamW&) = delete;
+  ZeroAdamW& operator=(const ZeroAdamW&) = delete;
+
+  /// Mean next-token cross-entropy in nats of idx, targets (B, T) int64 -> scalar, with the graph for backward().
+  /// Equals model->loss(idx, targets) bitwise (stage 3 runs the same modules unit by unit).
+  torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
+  /// Back-propagates `loss` (from loss()); stages 2, 3 reduce gradients into the owners' slices on the way.
+  /// Repeated calls before step() accumulate (micro-batches).
+  void backward(const torch::Tensor& loss);
+  /// Averages the accumulated gradient over N, one AdamW step on the own slices, then (stages 1, 2) all-gathers
+  /// the parameters into the model. Clears the gradients.
+  void step();
+  void set_lr(double lr) { options_.lr = lr; }
+
+  /// The full parameters by name (model->named_parameters() names and shapes) on rank `root`, empty elsewhere;
+  /// every rank must call it (stage 3 all-gathers). With `moment` = 1 or 2, the full m or v instead. For
+  /// save_checkpoint_files (train/checkpoint.h): the safetensors format stays unchanged.
+  std::vector<std::pair<std::string, torch::Tensor>> gather_full(int root = 0, int moment = 0);
+
+  /// Live bytes per category now (see ZeroMemory); call between backward() and step() for the gradient peak.
+  ZeroMemory memory() const;
+  int stage() const { return options_.stage; }
+  /// Σ numel of the model's parameters (Ψ), without padding.
+  int64_t parameter_count() const { return parameter_count_; }
+
+  struct Unit;  // one flat, sharded group of parameters (zero.cc)
+
+ private:
+  friend struct ZeroUnitFunction;
+  void gather(Unit& unit);
+  void release(Unit& unit);
+  torch::Tensor run_unit(size_t unit, const torch::Tensor& x, const torch::Tensor& aux);
+  void reduce_unit_gradient(Unit& unit, const std::vector<torch::Tensor>& grads);
+  void on_gradient(size_t param, const torch::Tensor& grad);
+  void adamw_on_slice(Unit& unit);
+
+  GPT model_;
+  Collective& group_;
+  ZeroOptions options_;
+  std::vector<Unit> units_;
+  int64_t parameter_count_ = 0;
+  int64_t step_count_ = 0;
+  // stage 2: parameters whose hook has run since the last free (their full .grad is freed at the next hook)
+  std::vector<size_t> reduced_;
+  std::vector<std::pair<torch::Tensor, unsigned>> hooks_;  // stage 2: (parameter, hook handle), removed on destruction
+  torch::Tensor rope_cos_, rope_sin_, causal_;             // the model's buffers (T, hs/2), (T, hs/2), (T, T)
+  int64_t live_full_gradient_bytes_ = 0, peak_full_gradient_bytes_ = 0;
+  int64_t live_gathered_bytes_ = 0, peak_gathered_bytes_ = 0;
+};
+
+}  // namespace dloco
