@@ -18,21 +18,13 @@ nlohmann::json event(const char* name, nlohmann::json fields) {
 }  // namespace
 
 const char* to_string(RoundPhase phase) {
-  switch (phase) {
-    case RoundPhase::kDue: return "due";
-    case RoundPhase::kPulling: return "pulling";
-    case RoundPhase::kClosed: return "closed";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"due", "pulling", "closed"};  // in the enum's order
+  return kNames[static_cast<int>(phase)];
 }
 
 const char* to_string(SyncerPhase phase) {
-  switch (phase) {
-    case SyncerPhase::kTraining: return "training";
-    case SyncerPhase::kFlushing: return "flushing";
-    case SyncerPhase::kFinished: return "finished";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"training", "flushing", "finished"};  // in the enum's order
+  return kNames[static_cast<int>(phase)];
 }
 
 SyncerState::SyncerState(const Config& config, FragmentLayout layout, std::vector<std::vector<float>> theta,
@@ -221,10 +213,8 @@ SyncerActions SyncerState::tick(double now_s) {
       live_finished += rec.last.finished ? 1 : 0;
     }
   }
-  // With a fixed share per stream (train.shared_budget = false) the end also waits until every stream has been
-  // trained at all: a learner that is slow to start, or down before its first report, is neither live nor
-  // finished, and ending without it would drop its whole share (seen under load: one learner trained all 12
-  // steps before the other had joined).
+  // With fixed shares (no train.shared_budget) the end also waits until every stream has trained: a learner slow
+  // to start is neither live nor finished, and ending without it would drop its whole share.
   if (phase_.is(SyncerPhase::kTraining) && live > 0 && live == live_finished &&
       (config_.train.shared_budget || every_stream_started())) {
     phase_.to(SyncerPhase::kFlushing);
