@@ -273,6 +273,7 @@ void Collective::barrier() {
   c10d::BarrierOptions opts;
   opts.timeout = timeout_;
   run_op("barrier", timeout_, [&] { return gloo(group_).barrier(opts); });
+}
 
 Collective::Pending Collective::isend(torch::Tensor tensor, int dst, int tag) {
   check_tensor(tensor);
