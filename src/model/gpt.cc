@@ -20,16 +20,12 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   return x * inv_rms * weight_;
 }
 
-namespace {
-// Rotates pairs (x1, x2) = (first half, second half) of the head dimension by the position's angle.
-// x: (..., T, hs); cos, sin: (T, hs/2). Returns a contiguous tensor of x's shape.
 torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
   const int64_t half = x.size(-1) / 2;
   auto x1 = x.narrow(-1, 0, half);
   auto x2 = x.narrow(-1, half, half);
   return torch::cat({x1 * cos - x2 * sin, x1 * sin + x2 * cos}, -1);
 }
-}  // namespace
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelConfig& cfg) : n_head_(cfg.n_head) {
   const int64_t C = cfg.d_model;

@@ -28,6 +28,11 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
+/// Rotary position embedding (Su et al. 2021): rotates pairs (x1, x2) = (first half, second half) of the head
+/// dimension by the position's angle. x: (..., T, hs); cos, sin: (T, hs/2). Returns a contiguous tensor of x's shape.
+/// Shared with the tensor-parallel attention (parallel/tp_gpt.cc).
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
 /// Multi-head causal self-attention with rotary position embeddings on q and k (Su et al. 2021).
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:

@@ -11,15 +11,6 @@ namespace F = torch::nn::functional;
 
 namespace {
 
-// The rotation of model/gpt.cc's apply_rope (private there): pairs (first half, second half) of the head
-// dimension turned by the position's angle. x: (..., T, hs); cos, sin: (T, hs/2). Returns x's shape, contiguous.
-torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
-  const int64_t half = x.size(-1) / 2;
-  auto x1 = x.narrow(-1, 0, half);
-  auto x2 = x.narrow(-1, half, half);
-  return torch::cat({x1 * cos - x2 * sin, x1 * sin + x2 * cos}, -1);
-}
-
 // A replicated RMSNorm holding a copy of `full`'s gain.
 RMSNorm copy_norm(const RMSNormImpl& full, const ModelConfig& cfg) {
   RMSNorm norm(cfg.d_model, cfg.norm_eps);
