@@ -11,10 +11,13 @@
 #include <toml++/toml.h>
 
 #include "core/check.h"
+#include "core/config_fields.h"
 
 namespace dloco {
 
 namespace {
+
+using namespace config_detail;
 
 // Calls f(section, key, field&) for every config field, in file order.
 template <class C, class F>
@@ -81,49 +84,7 @@ void for_each_field(C& c, F&& f) {
   f("run", "slowdown", c.run.slowdown);
   f("run", "collective_timeout_s", c.run.collective_timeout_s);
   f("run", "recovery", c.run.recovery);
-}
-
-std::string where(const std::string& source, const toml::node& node) {
-  const auto& src = node.source();
-  std::ostringstream os;
-  os << source;
-  if (src.begin.line > 0) os << ":" << src.begin.line;
-  return os.str();
-}
-
-// Assigns a TOML node to a field of the matching type, or throws InputError naming the key.
-void assign(const std::string& source, const std::string& key, const toml::node& node, std::string& out) {
-  if (auto v = node.value<std::string>()) { out = *v; return; }
-  throw InputError(where(source, node) + ": '" + key + "' must be a string");
-}
-void assign(const std::string& source, const std::string& key, const toml::node& node, bool& out) {
-  if (auto v = node.value_exact<bool>()) { out = *v; return; }
-  throw InputError(where(source, node) + ": '" + key + "' must be true or false");
-}
-void assign(const std::string& source, const std::string& key, const toml::node& node, int64_t& out) {
-  if (node.is_integer()) { out = *node.value<int64_t>(); return; }
-  if (node.is_floating_point()) {  // accept 2e6 for token budgets when it is a whole number
-    const double d = *node.value<double>();
-    if (d == static_cast<double>(static_cast<int64_t>(d))) { out = static_cast<int64_t>(d); return; }
-  }
-  throw InputError(where(source, node) + ": '" + key + "' must be an integer");
-}
-void assign(const std::string& source, const std::string& key, const toml::node& node, uint64_t& out) {
-  int64_t v = 0;
-  assign(source, key, node, v);
-  if (v < 0) throw InputError(where(source, node) + ": '" + key + "' must be ≥ 0");
-  out = static_cast<uint64_t>(v);
-}
-void assign(const std::string& source, const std::string& key, const toml::node& node, double& out) {
-  if (auto v = node.value<double>()) { out = *v; return; }
-  throw InputError(where(source, node) + ": '" + key + "' must be a number");
-}
-template <ConfigChoice E>
-void assign(const std::string& source, const std::string& key, const toml::node& node, E& out) {
-  std::string name;
-  assign(source, key, node, name);
-  if (auto e = parse_choice<E>(name)) { out = *e; return; }
-  throw InputError(where(source, node) + ": '" + key + "' must be " + choice_names<E>() + " (got \"" + name + "\")");
+  for_each_parallel_field(c.parallel, [&](const char* k, auto& field) { f("parallel", k, field); });
 }
 
 std::set<std::string> known_sections() {
@@ -140,7 +101,7 @@ void apply_table(Config& c, const toml::table& root, const std::string& source) 
     const std::string section(name.str());
     if (!sections.count(section)) {
       throw InputError(where(source, node) + ": unknown section [" + section +
-                       "] (known: model, data, train, diloco, run)");
+                       "] (known: model, data, train, diloco, run, parallel)");
     }
     if (!node.is_table()) throw InputError(where(source, node) + ": '" + section + "' must be a table");
   }
@@ -149,6 +110,7 @@ void apply_table(Config& c, const toml::table& root, const std::string& source) 
     const std::string section(sec_name.str());
     for (const auto& [key_name, node] : *sec_node.as_table()) {
       const std::string key(key_name.str());
+      if (section == "parallel" && key == "learner") continue;  // [[parallel.learner]]: after [parallel]'s keys
       bool found = false;
       for_each_field(c, [&](const char* s, const char* k, auto& field) {
         if (section == s && key == k) {
@@ -166,32 +128,25 @@ void apply_table(Config& c, const toml::table& root, const std::string& source) 
       }
     }
   }
+  const toml::node* learners = root["parallel"]["learner"].node();
+  if (!learners) return;
+  if (!learners->is_array_of_tables()) {
+    throw InputError(where(source, *learners) + ": 'parallel.learner' must be tables: [[parallel.learner]]");
+  }
+  for (const auto& table : *learners->as_array()) {
+    ParallelLearner entry{0, c.parallel};
+    apply_parallel_learner(source, *table.as_table(), entry);
+    for (const auto& l : c.parallel_learners) {
+      if (l.id == entry.id) {
+        throw InputError(where(source, table) + ": a second [[parallel.learner]] with id = " + std::to_string(entry.id));
+      }
+    }
+    c.parallel_learners.push_back(entry);
+  }
 }
 
 void require(bool ok, const std::string& key, const std::string& what) {
   if (!ok) throw InputError("config: " + key + " " + what);
-}
-
-template <class T>
-std::string toml_value(const T& v) {
-  if constexpr (std::is_same_v<T, std::string>) {
-    std::ostringstream os;
-    os << toml::value<std::string>(v);
-    return os.str();
-  } else if constexpr (ConfigChoice<T>) {
-    return toml_value(std::string(to_string(v)));
-  } else if constexpr (std::is_same_v<T, bool>) {
-    return v ? "true" : "false";
-  } else if constexpr (std::is_same_v<T, double>) {
-    std::ostringstream os;
-    os.precision(17);
-    os << v;
-    std::string s = os.str();
-    if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
-    return s;
-  } else {
-    return std::to_string(v);
-  }
 }
 
 }  // namespace
@@ -288,6 +243,14 @@ void Config::validate() const {
               to_string(d.mode) +
               "\"; decoupled learners are restarted on their own)");
   for (int id = 0; id < d.learners; ++id) (void)slowdown_factor(run, id, d.learners);  // throws on a bad list
+  validate_parallel(*this);
+}
+
+const ParallelConfig& Config::parallel_for(int64_t id) const {
+  for (const auto& l : parallel_learners) {
+    if (l.id == id) return l.parallel;
+  }
+  return parallel;
 }
 
 bool is_collective_mode(Mode mode) { return mode == Mode::kDp || mode == Mode::kDiloco || mode == Mode::kStreaming; }
@@ -374,6 +337,14 @@ Config load_config(const std::filesystem::path& path, const std::vector<std::str
 nlohmann::json to_json(const Config& c) {
   nlohmann::json j = nlohmann::json::object();
   for_each_field(c, [&](const char* s, const char* k, const auto& field) { j[s][k] = field; });
+  if (!c.parallel_learners.empty()) {
+    auto& list = j["parallel"]["learner"] = nlohmann::json::array();
+    for (const auto& l : c.parallel_learners) {
+      nlohmann::json entry{{"id", l.id}};
+      for_each_parallel_field(l.parallel, [&](const char* k, const auto& field) { entry[k] = field; });
+      list.push_back(entry);
+    }
+  }
   return j;
 }
 
@@ -387,6 +358,7 @@ std::string to_toml(const Config& c) {
     }
     os << k << " = " << toml_value(field) << "\n";
   });
+  os << parallel_learners_toml(c);
   return os.str();
 }
 

@@ -94,6 +94,8 @@ enum class StalePolicy { kReanchor, kSkip };
 enum class WireDtype { kFp32, kBf16 };
 enum class Bootstrap { kSyncer, kPeers };
 enum class RecoveryPolicy { kStop, kRestart, kElastic };
+enum class PipelineScheduleChoice { kGPipe, k1F1B, kInterleaved };
+enum class Precision { kFp32, kBf16 };
 
 template <class E>
 struct Choices;
@@ -110,6 +112,9 @@ DLOCO_CHOICES(StalePolicy, 2, {StalePolicy::kReanchor, "reanchor"}, {StalePolicy
 DLOCO_CHOICES(WireDtype, 2, {WireDtype::kFp32, "fp32"}, {WireDtype::kBf16, "bf16"})
 DLOCO_CHOICES(Bootstrap, 2, {Bootstrap::kSyncer, "syncer"}, {Bootstrap::kPeers, "peers"})
 DLOCO_CHOICES(RecoveryPolicy, 3, {RecoveryPolicy::kStop, "stop"}, {RecoveryPolicy::kRestart, "restart"}, {RecoveryPolicy::kElastic, "elastic"})
+DLOCO_CHOICES(PipelineScheduleChoice, 3, {PipelineScheduleChoice::kGPipe, "gpipe"}, {PipelineScheduleChoice::k1F1B, "1f1b"},
+              {PipelineScheduleChoice::kInterleaved, "interleaved"})
+DLOCO_CHOICES(Precision, 2, {Precision::kFp32, "fp32"}, {Precision::kBf16, "bf16"})
 #undef DLOCO_CHOICES
 
 template <class E>
@@ -209,6 +214,35 @@ double slowdown_factor(const RunSettings& run, int id, int64_t learners);
 /// True for the modes whose workers synchronise through collectives (dp, diloco, streaming).
 bool is_collective_mode(Mode mode);
 
+/// Inside one learner (docs/parallel.md, spec/inner-parallelism.md): the learner is a group of R = t·p·d ranks
+/// in Megatron's layout (tensor-parallel ranks adjacent, pipeline outermost). The syncer still sees one learner.
+/// R = 1 (the default) is today's one-process learner.
+struct ParallelConfig {
+  int64_t tensor = 1;              // t: Megatron tensor parallelism (attention by heads, MLP column → row)
+  int64_t pipeline = 1;            // p: pipeline stages (blocks split contiguously over p·chunks virtual stages)
+  int64_t data = 1;                // d: data-parallel ranks inside the learner (each B/d of every micro-batch)
+  int64_t zero = 0;                // ZeRO stage over the d ranks: 0 (replicated AdamW), 1 (+ optimizer state
+                                   // sharded), 2 (+ gradients), 3 (+ parameters; needs model.tie_embeddings = false)
+  int64_t micro_batches = 1;       // m: pipeline micro-batches per micro-batch of train.batch_size (B % m == 0)
+  PipelineScheduleChoice schedule = PipelineScheduleChoice::k1F1B;  // "gpipe" | "1f1b" | "interleaved"
+  int64_t chunks = 1;              // v: model chunks per stage ("interleaved" only)
+  Precision precision = Precision::kFp32;  // "fp32" | "bf16" (bf16 not yet wired into a learner: refused)
+  bool checkpoint_activations = false;     // recompute each block in backward (pipeline learners)
+  bool offload = false;            // AdamW state off the compute device (not yet wired into a learner: refused)
+  double timeout_s = 60;           // deadline of the group's collectives and of a rank's wait for its leader, s
+
+  /// R = t·p·d.
+  int64_t ranks() const { return tensor * pipeline * data; }
+  bool operator==(const ParallelConfig&) const = default;
+};
+
+/// A learner whose group differs from [parallel]: `[[parallel.learner]]` tables in the file, each with an `id`
+/// and the keys it changes (it starts from the [parallel] section as the file wrote it).
+struct ParallelLearner {
+  int64_t id = 0;
+  ParallelConfig parallel;
+};
+
 /// A whole run's configuration.
 struct Config {
   ModelConfig model;
@@ -216,6 +250,11 @@ struct Config {
   TrainConfig train;
   DilocoConfig diloco;
   RunSettings run;
+  ParallelConfig parallel;                       // every learner's group, unless listed below
+  std::vector<ParallelLearner> parallel_learners;  // per-learner groups
+
+  /// The group of learner `id`: its [[parallel.learner]] entry, else [parallel].
+  const ParallelConfig& parallel_for(int64_t id) const;
 
   /// Checks ranges and cross-field rules; throws InputError naming the offending key.
   void validate() const;

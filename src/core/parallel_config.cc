@@ -1,0 +1,106 @@
+// The [parallel] section and its [[parallel.learner]] tables: parsing, TOML output and the checks against the
+// model, the batch and the mode (docs/parallel.md "Configuring a group"). What a group does not support yet is
+// refused here with the reason, never silently run as something else.
+#include <set>
+
+#include "core/config_fields.h"
+
+namespace dloco::config_detail {
+
+namespace {
+void require(bool ok, const std::string& key, const std::string& what) {
+  if (!ok) throw InputError("config: " + key + " " + what);
+}
+
+// One group's checks; `key` is "parallel" or "parallel.learner[id = N]" for the messages.
+void validate_group(const Config& c, const ParallelConfig& g, const std::string& key) {
+  const auto& m = c.model;
+  require(g.tensor >= 1 && g.pipeline >= 1 && g.data >= 1, key + ".tensor/pipeline/data", "must be ≥ 1");
+  require(g.zero >= 0 && g.zero <= 3, key + ".zero", "must be 0, 1, 2 or 3 (got " + std::to_string(g.zero) + ")");
+  require(g.micro_batches >= 1 && g.chunks >= 1, key + ".micro_batches/chunks", "must be ≥ 1");
+  require(g.timeout_s > 0, key + ".timeout_s", "must be > 0");
+  const int axes = (g.tensor > 1) + (g.pipeline > 1) + (g.data > 1);
+  require(axes <= 1, key,
+          "combines tensor = " + std::to_string(g.tensor) + ", pipeline = " + std::to_string(g.pipeline) +
+              " and data = " + std::to_string(g.data) +
+              ": a learner group is tensor-, pipeline- or data-parallel for now (their combination is not wired "
+              "yet; docs/parallel.md)");
+  require(g.precision == Precision::kFp32, key + ".precision",
+          "= \"bf16\" is not wired into a learner yet (docs/parallel.md): use \"fp32\"");
+  require(!g.offload, key + ".offload", "is not wired into a learner yet (docs/parallel.md): use false");
+  require(g.zero == 0 || g.data > 1, key + ".zero",
+          "shards over the data-parallel ranks: set data > 1 (data = 1 has nothing to shard over)");
+  require(g.zero != 3 || !m.tie_embeddings, key + ".zero",
+          "= 3 shards the embedding and the head as separate units: set model.tie_embeddings = false");
+  require(c.train.batch_size % g.data == 0, key + ".data",
+          "(" + std::to_string(g.data) + ") must divide train.batch_size (" + std::to_string(c.train.batch_size) + ")");
+  require(m.n_head % g.tensor == 0 && m.ff_dim() % g.tensor == 0 && m.vocab_size % g.tensor == 0, key + ".tensor",
+          "(" + std::to_string(g.tensor) + ") must divide model.n_head, the SwiGLU width and model.vocab_size");
+  require(g.chunks == 1 || g.schedule == PipelineScheduleChoice::kInterleaved, key + ".chunks",
+          "> 1 needs schedule = \"interleaved\"");
+  require(g.pipeline * g.chunks <= m.n_layer, key + ".pipeline",
+          "· chunks (" + std::to_string(g.pipeline * g.chunks) + ") must not exceed model.n_layer (" +
+              std::to_string(m.n_layer) + ")");
+  require(c.train.batch_size % g.micro_batches == 0, key + ".micro_batches",
+          "(" + std::to_string(g.micro_batches) + ") must divide train.batch_size (" +
+              std::to_string(c.train.batch_size) + ")");
+  require(g.schedule != PipelineScheduleChoice::kInterleaved || g.micro_batches % g.pipeline == 0,
+          key + ".micro_batches", "must be a multiple of pipeline for the interleaved schedule");
+  require(g.micro_batches == 1 || g.pipeline > 1, key + ".micro_batches", "> 1 needs pipeline > 1");
+  require(!g.checkpoint_activations || g.pipeline > 1, key + ".checkpoint_activations",
+          "is wired into pipeline learners only for now (set pipeline > 1, or false)");
+  require(g.ranks() == 1 || c.diloco.mode == Mode::kDecoupled, key,
+          "makes a learner of " + std::to_string(g.ranks()) + " ranks: only diloco.mode = \"decoupled\" runs "
+          "multi-rank learners for now (got \"" + std::string(to_string(c.diloco.mode)) + "\")");
+}
+}  // namespace
+
+void apply_parallel_learner(const std::string& source, const toml::table& table, ParallelLearner& out) {
+  bool has_id = false;
+  for (const auto& [key_name, node] : table) {
+    const std::string key(key_name.str());
+    if (key == "id") {
+      assign(source, "parallel.learner.id", node, out.id);
+      has_id = true;
+      continue;
+    }
+    bool found = false;
+    for_each_parallel_field(out.parallel, [&](const char* k, auto& field) {
+      if (key == k) {
+        assign(source, "parallel.learner." + key, node, field);
+        found = true;
+      }
+    });
+    if (!found) {
+      std::string known = "id";
+      for_each_parallel_field(out.parallel, [&](const char* k, auto&) { known += ", " + std::string(k); });
+      throw InputError(where(source, node) + ": unknown key '" + key + "' in [[parallel.learner]] (known keys: " +
+                       known + ")");
+    }
+  }
+  if (!has_id) throw InputError(where(source, table) + ": a [[parallel.learner]] table needs an id (the learner slot)");
+  if (out.id < 0 || out.id >= kMaxLearnerId) {
+    throw InputError(where(source, table) + ": parallel.learner.id = " + std::to_string(out.id) + " is outside [0, " +
+                     std::to_string(kMaxLearnerId) + ")");
+  }
+}
+
+std::string parallel_learners_toml(const Config& c) {
+  std::ostringstream os;
+  for (const auto& l : c.parallel_learners) {
+    os << "\n[[parallel.learner]]\nid = " << l.id << "\n";
+    for_each_parallel_field(l.parallel, [&](const char* k, const auto& field) {
+      os << k << " = " << toml_value(field) << "\n";
+    });
+  }
+  return os.str();
+}
+
+void validate_parallel(const Config& c) {
+  validate_group(c, c.parallel, "parallel");
+  for (const auto& l : c.parallel_learners) {
+    validate_group(c, l.parallel, "parallel.learner[id = " + std::to_string(l.id) + "]");
+  }
+}
+
+}  // namespace dloco::config_detail

@@ -1,0 +1,75 @@
+// The [parallel] section and [[parallel.learner]] tables: defaults, per-learner groups that start from
+// [parallel], round-trips through TOML and JSON, and refusals that name the key and the reason.
+#include <gtest/gtest.h>
+
+#include "core/check.h"
+#include "core/config.h"
+
+namespace dloco {
+namespace {
+
+std::string error_of(const std::string& toml) {
+  try {
+    parse_config(toml, {}, "test.toml");
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const char* kTiny = "[model]\npreset = \"tiny\"\n[diloco]\nlearners = 2\ninner_steps = 4\nfragments = 2\n";
+
+TEST(ParallelConfig, DefaultIsOneRankPerLearner) {
+  const Config c = parse_config(kTiny);
+  EXPECT_EQ(c.parallel.ranks(), 1);
+  EXPECT_EQ(c.parallel_for(0).ranks(), 1);
+  EXPECT_TRUE(c.parallel_learners.empty());
+}
+
+TEST(ParallelConfig, LearnerTablesStartFromTheSectionAndRoundTrip) {
+  const Config c = parse_config(std::string(kTiny) +
+                                "[parallel]\ntensor = 2\ntimeout_s = 30\n"
+                                "[[parallel.learner]]\nid = 1\ntensor = 1\ndata = 2\nzero = 2\n");
+  EXPECT_EQ(c.parallel_for(0).tensor, 2);
+  EXPECT_EQ(c.parallel_for(1).tensor, 1);
+  EXPECT_EQ(c.parallel_for(1).data, 2);
+  EXPECT_EQ(c.parallel_for(1).zero, 2);
+  EXPECT_EQ(c.parallel_for(1).timeout_s, 30) << "a learner table starts from [parallel]";
+  EXPECT_EQ(c.parallel_for(7).tensor, 2) << "an unlisted id gets [parallel]";
+  const Config back = parse_config(to_toml(c));
+  EXPECT_EQ(to_json(back), to_json(c));
+  ASSERT_EQ(back.parallel_learners.size(), 1u);
+  EXPECT_EQ(back.parallel_learners[0].parallel, c.parallel_learners[0].parallel);
+  EXPECT_EQ(to_json(c)["parallel"]["learner"][0]["zero"], 2);
+}
+
+TEST(ParallelConfig, RefusalsNameTheKeyAndWhy) {
+  const std::string t = kTiny;
+  EXPECT_NE(error_of(t + "[parallel]\ntensor = 2\ndata = 2\n").find("tensor-, pipeline- or data-parallel for now"),
+            std::string::npos);
+  EXPECT_NE(error_of(t + "[parallel]\nzero = 2\n").find("parallel.zero shards over the data-parallel ranks"),
+            std::string::npos);
+  EXPECT_NE(error_of(t + "[parallel]\ndata = 2\nzero = 3\n").find("tie_embeddings = false"), std::string::npos);
+  EXPECT_NE(error_of(t + "[parallel]\ndata = 2\nzero = 4\n").find("parallel.zero must be 0, 1, 2 or 3"),
+            std::string::npos);
+  EXPECT_NE(error_of(t + "[parallel]\ntensor = 3\n").find("parallel.tensor (3) must divide model.n_head"),
+            std::string::npos);
+  EXPECT_NE(error_of(t + "[parallel]\npipeline = 3\n").find("must not exceed model.n_layer (2)"), std::string::npos);
+  EXPECT_NE(error_of(t + "[parallel]\nprecision = \"bf16\"\n").find("not wired into a learner yet"),
+            std::string::npos);
+  EXPECT_NE(error_of(t + "[parallel]\nschedule = \"zigzag\"\n").find("\"gpipe\", \"1f1b\", \"interleaved\""),
+            std::string::npos);
+  EXPECT_NE(error_of("[model]\npreset = \"tiny\"\n[diloco]\nmode = \"dp\"\nlearners = 2\n[parallel]\ntensor = 2\n").find("only diloco.mode = \"decoupled\""),
+            std::string::npos);
+  EXPECT_NE(error_of(t + "[[parallel.learner]]\ntensor = 2\n").find("needs an id"), std::string::npos);
+  EXPECT_NE(error_of(t + "[[parallel.learner]]\nid = 1\ntensr = 2\n").find("unknown key 'tensr' in [[parallel.learner]]"),
+            std::string::npos);
+  EXPECT_NE(error_of(t + "[[parallel.learner]]\nid = 1\n[[parallel.learner]]\nid = 1\n").find("a second"),
+            std::string::npos);
+  EXPECT_NE(error_of(t + "[[parallel.learner]]\nid = 1\npipeline = 2\nmicro_batches = 3\n")
+                .find("parallel.learner[id = 1].micro_batches (3) must divide train.batch_size"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace dloco
