@@ -60,6 +60,10 @@ struct RoleFlags {
   std::vector<int> slots;
   int64_t generation = 0;
   std::string resume_from;
+  int rank = 0;                  // learner: a rank 1 … R − 1 of a learner group
+  std::string group_store, group_host = "127.0.0.1";
+  int leader_pid = 0;
+  bool no_spawn_ranks = false;
 };
 
 // The config of --config, or (--resume) the run folder's saved one, named after the folder given.
@@ -158,13 +162,33 @@ void add_learner_and_evaluator_commands(CLI::App& app, RoleFlags& r) {
     auto* cmd = app.add_subcommand(name, is_learner ? "Run one learner of a decoupled run"
                                                     : "Run the evaluator of a decoupled run");
     cmd->add_option("--config", r.config, "TOML config (the same as the syncer's)")->required();
-    cmd->add_option("--syncer", r.syncer, "Syncer address host:port")->required();
-    if (is_learner) cmd->add_option("--id", r.id, "Learner id: 0 ≤ id < M for the launcher's slots; any other id below 65536 joins a running job (scavenging)")->required();
+    auto* syncer = cmd->add_option("--syncer", r.syncer, "Syncer address host:port (not for --rank)");
+    if (!is_learner) syncer->required();
+    if (is_learner) {
+      cmd->add_option("--id", r.id, "Learner id: 0 ≤ id < M for the launcher's slots; any other id below 65536 joins a running job (scavenging)")->required();
+      cmd->add_option("--rank", r.rank, "Learner group ([parallel], R > 1 ranks): run rank 1 … R − 1 of learner --id "
+                      "instead of its leader (needs --group-store)");
+      cmd->add_option("--group-store", r.group_store, "Learner group: the rendezvous file of its ranks (default for "
+                      "the leader: run_dir/groups/learner_<id>/<pid>.store; on a filesystem every rank sees)");
+      cmd->add_option("--group-host", r.group_host, "Learner group: address this rank's Gloo binds (default 127.0.0.1)");
+      cmd->add_option("--leader-pid", r.leader_pid, "Learner group: pid of the leader that spawned this rank (it dies "
+                      "with it)");
+      cmd->add_flag("--no-spawn-ranks", r.no_spawn_ranks, "Learner group: the leader does not start ranks 1 … R − 1 "
+                    "here (they are started by hand with --rank, e.g. on other machines)");
+    }
     cmd->add_option("--run-dir", r.run_dir, "Folder for this role's events (default: run.out_dir/run.name)");
     cmd->add_option("--set", r.overrides, "Override a config field (repeatable)");
     cmd->callback([is_learner, &r] {
       const Config c = load_config(r.config, r.overrides);
-      LearnerOptions o{r.syncer, r.id, r.run_dir.empty() ? c.run_dir() : std::filesystem::path(r.run_dir)};
+      const auto run_dir = r.run_dir.empty() ? c.run_dir() : std::filesystem::path(r.run_dir);
+      const GroupOptions group{r.group_store, r.group_host, !r.no_spawn_ranks, 0};
+      if (is_learner && r.rank > 0) {  // one rank of a learner group: no syncer, no transport
+        g_exit_code = run_group_rank(c, GroupRankOptions{r.id, r.rank, run_dir, group, r.leader_pid});
+        return;
+      }
+      if (r.syncer.empty()) throw InputError("--syncer host:port is required (except for --rank)");
+      LearnerOptions o{r.syncer, r.id, run_dir};
+      o.group = group;
       const auto transport = grpc_transport::make_transport();
       const int rc = is_learner ? run_learner(c, o, *transport) : run_evaluator(c, o, *transport);
       if (rc != 0) throw InputError(std::string(is_learner ? "learner" : "evaluator") + " exited with " +

@@ -40,24 +40,35 @@ Collective::Collective(const CollectiveOptions& options)
     throw InputError("collective rank " + std::to_string(options.rank) + " is outside [0, world = " +
                      std::to_string(options.world) + ")");
   }
+  const auto rendezvous = options.rendezvous_timeout_s > 0 ? to_ms(options.rendezvous_timeout_s) : timeout_;
+  c10::intrusive_ptr<c10d::FileStore> file_store;
   try {
-    auto store = c10::make_intrusive<c10d::FileStore>(options.store_file.string(), options.world);
-    store->setTimeout(timeout_);
-    store_ = erase(c10::intrusive_ptr<c10d::Store>(std::move(store)));
+    file_store = c10::make_intrusive<c10d::FileStore>(options.store_file.string(), options.world);
+    file_store->setTimeout(rendezvous);
+    // Every rank arrives before Gloo's own rendezvous starts: Gloo waits for its peers' addresses with the
+    // collectives' deadline, not the store's, so a longer rendezvous deadline is waited for here.
+    file_store->set("dloco/arrived/" + std::to_string(options.rank), std::vector<uint8_t>{1});
+    std::vector<std::string> arrived;
+    for (int r = 0; r < options.world; ++r) arrived.push_back("dloco/arrived/" + std::to_string(r));
+    file_store->wait(arrived, rendezvous);
+    store_ = erase(c10::intrusive_ptr<c10d::Store>(file_store));
   } catch (const std::exception& e) {
-    throw CollectiveError("rank " + std::to_string(options.rank) + " could not open the store '" +
-                          options.store_file.string() + "': " + e.what());
+    throw CollectiveError("rank " + std::to_string(options.rank) + " of " + std::to_string(options.world) +
+                          " could not open the store '" + options.store_file.string() +
+                          "' or its peers did not arrive within " + std::to_string(rendezvous.count() / 1000.0) +
+                          " s: " + e.what());
   }
-  join("through '" + options.store_file.string() + "'");
+  join("through '" + options.store_file.string() + "'", rendezvous);
+  file_store->setTimeout(timeout_);  // sub-groups rendezvous with the collectives' deadline
 }
 
 Collective::Collective(Joined, std::shared_ptr<void> store, int rank, int world, std::chrono::milliseconds timeout,
                        std::string hostname)
     : rank_(rank), world_(world), timeout_(timeout), hostname_(std::move(hostname)), store_(std::move(store)) {
-  join("of a sub-group");
+  join("of a sub-group", timeout_);
 }
 
-void Collective::join(const std::string& where) {
+void Collective::join(const std::string& where, std::chrono::milliseconds rendezvous) {
   try {
     auto store = c10::intrusive_ptr<c10d::Store>::unsafe_reclaim_from_nonowning(static_cast<c10d::Store*>(store_.get()));
     auto opts = c10d::ProcessGroupGloo::Options::create(timeout_);
@@ -68,13 +79,13 @@ void Collective::join(const std::string& where) {
     // and drops the group closes the sockets its peers are still connecting ("Connection closed by peer";
     // pytorch/pytorch#61396). Not counted in traffic().
     c10d::BarrierOptions barrier;
-    barrier.timeout = timeout_;
-    if (!group->barrier(barrier)->wait(timeout_)) throw CollectiveError("the joining barrier did not complete");
+    barrier.timeout = rendezvous;
+    if (!group->barrier(barrier)->wait(rendezvous)) throw CollectiveError("the joining barrier did not complete");
     group_ = erase(std::move(group));
   } catch (const std::exception& e) {
     throw CollectiveError("rank " + std::to_string(rank_) + " of " + std::to_string(world_) +
                           " could not join the Gloo group " + where + " within " +
-                          std::to_string(timeout_.count() / 1000.0) + " s: " + e.what());
+                          std::to_string(rendezvous.count() / 1000.0) + " s: " + e.what());
   }
 }
 

@@ -64,7 +64,9 @@ struct CollectiveOptions {
   int rank = 0;                      // 0 … world − 1
   int world = 1;                     // M
   std::string hostname = "127.0.0.1";  // address Gloo binds and advertises
-  double timeout_s = 120;            // deadline of the rendezvous and of every collective, seconds
+  double timeout_s = 120;            // deadline of every collective (and of the rendezvous unless set below), s
+  double rendezvous_timeout_s = 0;   // deadline of joining, s; 0 = timeout_s (a learner group's ranks wait
+                                     // longer: their leader joins only after its bootstrap from the syncer)
 };
 
 /// A Gloo process group of M ranks. Thread-compatible: call from one thread. Tensors must be dense, contiguous,
@@ -163,7 +165,7 @@ class Collective {
   struct Joined {};  // tag of the constructor that joins over an existing store
   Collective(Joined, std::shared_ptr<void> store, int rank, int world, std::chrono::milliseconds timeout,
              std::string hostname);
-  void join(const std::string& where);
+  void join(const std::string& where, std::chrono::milliseconds rendezvous);
 
   int rank_ = 0, world_ = 1;
   std::chrono::milliseconds timeout_{0};

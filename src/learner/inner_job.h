@@ -1,6 +1,6 @@
 // A learner's inner job (docs/protocol.md "Learner loop", steps 1–2): whatever trains the replica between two
-// outer syncs. Today one process holding the whole GPT (learner/gpt_inner_job.h); next a group of ranks with
-// sharded state, and a SkipPipe pipeline. The outer sync (learner/outer_sync.h) sees only this interface.
+// outer syncs: one process holding the whole GPT (learner/gpt_inner_job.h), or a group of ranks with sharded
+// state (learner/group_inner_job.h); next a SkipPipe pipeline. The outer sync (learner/outer_sync.h) sees only this interface.
 // Deliberately not here: the network, the syncer's protocol, LibTorch.
 #pragma once
 
@@ -37,6 +37,9 @@ class InnerJob {
   /// Restores what save_state wrote; returns the step it was saved at, or −1 when there is none or it is unusable
   /// (`why` says which; empty when there is none).
   virtual int64_t restore_state(const std::filesystem::path& dir, std::string* why) = 0;
+  /// Called often (every few ms) while the learner does not train (finished, or waiting in blocking mode): a job
+  /// of many ranks keeps them alive within their deadline (learner/group_inner_job.h). Default: nothing.
+  virtual void idle() {}
 };
 
 }  // namespace dloco

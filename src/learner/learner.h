@@ -7,6 +7,7 @@
 #include "core/check.h"
 #include "core/config.h"
 #include "core/state_machine.h"
+#include "learner/group_ranks.h"
 #include "transport/transport.h"
 
 namespace dloco {
@@ -32,6 +33,7 @@ struct LearnerOptions {
   int id = 0;                          // learner slot, 0 ≤ id < M
   std::filesystem::path run_dir;       // where its events go (run_dir/events/learner_<id>.jsonl)
   double bootstrap_timeout_s = 120;    // how long to try to reach the syncer before giving up
+  GroupOptions group;                  // a learner of R > 1 ranks ([parallel]): how its group meets
 };
 
 /// Runs one learner over `transport`: bootstrap from the syncer (blocking, with a deadline), then train without ever waiting on

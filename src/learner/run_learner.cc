@@ -16,6 +16,8 @@
 #include "data/stream.h"
 #include "learner/bootstrap.h"
 #include "learner/gpt_inner_job.h"
+#include "learner/group_inner_job.h"
+#include "learner/group_ranks.h"
 #include "learner/learner.h"
 #include "learner/outer_sync.h"
 #include "train/fragment_io.h"
@@ -93,6 +95,7 @@ class LearnerLoop {
       if (const std::string fatal = link_.fatal_error(); !fatal.empty()) throw InputError(fatal);
       if (job_.cursor().tokens_served + tokens_per_step_ > budget_) finish("its token budget is spent");
       if (phase_.is(LearnerPhase::kFinished)) {
+        job_.idle();
         boundary();
         if (Clock::now() - last_metadata_ > std::chrono::milliseconds(200)) send_metadata();
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -185,6 +188,7 @@ class LearnerLoop {
                          std::to_string(config_.run.collective_timeout_s) + " s (run.collective_timeout_s)");
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
+      job_.idle();
       boundary();
     }
   }
@@ -227,10 +231,17 @@ int run_learner(const Config& config, const LearnerOptions& options, wire::Trans
   if (id < 0 || id >= kMaxLearnerId) {  // ids ≥ M: learners joining a running job (scavenging)
     throw InputError("learner id " + std::to_string(id) + " is outside [0, " + std::to_string(kMaxLearnerId) + ")");
   }
-  apply_thread_budget(thread_budget(static_cast<int>(config.run.threads)));
+  // A learner group of R ranks (docs/parallel.md): this process is rank 0; the others get equal shares of its cores.
+  const ParallelConfig& parallel = config.parallel_for(id);
+  const int R = static_cast<int>(parallel.ranks());
+  const int cores = config.run.threads > 0 ? static_cast<int>(config.run.threads) : machine_cores();
+  const int rank_threads = std::max(1, cores / R);
+  apply_thread_budget(thread_budget(R > 1 ? rank_threads : static_cast<int>(config.run.threads)));
   fs::create_directories(options.run_dir / "events");
   EventLog events(options.run_dir / "events" / ("learner_" + std::to_string(id) + ".jsonl"), Role::kLearner, id);
   const torch::Device device(config.run.device);
+  std::unique_ptr<GroupRanks> ranks;  // started first: they build their models while this rank bootstraps
+  if (R > 1) ranks = std::make_unique<GroupRanks>(config, id, options.run_dir, options.group, rank_threads);
 
   // The same init as the syncer (so the layout hash matches); Θ comes from the bootstrap.
   torch::manual_seed(config.run.seed + 1 + static_cast<uint64_t>(id));
@@ -262,8 +273,22 @@ int run_learner(const Config& config, const LearnerOptions& options, wire::Trans
   const wire::JoinReply& joined = boot->joined;
   link.set_held_stream(joined.stream_index);  // re-joins (after a syncer restart) keep this stream
   bool from_log = false;
-  GptInnerJob job(model, layout, config.train, make_schedule(config), device,
-                  resume_stream(config, joined, *boot->stream_log, &from_log));
+  DataStream stream = resume_stream(config, joined, *boot->stream_log, &from_log);
+  std::unique_ptr<InnerJob> job_owner;
+  if (R > 1) {
+    auto group = ranks->join(options.bootstrap_timeout_s);
+    torch::manual_seed(config.run.seed + 1 + static_cast<uint64_t>(id));  // the ranks' initial GPT
+    auto engine = make_rank_engine(GPT(config.model), parallel, config.train, *group);
+    events.emit("group_formed", {{"ranks", R}, {"group", engine->describe()}, {"store", ranks->store().string()},
+                                 {"pids", ranks->pids()}, {"threads_per_rank", rank_threads}});
+    std::printf("[learner %d] a group of %d ranks: %s\n", id, R, engine->describe().c_str());
+    job_owner = std::make_unique<GroupInnerJob>(model, layout, config.train, make_schedule(config), std::move(stream),
+                                                std::move(engine), std::move(group), parallel.timeout_s);
+  } else {
+    job_owner = std::make_unique<GptInnerJob>(model, layout, config.train, make_schedule(config), device,
+                                              std::move(stream));
+  }
+  InnerJob& job = *job_owner;
   if (config.train.learner_state_interval > 0) {  // a restart: resume the AdamW moments of the last incarnation
     std::string why;
     const int64_t saved_at = job.restore_state(options.run_dir / "learners" / ("learner_" + std::to_string(id)), &why);

@@ -6,23 +6,9 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "parallel/zero_unit.h"
 
 namespace dloco {
-
-/// One flat, sharded group of parameters: the whole model (stages 1, 2) or one stage-3 unit.
-struct ZeroAdamW::Unit {
-  std::vector<torch::Tensor> params;         // the module's parameter tensors (views of flat, or released)
-  std::vector<std::string> names;            // model->named_parameters() keys
-  std::vector<std::vector<int64_t>> shapes;  // their shapes (kept while released)
-  std::vector<int64_t> offsets;              // element offset of each in the flat buffer
-  int64_t numel = 0, padded = 0, shard = 0;  // Σ numel; rounded up to a multiple of N; padded / N = S
-  torch::Tensor flat;                        // (padded) stages 1, 2: the full parameters the module views
-  torch::Tensor slice;                       // (S) own parameters: a view of flat, or (stage 3) the only copy
-  torch::Tensor grad;                        // (S) stages 2, 3: the summed gradient slice since the last step
-  torch::Tensor exp_avg, exp_avg_sq;         // (S) AdamW's m and v
-  std::vector<std::pair<int64_t, int64_t>> decay;  // (start, length) ranges of the slice with weight decay
-  torch::Tensor anchor;  // (0) requires grad: makes autograd call the unit's backward even when its input has none
-};
 
 namespace {
 // Fills `unit`'s layout from its params for rank `rank` of N, flattening the current values; see Unit.
@@ -117,6 +103,10 @@ ZeroAdamW::ZeroAdamW(GPT model, Collective& group, ZeroOptions options)
     : model_(std::move(model)), group_(group), options_(options) {
   if (options_.stage < 1 || options_.stage > 3) {
     throw InputError("ZeRO stage " + std::to_string(options_.stage) + " does not exist; use 1, 2 or 3");
+  }
+  if (options_.all_reduce_gradients && options_.stage != 1) {
+    throw InputError("ZeroOptions::all_reduce_gradients applies to stage 1 only (stage " +
+                     std::to_string(options_.stage) + " reduces gradients to their owners)");
   }
   if (options_.stage == 3 && model_->config().tie_embeddings) {
     throw InputError("ZeRO-3 here shards the embedding and the head as separate units: set tie_embeddings = false");
@@ -252,9 +242,8 @@ void ZeroAdamW::adamw_on_slice(Unit& u) {
   u.slice.addcdiv_(u.exp_avg, denom, -o.lr / bias_correction1);
 }
 
-void ZeroAdamW::step() {
+ZeroStepStats ZeroAdamW::step(double max_grad_norm, bool skip) {
   torch::NoGradGuard no_grad;
-  ++step_count_;
   const int N = group_.world();
   for (auto& u : units_) {
     if (options_.stage == 1) {  // the full gradients are in .grad: reduce them now
@@ -273,14 +262,29 @@ void ZeroAdamW::step() {
       }
     }
     u.grad.div_(N);  // the mean over the N ranks, as plain data parallelism's all-reduce / N
-    adamw_on_slice(u);
-    if (options_.stage < 3) group_.all_gather_flat(u.flat, u.slice);
+  }
+  // ‖g‖ over the whole model: the slices partition it (the padding is zero), so Σ over ranks of Σ over slices.
+  auto square_sum = torch::zeros({1}, torch::kDouble);
+  for (const auto& u : units_) square_sum += u.grad.to(torch::kDouble).square().sum();
+  group_.allreduce_sum(square_sum);
+  ZeroStepStats stats;
+  stats.grad_norm = std::sqrt(square_sum.item<double>());
+  stats.skipped = skip || !std::isfinite(stats.grad_norm);
+  const double coef = max_grad_norm / (stats.grad_norm + 1e-6);
+  if (!stats.skipped) ++step_count_;
+  for (auto& u : units_) {
+    if (!stats.skipped) {
+      if (coef < 1) u.grad.mul_(coef);
+      adamw_on_slice(u);
+      if (options_.stage < 3) group_.all_gather_flat(u.flat, u.slice);
+    }
     if (options_.stage == 1) {
       u.grad = torch::Tensor();  // stage 1 keeps no gradient slice between steps
     } else {
       u.grad.zero_();
     }
   }
+  return stats;
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> ZeroAdamW::gather_full(int root, int moment) {

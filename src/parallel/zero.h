@@ -19,12 +19,14 @@
 //                     gradient into the slice. Needs untied embeddings (the tied wte would be in two units).
 // AdamW is torch::optim::AdamW's arithmetic (decoupled weight decay, bias correction), applied elementwise to the
 // slices, with weight decay on matrices only (train/trainer.cc's recipe). Everything is fp32 on the CPU.
-// Deliberately not here: bucketing and overlap of communication with compute, mixed precision, offload,
-// gradient clipping (needs a global norm over all slices: one all-reduce of a scalar; not yet wired).
+// Global-norm clipping and the non-finite guard of train/trainer.cc run on the reduced slices (one all-reduce of a
+// scalar), so every rank takes the same decision.
+// Deliberately not here: bucketing and overlap of communication with compute, mixed precision, offload.
 #pragma once
 
 #include <torch/torch.h>
 
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -55,6 +57,12 @@ struct ZeroMemory {
   int64_t peak_gathered_parameter_bytes = 0;  // stage 3: largest gathered (full) unit parameters alive at once
 };
 
+/// What step() did (the same on every rank).
+struct ZeroStepStats {
+  double grad_norm = 0;  // global norm of the averaged gradient before clipping
+  bool skipped = false;  // non-finite norm (or asked to skip): parameters and moments untouched
+};
+
 /// A GPT trained with ZeRO over the data-parallel group `group` (every rank of it constructs one from a model with
 /// identical parameters, and calls loss/backward/step in lockstep). One step:
 ///   auto loss = zero.loss(idx, targets); zero.backward(loss); zero.step();
@@ -74,9 +82,12 @@ class ZeroAdamW {
   /// Back-propagates `loss` (from loss()); stages 2, 3 reduce gradients into the owners' slices on the way.
   /// Repeated calls before step() accumulate (micro-batches).
   void backward(const torch::Tensor& loss);
-  /// Averages the accumulated gradient over N, one AdamW step on the own slices, then (stages 1, 2) all-gathers
-  /// the parameters into the model. Clears the gradients.
-  void step();
+  /// Averages the accumulated gradient over N, clips it to the global norm `max_grad_norm` (+inf: no clipping;
+  /// torch::nn::utils::clip_grad_norm_'s coefficient max / (‖g‖ + 1e-6)), one AdamW step on the own slices, then
+  /// (stages 1, 2) all-gathers the parameters into the model. With `skip`, or when ‖g‖ is not finite, nothing
+  /// is updated (the step count neither: bias correction continues as if the step never happened). Clears the
+  /// gradients. Throws CollectiveError.
+  ZeroStepStats step(double max_grad_norm = std::numeric_limits<double>::infinity(), bool skip = false);
   void set_lr(double lr) { options_.lr = lr; }
 
   /// The full parameters by name (model->named_parameters() names and shapes) on rank `root`, empty elsewhere;
@@ -84,15 +95,31 @@ class ZeroAdamW {
   /// save_checkpoint_files (train/checkpoint.h): the safetensors format stays unchanged.
   std::vector<std::pair<std::string, torch::Tensor>> gather_full(int root = 0, int moment = 0);
 
+  /// The full parameter `name` (model->named_parameters() name and shape) on rank `root`, undefined elsewhere.
+  /// Stages 1, 2: a copy of the local one (no communication); stage 3: every rank must call it (all-gathers the
+  /// parameter's unit). Throws InputError for an unknown name, CollectiveError.
+  torch::Tensor gather_parameter(const std::string& name, int root = 0);
+  /// Overwrites parameter `name` with `full` (its full shape; the same on every rank) in place: stages 1, 2 the
+  /// local copy, stage 3 this rank's part of its slice. Moments are kept. Local; throws InputError on an unknown
+  /// name or another shape.
+  void set_parameter(const std::string& name, const torch::Tensor& full);
+  /// This rank's optimizer state (step count, m and v of its slices) to `file` (torch::save; not atomic: the
+  /// caller writes to a temporary name), and back. load_state throws InputError when the file was written by
+  /// another stage, group size, rank or model.
+  void save_state(const std::string& file) const;
+  void load_state(const std::string& file);
+  /// Zero moments and step count (a fresh optimizer over the same parameters). Local.
+  void reset_state();
   /// Live bytes per category now (see ZeroMemory); call between backward() and step() for the gradient peak.
   ZeroMemory memory() const;
   int stage() const { return options_.stage; }
   /// Σ numel of the model's parameters (Ψ), without padding.
   int64_t parameter_count() const { return parameter_count_; }
 
-  struct Unit;  // one flat, sharded group of parameters (zero.cc)
+  struct Unit;  // one flat, sharded group of parameters (parallel/zero_unit.h)
 
  private:
+  std::pair<Unit*, size_t> find(const std::string& name);  // the unit holding parameter `name` and its index there
   friend struct ZeroUnitFunction;
   void gather(Unit& unit);
   void release(Unit& unit);

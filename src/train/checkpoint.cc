@@ -167,7 +167,16 @@ Config checkpoint_config(const CheckpointInfo& checkpoint) {
   std::string text;
   for (const auto& [section, fields] : checkpoint.manifest["config"].items()) {
     text += "[" + section + "]\n";
-    for (const auto& [key, value] : fields.items()) text += key + " = " + value.dump() + "\n";
+    for (const auto& [key, value] : fields.items()) {
+      if (!value.is_array()) text += key + " = " + value.dump() + "\n";
+    }
+    for (const auto& [key, value] : fields.items()) {  // [[parallel.learner]]: an array of tables
+      if (!value.is_array()) continue;
+      for (const auto& table : value) {
+        text += "[[" + section + "." + key + "]]\n";
+        for (const auto& [k, v] : table.items()) text += k + " = " + v.dump() + "\n";
+      }
+    }
   }
   return parse_config(text, {}, (checkpoint.dir / "manifest.json").string());
 }

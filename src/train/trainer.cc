@@ -9,19 +9,7 @@ namespace dloco {
 
 InnerTrainer::InnerTrainer(GPT model, const TrainConfig& train, LrSchedule schedule, torch::Device device)
     : model_(std::move(model)), train_(train), schedule_(schedule), device_(device) {
-  // Weight decay on matrices only (embedding included), never on norm gains: the usual GPT recipe.
-  std::vector<torch::Tensor> decay, no_decay;
-  for (auto& p : model_->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
-  auto options = torch::optim::AdamWOptions(train.lr)
-                     .betas({train.beta1, train.beta2})
-                     .eps(train.adam_eps)
-                     .weight_decay(train.weight_decay);
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(options));
-  auto no_decay_options = options;
-  no_decay_options.weight_decay(0.0);
-  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(no_decay_options));
-  optimizer_ = std::make_unique<torch::optim::AdamW>(std::move(groups), options);
+  optimizer_ = make_inner_adamw(model_->parameters(), train);
   const int64_t T = model_->config().seq_len;
   window_ = torch::empty({train.batch_size * T + 1}, torch::kLong);
 }
@@ -57,6 +45,23 @@ StepResult InnerTrainer::step(DataStream& stream, int64_t step) {
   }
   optimizer_->step();
   return r;
+}
+
+std::unique_ptr<torch::optim::AdamW> make_inner_adamw(const std::vector<torch::Tensor>& params,
+                                                      const TrainConfig& train) {
+  // Weight decay on matrices only (embedding included), never on norm gains: the usual GPT recipe.
+  std::vector<torch::Tensor> decay, no_decay;
+  for (const auto& p : params) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  auto options = torch::optim::AdamWOptions(train.lr)
+                     .betas({train.beta1, train.beta2})
+                     .eps(train.adam_eps)
+                     .weight_decay(train.weight_decay);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(options));
+  auto no_decay_options = options;
+  no_decay_options.weight_decay(0.0);
+  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(no_decay_options));
+  return std::make_unique<torch::optim::AdamW>(std::move(groups), options);
 }
 
 double evaluate_loss(GPT& model, const TokenSplit& split, int64_t max_tokens, int64_t batch_size,

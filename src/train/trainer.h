@@ -56,6 +56,11 @@ class InnerTrainer {
   GradientHook gradient_hook_;
 };
 
+/// torch::optim::AdamW with train/trainer.cc's recipe (train.lr, betas, eps; weight decay on tensors of dim ≥ 2
+/// only, never on norm gains) over `params`: shared by the one-process learner and the ranks of a learner group.
+std::unique_ptr<torch::optim::AdamW> make_inner_adamw(const std::vector<torch::Tensor>& params,
+                                                      const TrainConfig& train);
+
 /// Mean next-token loss (nats/token) of `model` on the split's first `max_tokens` tokens (0 = all) in
 /// non-overlapping windows of B sequences × T tokens; a partial last batch is evaluated too. Runs without
 /// gradients and restores the model's training mode.

@@ -1,0 +1,110 @@
+// Starting and joining a learner group's ranks; see group_ranks.h.
+#include "learner/group_ranks.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "core/atomic_file.h"
+#include "core/check.h"
+#include "core/events.h"
+#include "launcher/children.h"
+#include "learner/group_inner_job.h"
+#include "parallel/rank_engine.h"
+#include "train/fragment_io.h"
+#include "train/threads.h"
+
+namespace dloco {
+
+namespace fs = std::filesystem;
+
+namespace {
+double rendezvous_s(const GroupOptions& o, double bootstrap_timeout_s, double timeout_s) {
+  return o.rendezvous_timeout_s > 0 ? o.rendezvous_timeout_s : bootstrap_timeout_s + timeout_s;
+}
+}  // namespace
+
+GroupRanks::GroupRanks(const Config& config, int id, const fs::path& run_dir, GroupOptions options, int threads)
+    : options_(std::move(options)),
+      ranks_(static_cast<int>(config.parallel_for(id).ranks())),
+      timeout_s_(config.parallel_for(id).timeout_s) {
+  DLOCO_CHECK_GT(ranks_, 1);
+  if (options_.store.empty()) {
+    options_.store = run_dir / "groups" / ("learner_" + std::to_string(id)) / (std::to_string(::getpid()) + ".store");
+  }
+  fs::create_directories(options_.store.parent_path());
+  std::error_code ec;
+  fs::remove(options_.store, ec);  // a fresh rendezvous: a stale file would hold an old group's keys
+  if (!options_.spawn) return;
+  fs::create_directories(run_dir / "logs");
+  const fs::path config_file = options_.store.string() + ".config.toml";
+  write_file_atomically(config_file, to_toml(config));
+  for (int r = 1; r < ranks_; ++r) {
+    pids_.push_back(spawn({"learner", "--config", config_file.string(), "--id", std::to_string(id), "--rank",
+                           std::to_string(r), "--group-store", options_.store.string(), "--group-host", options_.host,
+                           "--leader-pid", std::to_string(::getpid()), "--run-dir", run_dir.string(), "--set",
+                           "run.threads=" + std::to_string(threads)},
+                          run_dir / "logs" / ("learner_" + std::to_string(id) + "_rank_" + std::to_string(r) + ".log"),
+                          threads));
+  }
+}
+
+GroupRanks::~GroupRanks() {
+  std::vector<Child> children;
+  for (pid_t pid : pids_) children.push_back({"rank", -1, pid});
+  stop_children(children, std::chrono::seconds(2));
+}
+
+std::unique_ptr<Collective> GroupRanks::join(double bootstrap_timeout_s) const {
+  CollectiveOptions o;
+  o.store_file = options_.store;
+  o.rank = 0;
+  o.world = ranks_;
+  o.hostname = options_.host;
+  o.timeout_s = timeout_s_;
+  o.rendezvous_timeout_s = rendezvous_s(options_, 0, timeout_s_);
+  return std::make_unique<Collective>(o);
+}
+
+int run_group_rank(const Config& config, const GroupRankOptions& options) {
+  const ParallelConfig& parallel = config.parallel_for(options.id);
+  if (options.rank < 1 || options.rank >= parallel.ranks()) {
+    throw InputError("--rank " + std::to_string(options.rank) + " is outside [1, R = " +
+                     std::to_string(parallel.ranks()) + ") for learner " + std::to_string(options.id));
+  }
+  if (options.group.store.empty()) throw InputError("--rank needs --group-store (the leader's rendezvous file)");
+  if (options.leader > 0) {  // spawned by its leader: die with it
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != options.leader) return 3;  // the leader is already gone
+  }
+  apply_thread_budget(thread_budget(static_cast<int>(config.run.threads)));
+  fs::create_directories(options.run_dir / "events");
+  const std::string who = "learner_" + std::to_string(options.id) + "_rank_" + std::to_string(options.rank);
+  EventLog events(options.run_dir / "events" / (who + ".jsonl"), Role::kLearner, options.id);
+  torch::manual_seed(config.run.seed + 1 + static_cast<uint64_t>(options.id));  // the leader's initial GPT
+  GPT model(config.model);
+  const FragmentLayout layout = model_layout(model, config.diloco);
+  try {
+    CollectiveOptions o;
+    o.store_file = options.group.store;
+    o.rank = options.rank;
+    o.world = static_cast<int>(parallel.ranks());
+    o.hostname = options.group.host;
+    o.timeout_s = parallel.timeout_s;
+    o.rendezvous_timeout_s = rendezvous_s(options.group, 120, parallel.timeout_s);
+    Collective group(o);
+    auto engine = make_rank_engine(model, parallel, config.train, group);
+    events.emit("rank_joined", {{"pid", ::getpid()}, {"rank", options.rank}, {"group", engine->describe()}});
+    const int64_t steps = serve_group_rank(*engine, group, layout, config.train, config.model);
+    events.emit("rank_stopped", {{"steps", steps}, {"bytes_sent", group.bytes_sent()}});
+    return 0;
+  } catch (const CollectiveError& e) {
+    events.emit("rank_failed", {{"error", e.what()}});
+    std::fprintf(stderr, "[%s] the group failed: %s\n", who.c_str(), e.what());
+    return 3;
+  }
+}
+
+}  // namespace dloco

@@ -1,0 +1,70 @@
+// Starting the ranks of a learner group (docs/parallel.md "A learner of many ranks"): the leader (the `dloco
+// learner` the launcher or a user started) spawns ranks 1 … R − 1 of its group on this machine, each its own
+// process with its share of the learner's cores, and they meet through a fresh rendezvous file. A rank dies with
+// its leader (PR_SET_PDEATHSIG), and the leader stops its ranks when it exits; a rank that dies makes the
+// leader's next collective fail, so the learner stops and is restarted as a whole group (by the launcher, like any
+// learner that died). Ranks on other machines are started by hand with `dloco learner --rank R --group-store F`
+// (F on a filesystem every machine of the group sees) and the leader with --no-spawn-ranks.
+// Deliberately not here: what the ranks run (learner/group_inner_job.h).
+#pragma once
+
+#include <sys/types.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collective/process_group.h"
+#include "core/config.h"
+
+namespace dloco {
+
+/// How a learner's group meets.
+struct GroupOptions {
+  std::filesystem::path store;  // the rendezvous file; empty = run_dir/groups/learner_<id>/<leader pid>.store
+  std::string host = "127.0.0.1";  // address Gloo binds and advertises on this machine
+  bool spawn = true;            // the leader starts ranks 1 … R − 1 on this machine
+  double rendezvous_timeout_s = 0;  // how long a rank waits for the others to arrive; 0 = the leader's bootstrap
+                                    // deadline + parallel.timeout_s
+};
+
+/// The leader's handle on its group's other ranks.
+class GroupRanks {
+ public:
+  /// Spawns ranks 1 … R − 1 of learner `id` (R = config.parallel_for(id).ranks() > 1) with `threads` BLAS threads
+  /// each, logging to run_dir/logs/learner_<id>_rank_<r>.log. Throws InputError when a process cannot start.
+  GroupRanks(const Config& config, int id, const std::filesystem::path& run_dir, GroupOptions options, int threads);
+  /// SIGTERM, then SIGKILL after 2 s, to every rank still running.
+  ~GroupRanks();
+  GroupRanks(const GroupRanks&) = delete;
+  GroupRanks& operator=(const GroupRanks&) = delete;
+
+  /// Joins the group as rank 0 (blocks until every rank arrived, up to the rendezvous deadline). Throws
+  /// CollectiveError.
+  std::unique_ptr<Collective> join(double bootstrap_timeout_s) const;
+  const std::filesystem::path& store() const { return options_.store; }
+  const std::vector<pid_t>& pids() const { return pids_; }
+
+ private:
+  GroupOptions options_;
+  int ranks_;
+  double timeout_s_;
+  std::vector<pid_t> pids_;
+};
+
+/// One rank 1 … R − 1 of a group, as its own process.
+struct GroupRankOptions {
+  int id = 0;                    // the learner slot
+  int rank = 1;                  // this rank, 1 ≤ rank < R
+  std::filesystem::path run_dir;  // where its events go (run_dir/events/learner_<id>_rank_<r>.jsonl)
+  GroupOptions group;            // store must be set
+  pid_t leader = 0;              // the leader that spawned it (the rank exits at once if it is gone); 0 = remote
+};
+
+/// The rank's process: joins the group, builds its RankEngine from the same initial GPT as the leader and serves
+/// the leader's commands until told to stop. Returns 0 after a stop, 3 when the group failed (the leader died or
+/// a deadline passed). Throws InputError on a bad rank or config.
+int run_group_rank(const Config& config, const GroupRankOptions& options);
+
+}  // namespace dloco

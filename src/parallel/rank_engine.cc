@@ -1,0 +1,371 @@
+// The three kinds of learner-group rank; see rank_engine.h. Dimension letters: W windows (train.grad_accum), B
+// sequences per window, T tokens, d data-parallel ranks, p stages, m micro-batches.
+#include "parallel/rank_engine.h"
+
+#include <cmath>
+#include <limits>
+#include <map>
+
+#include "core/check.h"
+#include "parallel/pipeline_stage.h"
+#include "parallel/tp_gpt.h"
+#include "parallel/zero.h"
+#include "train/trainer.h"
+
+namespace dloco {
+
+namespace {
+
+// Inputs and targets of window w: (B, T) each, views of windows[w] as train/trainer.cc reads it.
+std::pair<torch::Tensor, torch::Tensor> window_batch(const torch::Tensor& windows, int64_t w, int64_t B, int64_t T) {
+  const auto row = windows[w];  // (B·T + 1)
+  return {row.narrow(0, 0, B * T).view({B, T}), row.narrow(0, 1, B * T).view({B, T})};
+}
+
+double max_norm_of(const TrainConfig& train) {
+  return train.grad_clip > 0 ? train.grad_clip : std::numeric_limits<double>::infinity();
+}
+
+void set_lr(torch::optim::AdamW& adamw, double lr) {
+  for (auto& group : adamw.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+}
+
+void save_adamw(torch::optim::AdamW& adamw, const std::filesystem::path& file) { torch::save(adamw, file.string()); }
+
+void load_adamw(torch::optim::AdamW& adamw, const std::filesystem::path& file) {
+  try {
+    torch::load(adamw, file.string());
+  } catch (const c10::Error& e) {
+    throw InputError("cannot load the optimizer state '" + file.string() + "': " + e.what_without_backtrace());
+  }
+}
+
+// Copies `full` into `target` after checking the shape.
+void copy_checked(torch::Tensor target, const torch::Tensor& full, const std::string& name) {
+  if (target.sizes() != full.sizes()) {
+    throw InputError("parameter '" + name + "' has shape " + c10::str(target.sizes()) + ", the value " +
+                     c10::str(full.sizes()));
+  }
+  torch::NoGradGuard no_grad;
+  target.copy_(full);
+}
+
+// tensor = t: every rank holds its shards; the step is TensorParallelGPT's loss, backward, its global-norm clip.
+class TensorParallelEngine final : public RankEngine {
+ public:
+  TensorParallelEngine(GPT full, const TrainConfig& train, Collective& group)
+      : train_(train), group_(group), tp_group_(group), model_(full, tp_group_) {
+    for (const auto& item : full->named_parameters()) full_shapes_[item.key()] = item.value().sizes().vec();
+    adamw_ = make_inner_adamw(model_->parameters(), train);
+  }
+
+  EngineStep step(const torch::Tensor& windows, double lr) override {
+    const int64_t W = windows.size(0), B = train_.batch_size, T = model_->config().seq_len;
+    set_lr(*adamw_, lr);
+    adamw_->zero_grad();
+    EngineStep r;
+    for (int64_t w = 0; w < W; ++w) {
+      const auto [x, y] = window_batch(windows, w, B, T);
+      auto loss = model_->loss(x, y);  // the same on every rank (vocab-parallel cross-entropy)
+      (loss / static_cast<double>(W)).backward();
+      r.loss += loss.item<double>() / static_cast<double>(W);
+    }
+    r.grad_norm = model_->clip_grad_norm(max_norm_of(train_));
+    r.skipped = !std::isfinite(r.loss) || !std::isfinite(r.grad_norm);
+    if (r.skipped) {
+      adamw_->zero_grad();
+    } else {
+      adamw_->step();
+    }
+    return r;
+  }
+
+  torch::Tensor gather_parameter(const std::string& name) override {
+    auto full = gather_shards(local(name), model_->shard_spec(name), full_shapes_.at(name), tp_group_);
+    return group_.rank() == 0 ? full : torch::Tensor();
+  }
+
+  void set_parameter(const std::string& name, const torch::Tensor& full) override {
+    copy_checked(local(name), shard_of(full, model_->shard_spec(name), group_.rank(), group_.world()), name);
+  }
+
+  void save_state(const std::filesystem::path& file) override { save_adamw(*adamw_, file); }
+  void load_state(const std::filesystem::path& file) override { load_adamw(*adamw_, file); }
+  void reset_state() override { adamw_ = make_inner_adamw(model_->parameters(), train_); }
+  std::string describe() const override { return "tensor-parallel t = " + std::to_string(group_.world()); }
+
+ private:
+  torch::Tensor local(const std::string& name) {
+    auto params = model_->named_parameters();
+    if (!params.contains(name)) throw InputError("the tensor-parallel model has no parameter '" + name + "'");
+    return params[name];
+  }
+
+  TrainConfig train_;
+  Collective& group_;
+  TensorParallelGroup tp_group_;
+  TensorParallelGPT model_;
+  std::map<std::string, std::vector<int64_t>> full_shapes_;
+  std::unique_ptr<torch::optim::AdamW> adamw_;
+};
+
+// data = d: rank r trains rows [r·B/d, (r+1)·B/d) of every window. zero = 0: a replica and AdamW per rank, the
+// flat gradient all-reduced and averaged; zero ≥ 1: ZeroAdamW.
+class DataParallelEngine final : public RankEngine {
+ public:
+  DataParallelEngine(GPT full, int zero, const TrainConfig& train, Collective& group)
+      : train_(train), group_(group), model_(full) {
+    if (zero == 0) {
+      adamw_ = make_inner_adamw(model_->parameters(), train);
+    } else {
+      ZeroOptions o;
+      o.stage = zero;
+      o.lr = train.lr;
+      o.beta1 = train.beta1;
+      o.beta2 = train.beta2;
+      o.eps = train.adam_eps;
+      o.weight_decay = train.weight_decay;
+      zero_ = std::make_unique<ZeroAdamW>(model_, group, o);
+    }
+  }
+
+  EngineStep step(const torch::Tensor& windows, double lr) override {
+    const int64_t W = windows.size(0), B = train_.batch_size, T = model_->config().seq_len;
+    const int64_t b = B / group_.world();  // rows per rank
+    if (adamw_) {
+      set_lr(*adamw_, lr);
+      adamw_->zero_grad();
+    } else {
+      zero_->set_lr(lr);
+    }
+    auto loss_sum = torch::zeros({1}, torch::kDouble);  // Σ over windows of this rank's mean loss
+    for (int64_t w = 0; w < W; ++w) {
+      auto [x, y] = window_batch(windows, w, B, T);
+      x = x.narrow(0, group_.rank() * b, b);  // (b, T)
+      y = y.narrow(0, group_.rank() * b, b);  // (b, T)
+      auto loss = adamw_ ? model_->loss(x, y) : zero_->loss(x, y);
+      auto scaled = loss / static_cast<double>(W);
+      if (adamw_) {
+        scaled.backward();
+      } else {
+        zero_->backward(scaled);
+      }
+      loss_sum += loss.detach().to(torch::kDouble);
+    }
+    group_.allreduce_sum(loss_sum);  // the mean over d equal shares is the whole batch's mean
+    EngineStep r;
+    r.loss = loss_sum.item<double>() / static_cast<double>(W * group_.world());
+    if (zero_) {
+      const ZeroStepStats s = zero_->step(max_norm_of(train_), !std::isfinite(r.loss));
+      r.grad_norm = s.grad_norm;
+      r.skipped = s.skipped;
+      return r;
+    }
+    average_gradients();
+    r.grad_norm = torch::nn::utils::clip_grad_norm_(model_->parameters(), max_norm_of(train_));
+    r.skipped = !std::isfinite(r.loss) || !std::isfinite(r.grad_norm);
+    if (r.skipped) {
+      adamw_->zero_grad();
+    } else {
+      adamw_->step();
+    }
+    return r;
+  }
+
+  torch::Tensor gather_parameter(const std::string& name) override {
+    if (zero_) return zero_->gather_parameter(name, 0);
+    return group_.rank() == 0 ? local(name).detach().clone() : torch::Tensor();
+  }
+
+  void set_parameter(const std::string& name, const torch::Tensor& full) override {
+    if (zero_) {
+      zero_->set_parameter(name, full);
+    } else {
+      copy_checked(local(name), full, name);
+    }
+  }
+
+  void save_state(const std::filesystem::path& file) override {
+    if (zero_) {
+      zero_->save_state(file.string());
+    } else {
+      save_adamw(*adamw_, file);
+    }
+  }
+  void load_state(const std::filesystem::path& file) override {
+    if (zero_) {
+      zero_->load_state(file.string());
+    } else {
+      load_adamw(*adamw_, file);
+    }
+  }
+  void reset_state() override {
+    if (zero_) {
+      zero_->reset_state();
+    } else {
+      adamw_ = make_inner_adamw(model_->parameters(), train_);
+    }
+  }
+  std::string describe() const override {
+    return (zero_ ? "ZeRO-" + std::to_string(zero_->stage()) : std::string("data-parallel")) + " over d = " +
+           std::to_string(group_.world());
+  }
+
+ private:
+  torch::Tensor local(const std::string& name) {
+    auto params = model_->named_parameters();
+    if (!params.contains(name)) throw InputError("the model has no parameter '" + name + "'");
+    return params[name];
+  }
+
+  // Plain data parallelism: one all-reduce of every gradient, flattened, then / d.
+  void average_gradients() {
+    torch::NoGradGuard no_grad;
+    auto params = model_->parameters();
+    std::vector<torch::Tensor> grads;
+    for (auto& p : params) grads.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}));
+    auto flat = torch::cat(grads);  // (Ψ)
+    group_.allreduce_sum(flat);
+    flat.div_(group_.world());
+    int64_t offset = 0;
+    for (auto& p : params) {
+      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+      p.grad().copy_(flat.narrow(0, offset, p.numel()).view_as(p));
+      offset += p.numel();
+    }
+  }
+
+  TrainConfig train_;
+  Collective& group_;
+  GPT model_;
+  std::unique_ptr<torch::optim::AdamW> adamw_;  // zero = 0
+  std::unique_ptr<ZeroAdamW> zero_;             // zero ≥ 1
+};
+
+// pipeline = p: this rank's stage; each window is one pipeline iteration of m micro-batches.
+class PipelineEngine final : public RankEngine {
+ public:
+  PipelineEngine(GPT full, const ParallelConfig& parallel, const TrainConfig& train, Collective& group)
+      : train_(train),
+        group_(group),
+        stage_(full, PipelineStageOptions{group.rank(), group.world(), static_cast<int>(parallel.chunks),
+                                          parallel.checkpoint_activations}),
+        schedule_(make_pipeline_schedule(PipelineScheduleSpec{
+            parallel.schedule == PipelineScheduleChoice::kGPipe  ? PipelineScheduleKind::kGPipe
+            : parallel.schedule == PipelineScheduleChoice::k1F1B ? PipelineScheduleKind::k1F1B
+                                                                 : PipelineScheduleKind::kInterleaved,
+            group.world(), static_cast<int>(parallel.micro_batches), static_cast<int>(parallel.chunks)})) {
+    const int L = static_cast<int>(full->config().n_layer), K = group.world() * static_cast<int>(parallel.chunks);
+    for (int k = 0; k < K; ++k) {
+      const auto [first, last] = virtual_stage_blocks(k, K, L);
+      for (int i = first; i < last; ++i) block_owner_[i] = k % group.world();
+    }
+    for (const auto& item : full->named_parameters()) full_shapes_[item.key()] = item.value().sizes().vec();
+    adamw_ = make_inner_adamw(stage_.parameters(), train);
+  }
+
+  EngineStep step(const torch::Tensor& windows, double lr) override {
+    const int64_t W = windows.size(0), B = train_.batch_size, T = stage_.config().seq_len;
+    set_lr(*adamw_, lr);
+    stage_.zero_grad();
+    EngineStep r;
+    auto params = stage_.parameters();
+    // An iteration ends with the tied-embedding exchange, which adds the peer's whole .grad: each window's
+    // gradients are therefore taken out of .grad before the next (else the first window's would be added twice).
+    std::vector<torch::Tensor> sum(params.size());
+    for (int64_t w = 0; w < W; ++w) {
+      const auto [x, y] = window_batch(windows, w, B, T);
+      r.loss += run_pipeline_iteration(stage_, group_, schedule_, x, y).loss / static_cast<double>(W);
+      if (W == 1) break;
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (!params[i].grad().defined()) continue;
+        sum[i] = sum[i].defined() ? sum[i].add_(params[i].grad()) : params[i].grad().clone();
+      }
+      stage_.zero_grad();
+    }
+    torch::NoGradGuard no_grad;
+    auto square_sum = torch::zeros({1}, torch::kDouble);  // the tied head's copy of wte is counted once (on stage 0)
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto& p = params[i];
+      if (W > 1 && sum[i].defined()) p.mutable_grad() = sum[i].div_(static_cast<double>(W));  // the mean of the windows
+      if (!p.grad().defined()) continue;
+      if (!p.is_same(stage_.tied_head())) square_sum += p.grad().to(torch::kDouble).square().sum();
+    }
+    group_.allreduce_sum(square_sum);
+    r.grad_norm = std::sqrt(square_sum.item<double>());
+    r.skipped = !std::isfinite(r.loss) || !std::isfinite(r.grad_norm);
+    if (r.skipped) {
+      stage_.zero_grad();
+      return r;
+    }
+    if (const double coef = max_norm_of(train_) / (r.grad_norm + 1e-6); coef < 1) {
+      for (auto& p : params) {
+        if (p.grad().defined()) p.grad().mul_(coef);
+      }
+    }
+    adamw_->step();
+    return r;
+  }
+
+  torch::Tensor gather_parameter(const std::string& name) override {
+    const int owner = owner_of(name);
+    torch::Tensor out;
+    if (group_.rank() == owner) out = stage_.named_parameters().at(name).detach().clone();
+    if (owner != 0) {
+      constexpr int kGatherTag = 1 << 24;  // above every tag of an iteration (pipeline_stage.cc)
+      if (group_.rank() == owner) group_.send(out, 0, kGatherTag);
+      if (group_.rank() == 0) {
+        out = torch::empty(full_shapes_.at(name));
+        group_.recv(out, owner, kGatherTag);
+      }
+    }
+    return group_.rank() == 0 ? out : torch::Tensor();
+  }
+
+  void set_parameter(const std::string& name, const torch::Tensor& full) override {
+    (void)owner_of(name);  // throws for an unknown name
+    const auto params = stage_.named_parameters();
+    if (const auto it = params.find(name); it != params.end()) copy_checked(it->second, full, name);
+    if (name == "wte.weight" && stage_.tied_head().defined()) copy_checked(stage_.tied_head(), full, name);
+  }
+
+  void save_state(const std::filesystem::path& file) override { save_adamw(*adamw_, file); }
+  void load_state(const std::filesystem::path& file) override { load_adamw(*adamw_, file); }
+  void reset_state() override { adamw_ = make_inner_adamw(stage_.parameters(), train_); }
+  std::string describe() const override {
+    return "pipeline p = " + std::to_string(group_.world()) + " (" + to_string(schedule_.spec.kind) + ", m = " +
+           std::to_string(schedule_.spec.micro_batches) + ")";
+  }
+
+ private:
+  // The stage that owns parameter `name`: its block's virtual stage mod p; wte the first, ln_f and lm_head the last.
+  int owner_of(const std::string& name) const {
+    if (!full_shapes_.contains(name)) throw InputError("the model has no parameter '" + name + "'");
+    if (name.rfind("h.", 0) == 0) return block_owner_.at(std::stoi(name.substr(2, name.find('.', 2) - 2)));
+    return name == "wte.weight" ? 0 : group_.world() - 1;
+  }
+
+  TrainConfig train_;
+  Collective& group_;
+  PipelineStage stage_;
+  PipelineSchedule schedule_;
+  std::map<int, int> block_owner_;  // block index -> stage
+  std::map<std::string, std::vector<int64_t>> full_shapes_;
+  std::unique_ptr<torch::optim::AdamW> adamw_;
+};
+
+}  // namespace
+
+std::unique_ptr<RankEngine> make_rank_engine(GPT full, const ParallelConfig& parallel, const TrainConfig& train,
+                                             Collective& group) {
+  if (group.world() != parallel.ranks()) {
+    throw InputError("a group of " + std::to_string(parallel.ranks()) + " ranks (tensor · pipeline · data) over a " +
+                     "collective of " + std::to_string(group.world()));
+  }
+  if (parallel.tensor > 1) return std::make_unique<TensorParallelEngine>(full, train, group);
+  if (parallel.pipeline > 1) return std::make_unique<PipelineEngine>(full, parallel, train, group);
+  return std::make_unique<DataParallelEngine>(full, static_cast<int>(parallel.zero), train, group);
+}
+
+}  // namespace dloco

@@ -1,0 +1,70 @@
+// One rank's share of a learner that is a group of R ranks (docs/parallel.md "A learner of many ranks"): the
+// model state this rank holds and the inner step it takes part in, for one of the group kinds a [parallel]
+// section describes (core/config.h ParallelConfig):
+//   tensor = t    Megatron tensor parallelism (parallel/tp_gpt.h), AdamW on each rank's shards
+//   data = d      data parallelism inside the learner: each rank B/d sequences of every micro-batch, gradients
+//                 averaged over d; zero = 0 replicated AdamW (one all-reduce of the flat gradient), 1/2/3 ZeRO
+//                 (parallel/zero.h)
+//   pipeline = p  pipeline stages (parallel/pipeline_stage.h) with the configured schedule and micro-batches,
+//                 AdamW on each stage's parameters
+// Every kind reproduces train/trainer.cc's step: the lr given, global-norm clipping at train.grad_clip over the
+// whole model, the non-finite guard (the same skip decision on every rank), weight decay on matrices only.
+// Parameters are addressed by their full-model names ("wte.weight", "h.0.attn.qkv.weight", …), so the fragment
+// layout of a one-process learner applies unchanged.
+// Deliberately not here: which step to run and when (learner/group_inner_job.h drives the ranks), the data
+// stream, the network to the syncer.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "collective/process_group.h"
+#include "core/config.h"
+#include "model/gpt.h"
+
+namespace dloco {
+
+/// What one inner step did, the same on every rank of the group.
+struct EngineStep {
+  double loss = 0;       // mean training loss over the windows, nats/token
+  double grad_norm = 0;  // global gradient norm before clipping
+  bool skipped = false;  // non-finite loss or gradient: parameters and moments untouched
+};
+
+/// One rank's part of a learner group. Every method marked collective must be called by all R ranks in the same
+/// order; a CollectiveError leaves the group unusable (the learner stops and is restarted as a whole).
+class RankEngine {
+ public:
+  virtual ~RankEngine() = default;
+  /// One AdamW step at learning rate `lr` on `windows` (W, B·T + 1) int64, the same on every rank: W =
+  /// train.grad_accum windows of B sequences of T tokens laid out as train/trainer.cc reads them (inputs
+  /// w[0 … B·T), targets w[1 … B·T]). Collective; throws CollectiveError.
+  virtual EngineStep step(const torch::Tensor& windows, double lr) = 0;
+  /// The full parameter `name` (its full-model shape) on rank 0 of the group, undefined on the others.
+  /// Collective; throws InputError for an unknown name, CollectiveError.
+  virtual torch::Tensor gather_parameter(const std::string& name) = 0;
+  /// Overwrites this rank's part of parameter `name` with `full` (full shape, the same on every rank), in place:
+  /// the optimizer keeps its moments. Local; throws InputError for an unknown name or another shape.
+  virtual void set_parameter(const std::string& name, const torch::Tensor& full) = 0;
+  /// This rank's optimizer state to `file` (torch::save, not atomic: the caller renames), and back. load_state
+  /// throws InputError when the file does not fit this rank (another group layout or model).
+  virtual void save_state(const std::filesystem::path& file) = 0;
+  virtual void load_state(const std::filesystem::path& file) = 0;
+  /// Fresh optimizer state (zero moments, step count 0) on this rank: after a restore that failed on some rank,
+  /// every rank resets so that replicas stay identical. Local.
+  virtual void reset_state() = 0;
+  /// "tensor-parallel t = 2", "ZeRO-2 over d = 2", … for logs and events.
+  virtual std::string describe() const = 0;
+};
+
+/// Builds this rank's engine from a full GPT (the same parameters on every rank: the same seed) for the group
+/// `parallel` over `group` (world R = parallel.ranks(), this rank group.rank()). `full` is not kept (its tensors
+/// may be taken over: do not use it afterwards). Throws InputError when the config does not fit (see
+/// ParallelConfig's checks), CollectiveError.
+std::unique_ptr<RankEngine> make_rank_engine(GPT full, const ParallelConfig& parallel, const TrainConfig& train,
+                                             Collective& group);
+
+}  // namespace dloco

@@ -1,0 +1,99 @@
+// ZeroAdamW's access to single parameters (the learner group's fragment reads and writes, parallel/rank_engine.h)
+// and its state files; see zero.h.
+#include <algorithm>
+
+#include "core/check.h"
+#include "parallel/zero.h"
+#include "parallel/zero_unit.h"
+
+namespace dloco {
+
+std::pair<ZeroAdamW::Unit*, size_t> ZeroAdamW::find(const std::string& name) {
+  for (auto& u : units_) {
+    for (size_t i = 0; i < u.names.size(); ++i) {
+      if (u.names[i] == name) return {&u, i};
+    }
+  }
+  throw InputError("the ZeRO model has no parameter '" + name + "'");
+}
+
+torch::Tensor ZeroAdamW::gather_parameter(const std::string& name, int root) {
+  auto [u, i] = find(name);
+  const int64_t n = c10::multiply_integers(u->shapes[i]);
+  if (options_.stage < 3) {
+    return group_.rank() == root ? u->flat.narrow(0, u->offsets[i], n).view(u->shapes[i]).clone() : torch::Tensor();
+  }
+  auto full = torch::empty({u->padded});  // (padded) the parameter's unit
+  group_.all_gather_flat(full, u->slice);
+  return group_.rank() == root ? full.narrow(0, u->offsets[i], n).view(u->shapes[i]).clone() : torch::Tensor();
+}
+
+void ZeroAdamW::set_parameter(const std::string& name, const torch::Tensor& full) {
+  auto [u, i] = find(name);
+  if (full.sizes().vec() != u->shapes[i]) {
+    throw InputError("set_parameter('" + name + "'): the tensor has another shape than the model's parameter");
+  }
+  torch::NoGradGuard no_grad;
+  const auto values = full.reshape({-1});  // (n)
+  if (options_.stage < 3) {
+    u->flat.narrow(0, u->offsets[i], values.numel()).copy_(values);
+    return;
+  }
+  // Stage 3: the intersection of [offset, offset + n) with this rank's slice [r·S, (r+1)·S).
+  const int64_t begin = group_.rank() * u->shard, a = std::max(begin, u->offsets[i]),
+                b = std::min(begin + u->shard, u->offsets[i] + values.numel());
+  if (a < b) u->slice.narrow(0, a - begin, b - a).copy_(values.narrow(0, a - u->offsets[i], b - a));
+}
+
+void ZeroAdamW::save_state(const std::string& file) const {
+  std::vector<torch::Tensor> state{torch::tensor({static_cast<int64_t>(options_.stage), int64_t{group_.world()},
+                                                  int64_t{group_.rank()}, parameter_count_, step_count_})};
+  for (const auto& u : units_) {
+    state.push_back(u.exp_avg);
+    state.push_back(u.exp_avg_sq);
+  }
+  torch::save(state, file);
+}
+
+void ZeroAdamW::load_state(const std::string& file) {
+  std::vector<torch::Tensor> state;
+  try {
+    torch::load(state, file);
+  } catch (const c10::Error& e) {
+    throw InputError("cannot read the ZeRO state '" + file + "': " + e.what_without_backtrace());
+  }
+  if (state.size() != 1 + 2 * units_.size() || state[0].numel() != 5) {
+    throw InputError("the ZeRO state '" + file + "' was written for another model or stage");
+  }
+  const auto meta = state[0];
+  if (meta[0].item<int64_t>() != options_.stage || meta[1].item<int64_t>() != group_.world() ||
+      meta[2].item<int64_t>() != group_.rank() || meta[3].item<int64_t>() != parameter_count_) {
+    throw InputError("the ZeRO state '" + file + "' was written by stage " + std::to_string(meta[0].item<int64_t>()) +
+                     ", rank " + std::to_string(meta[2].item<int64_t>()) + " of " +
+                     std::to_string(meta[1].item<int64_t>()) + " for " + std::to_string(meta[3].item<int64_t>()) +
+                     " parameters; this is stage " + std::to_string(options_.stage) + ", rank " +
+                     std::to_string(group_.rank()) + " of " + std::to_string(group_.world()));
+  }
+  for (size_t k = 0; k < units_.size(); ++k) {
+    if (state[1 + 2 * k].sizes() != units_[k].exp_avg.sizes()) {
+      throw InputError("the ZeRO state '" + file + "' has slices of another size");
+    }
+  }
+  torch::NoGradGuard no_grad;
+  step_count_ = meta[4].item<int64_t>();
+  for (size_t k = 0; k < units_.size(); ++k) {
+    units_[k].exp_avg.copy_(state[1 + 2 * k]);
+    units_[k].exp_avg_sq.copy_(state[2 + 2 * k]);
+  }
+}
+
+void ZeroAdamW::reset_state() {
+  torch::NoGradGuard no_grad;
+  step_count_ = 0;
+  for (auto& u : units_) {
+    u.exp_avg.zero_();
+    u.exp_avg_sq.zero_();
+  }
+}
+
+}  // namespace dloco
