@@ -19,12 +19,11 @@ void validate_group(const Config& c, const ParallelConfig& g, const std::string&
   require(g.zero >= 0 && g.zero <= 3, key + ".zero", "must be 0, 1, 2 or 3 (got " + std::to_string(g.zero) + ")");
   require(g.micro_batches >= 1 && g.chunks >= 1, key + ".micro_batches/chunks", "must be ≥ 1");
   require(g.timeout_s > 0, key + ".timeout_s", "must be > 0");
-  const int axes = (g.tensor > 1) + (g.pipeline > 1) + (g.data > 1);
-  require(axes <= 1, key,
-          "combines tensor = " + std::to_string(g.tensor) + ", pipeline = " + std::to_string(g.pipeline) +
-              " and data = " + std::to_string(g.data) +
-              ": a learner group is tensor-, pipeline- or data-parallel for now (their combination is not wired "
-              "yet; docs/parallel.md)");
+  require(g.data == 1 || (g.tensor == 1 && g.pipeline == 1), key,
+          "combines data = " + std::to_string(g.data) + " with tensor = " + std::to_string(g.tensor) +
+              " and pipeline = " + std::to_string(g.pipeline) +
+              ": data parallelism inside a learner is not combined with tensor or pipeline parallelism yet "
+              "(tensor × pipeline is; docs/parallel.md)");
   require(g.precision == Precision::kFp32, key + ".precision",
           "= \"bf16\" is not wired into a learner yet (docs/parallel.md): use \"fp32\"");
   require(!g.offload, key + ".offload", "is not wired into a learner yet (docs/parallel.md): use false");

@@ -32,25 +32,54 @@ PipelineStage::PipelineStage(GPT& full, const PipelineStageOptions& options)
   torch::NoGradGuard no_grad;
   auto params = full->named_parameters();
   const int K = p * v, L = static_cast<int>(cfg_.n_layer);
+  TensorParallelGroup* tp = options.tensor;
+  // A parameter's piece on this rank: the whole of it, or its rows [r·V/t, (r+1)·V/t) with a TP group.
+  const auto piece = [&](const std::string& name) {
+    if (!tp) return copy_of(params[name]);
+    specs_[name] = ShardSpec{0, 1};
+    return shard_of(params[name], specs_[name], tp->rank(), tp->world()).requires_grad_(true);
+  };
   chunks_.resize(v);
+  tp_chunks_.resize(v);
   for (int c = 0; c < v; ++c) {
     const auto [first, last] = virtual_stage_blocks(c * p + s, K, L);
     for (int i = first; i < last; ++i) {
+      if (tp) {
+        TensorParallelBlock block(*full->h->ptr<BlockImpl>(static_cast<size_t>(i)), cfg_, *tp);
+        for (const auto& module : block->named_modules("", /*include_self=*/false)) {
+          const auto* sharded = dynamic_cast<const ShardedModule*>(module.value().get());
+          for (const auto& q : module.value()->named_parameters(/*recurse=*/false)) {
+            if (sharded && !sharded->shard_spec(q.key()).replicated()) {
+              specs_["h." + std::to_string(i) + "." + module.key() + "." + q.key()] = sharded->shard_spec(q.key());
+            }
+          }
+        }
+        tp_chunks_[c].emplace_back(i, block);
+        continue;
+      }
       Block block(cfg_);
       for (auto& q : block->named_parameters()) q.value().copy_(params["h." + std::to_string(i) + "." + q.key()]);
       chunks_[c].emplace_back(i, block);
     }
   }
-  if (first_stage()) wte_ = copy_of(params["wte.weight"]);
+  if (first_stage()) {
+    if (tp) {
+      tp_wte_ = VocabParallelEmbedding(full->wte, *tp);
+      wte_ = tp_wte_->weight;
+      specs_["wte.weight"] = ShardSpec{0, 1};
+    } else {
+      wte_ = copy_of(params["wte.weight"]);
+    }
+  }
   if (last_stage()) {
     ln_f_ = RMSNorm(cfg_.d_model, cfg_.norm_eps);
     for (auto& q : ln_f_->parameters()) q.copy_(params["ln_f.weight"]);
     if (!cfg_.tie_embeddings) {
-      head_ = copy_of(params["lm_head.weight"]);
+      head_ = piece("lm_head.weight");
     } else if (p == 1) {
       head_ = wte_;  // one tensor, as in the full model
     } else {
-      tied_head_ = copy_of(params["wte.weight"]);
+      tied_head_ = piece("wte.weight");
       head_ = tied_head_;
     }
   }
@@ -63,6 +92,11 @@ PipelineStage::PipelineStage(GPT& full, const PipelineStageOptions& options)
 std::vector<torch::Tensor> PipelineStage::parameters() const {
   std::vector<torch::Tensor> out;
   for (const auto& chunk : chunks_) {
+    for (const auto& [i, block] : chunk) {
+      for (const auto& q : block->parameters()) out.push_back(q);
+    }
+  }
+  for (const auto& chunk : tp_chunks_) {
     for (const auto& [i, block] : chunk) {
       for (const auto& q : block->parameters()) out.push_back(q);
     }
@@ -80,13 +114,24 @@ std::map<std::string, torch::Tensor> PipelineStage::named_parameters() const {
       for (const auto& q : block->named_parameters()) out["h." + std::to_string(i) + "." + q.key()] = q.value();
     }
   }
+  for (const auto& chunk : tp_chunks_) {
+    for (const auto& [i, block] : chunk) {
+      for (const auto& q : block->named_parameters()) out["h." + std::to_string(i) + "." + q.key()] = q.value();
+    }
+  }
   if (wte_.defined()) out["wte.weight"] = wte_;
   if (ln_f_) out["ln_f.weight"] = ln_f_->parameters()[0];
   if (!cfg_.tie_embeddings && head_.defined()) out["lm_head.weight"] = head_;
   return out;
 }
 
+ShardSpec PipelineStage::shard_spec(const std::string& name) const {
+  const auto it = specs_.find(name);
+  return it == specs_.end() ? ShardSpec{} : it->second;
+}
+
 void PipelineStage::write_back(GPT& full) const {
+  if (options_.tensor) throw InputError("write_back of a tensor-parallel stage: gather its shards first");
   torch::NoGradGuard no_grad;
   auto params = full->named_parameters();
   for (const auto& [name, tensor] : named_parameters()) params[name].copy_(tensor);
@@ -102,6 +147,15 @@ torch::Tensor PipelineStage::run_blocks(int chunk, torch::Tensor x) {
   const int64_t T = x.size(1);
   const auto cos = cos_.narrow(0, 0, T), sin = sin_.narrow(0, 0, T);   // (T, hs/2)
   const auto causal = causal_.narrow(0, 0, T).narrow(1, 0, T);          // (T, T)
+  for (auto& [i, block] : tp_chunks_[chunk]) {
+    if (options_.checkpoint_activations) {
+      TensorParallelBlockImpl* impl = block.get();
+      auto fn = [impl, cos, sin, causal](const torch::Tensor& in) { return impl->forward(in, cos, sin, causal); };
+      x = checkpoint(fn, x, block->parameters());
+    } else {
+      x = block->forward(x, cos, sin, causal);
+    }
+  }
   for (auto& [i, block] : chunks_[chunk]) {
     if (options_.checkpoint_activations) {
       BlockImpl* impl = block.get();
@@ -118,10 +172,15 @@ torch::Tensor PipelineStage::run_blocks(int chunk, torch::Tensor x) {
 torch::Tensor PipelineStage::forward_chunk(int chunk, const torch::Tensor& input, const torch::Tensor& targets) {
   const int p = options_.stages, K = p * options_.chunks, k = chunk * p + options_.stage;
   DLOCO_CHECK(chunk >= 0 && chunk < options_.chunks);
-  auto x = k == 0 ? torch::embedding(wte_, input) : input;  // (b, T, C), as torch::nn::Embedding computes it
+  TensorParallelGroup* tp = options_.tensor;
+  auto x = k != 0 ? input : tp ? tp_wte_(input) : torch::embedding(wte_, input);  // (b, T, C), as nn::Embedding
   x = run_blocks(chunk, x);
   if (k != K - 1) return x;
-  // The last virtual stage: ln_f, the head and the loss, as GPTImpl::forward / loss compute them.
+  // The last virtual stage: ln_f, the head and the loss, as GPTImpl::forward / loss (or the TP GPT's) compute them.
+  if (tp) {
+    auto logits = torch::matmul(copy_to_tensor_parallel(ln_f_(x), *tp), head_.t());  // (b, T, V/t)
+    return vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), *tp);
+  }
   auto logits = torch::matmul(ln_f_(x), head_.t());  // (b, T, V)
   return cross_entropy(logits.view({-1, cfg_.vocab_size}), targets.reshape({-1}));
 }

@@ -8,9 +8,12 @@
 // after backward the first and last stage exchange their two gradients and both add them (a + b is exact and
 // commutative in IEEE arithmetic, so both hold the same sum bitwise; Megatron's embedding-group all-reduce, with
 // send/recv so the other stages are not involved), and identical optimizer steps keep the copies identical.
+// With a tensor-parallel group in the options (Megatron's TP inside each stage, Narayanan et al. 2021 §2.3), the
+// stage's blocks are parallel/tp_gpt.h's TensorParallelBlocks, the embedding is vocabulary-parallel and the head
+// computes this rank's (b, T, V/t) logits for the vocab-parallel cross-entropy; activations between stages stay
+// whole (b, T, C) (every TP rank of a stage holds them) and go between ranks of the same TP index.
 // Deliberately not here: the optimizer (the caller steps its own AdamW over parameters()), data parallelism
-// across pipelines, tensor parallelism inside a stage, and recovery (a CollectiveError ends the iteration and the
-// group; the caller re-forms it).
+// across pipelines, and recovery (a CollectiveError ends the iteration and the group; the caller re-forms it).
 // Dimension letters: B batch, m micro-batches, b = B/m micro-batch size, T sequence length, C d_model, V vocab.
 #pragma once
 
@@ -23,6 +26,7 @@
 #include "collective/process_group.h"
 #include "model/gpt.h"
 #include "parallel/pipeline_schedule.h"
+#include "parallel/tp_gpt.h"
 
 namespace dloco {
 
@@ -32,6 +36,7 @@ struct PipelineStageOptions {
   int stages = 1;                       // p
   int chunks = 1;                       // v model chunks per stage (> 1 only for the interleaved schedule)
   bool checkpoint_activations = false;  // run each block through parallel/activation_checkpoint.h
+  TensorParallelGroup* tensor = nullptr;  // t > 1: this stage's TP group (not owned; outlives the stage)
 };
 
 /// The first and last block index (half-open [first, last)) of virtual stage k of K over L blocks: the blocks
@@ -54,7 +59,10 @@ class PipelineStage {
   /// The parameters this stage owns in the full model, by full-model name (the tied copy is not among them).
   std::map<std::string, torch::Tensor> named_parameters() const;
   /// Copies the owned parameters into `full` in place (optimizer state keyed by full's tensors stays valid).
+  /// Without a TP group only (a TP stage holds shards: gather them first).
   void write_back(GPT& full) const;
+  /// How parameter `name` (an owned one) is split over the TP group: replicated without one.
+  ShardSpec shard_spec(const std::string& name) const;
   /// Zeroes the gradients of parameters().
   void zero_grad();
 
@@ -75,10 +83,14 @@ class PipelineStage {
   ModelConfig cfg_;
   PipelineStageOptions options_;
   std::vector<std::vector<std::pair<int, Block>>> chunks_;  // (v) lists of (global block index, block)
-  torch::Tensor wte_;         // (V, C) on stage 0
+  std::vector<std::vector<std::pair<int, TensorParallelBlock>>> tp_chunks_;  // the same with a TP group
+  VocabParallelEmbedding tp_wte_{nullptr};  // stage 0 with a TP group; wte_ is its weight (V/t, C)
+  std::map<std::string, ShardSpec> specs_;  // the sharded parameters with a TP group (the rest are replicated)
+  torch::Tensor wte_;         // (V, C) on stage 0 ((V/t, C) with a TP group)
   RMSNorm ln_f_{nullptr};     // gain (C) on the last stage
-  torch::Tensor head_;        // (V, C): lm_head, or wte's tied copy (tied_head_), or wte_ itself when p = 1
-  torch::Tensor tied_head_;   // (V, C) last stage's copy of wte when tied and p > 1
+  torch::Tensor head_;        // (V, C): lm_head, or wte's tied copy (tied_head_), or wte_ itself when p = 1;
+                              // (V/t, C) with a TP group
+  torch::Tensor tied_head_;   // (V, C) last stage's copy of wte when tied and p > 1 ((V/t, C) with a TP group)
   torch::Tensor cos_, sin_;   // (T, hs/2) rotary tables
   torch::Tensor causal_;      // (T, T) additive causal mask
 };

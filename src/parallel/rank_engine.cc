@@ -1,5 +1,6 @@
-// The three kinds of learner-group rank; see rank_engine.h. Dimension letters: W windows (train.grad_accum), B
-// sequences per window, T tokens, d data-parallel ranks, p stages, m micro-batches.
+// The tensor- and data-parallel learner-group ranks and the factory; see rank_engine.h (the pipeline one is in
+// pipeline_engine.cc). Dimension letters: W windows (train.grad_accum), B sequences per window, T tokens, d
+// data-parallel ranks.
 #include "parallel/rank_engine.h"
 
 #include <cmath>
@@ -7,7 +8,7 @@
 #include <map>
 
 #include "core/check.h"
-#include "parallel/pipeline_stage.h"
+#include "parallel/rank_engine_internal.h"
 #include "parallel/tp_gpt.h"
 #include "parallel/zero.h"
 #include "train/trainer.h"
@@ -16,39 +17,7 @@ namespace dloco {
 
 namespace {
 
-// Inputs and targets of window w: (B, T) each, views of windows[w] as train/trainer.cc reads it.
-std::pair<torch::Tensor, torch::Tensor> window_batch(const torch::Tensor& windows, int64_t w, int64_t B, int64_t T) {
-  const auto row = windows[w];  // (B·T + 1)
-  return {row.narrow(0, 0, B * T).view({B, T}), row.narrow(0, 1, B * T).view({B, T})};
-}
-
-double max_norm_of(const TrainConfig& train) {
-  return train.grad_clip > 0 ? train.grad_clip : std::numeric_limits<double>::infinity();
-}
-
-void set_lr(torch::optim::AdamW& adamw, double lr) {
-  for (auto& group : adamw.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-}
-
-void save_adamw(torch::optim::AdamW& adamw, const std::filesystem::path& file) { torch::save(adamw, file.string()); }
-
-void load_adamw(torch::optim::AdamW& adamw, const std::filesystem::path& file) {
-  try {
-    torch::load(adamw, file.string());
-  } catch (const c10::Error& e) {
-    throw InputError("cannot load the optimizer state '" + file.string() + "': " + e.what_without_backtrace());
-  }
-}
-
-// Copies `full` into `target` after checking the shape.
-void copy_checked(torch::Tensor target, const torch::Tensor& full, const std::string& name) {
-  if (target.sizes() != full.sizes()) {
-    throw InputError("parameter '" + name + "' has shape " + c10::str(target.sizes()) + ", the value " +
-                     c10::str(full.sizes()));
-  }
-  torch::NoGradGuard no_grad;
-  target.copy_(full);
-}
+using namespace rank_engine_detail;
 
 // tensor = t: every rank holds its shards; the step is TensorParallelGPT's loss, backward, its global-norm clip.
 class TensorParallelEngine final : public RankEngine {
@@ -242,119 +211,6 @@ class DataParallelEngine final : public RankEngine {
   std::unique_ptr<ZeroAdamW> zero_;             // zero ≥ 1
 };
 
-// pipeline = p: this rank's stage; each window is one pipeline iteration of m micro-batches.
-class PipelineEngine final : public RankEngine {
- public:
-  PipelineEngine(GPT full, const ParallelConfig& parallel, const TrainConfig& train, Collective& group)
-      : train_(train),
-        group_(group),
-        stage_(full, PipelineStageOptions{group.rank(), group.world(), static_cast<int>(parallel.chunks),
-                                          parallel.checkpoint_activations}),
-        schedule_(make_pipeline_schedule(PipelineScheduleSpec{
-            parallel.schedule == PipelineScheduleChoice::kGPipe  ? PipelineScheduleKind::kGPipe
-            : parallel.schedule == PipelineScheduleChoice::k1F1B ? PipelineScheduleKind::k1F1B
-                                                                 : PipelineScheduleKind::kInterleaved,
-            group.world(), static_cast<int>(parallel.micro_batches), static_cast<int>(parallel.chunks)})) {
-    const int L = static_cast<int>(full->config().n_layer), K = group.world() * static_cast<int>(parallel.chunks);
-    for (int k = 0; k < K; ++k) {
-      const auto [first, last] = virtual_stage_blocks(k, K, L);
-      for (int i = first; i < last; ++i) block_owner_[i] = k % group.world();
-    }
-    for (const auto& item : full->named_parameters()) full_shapes_[item.key()] = item.value().sizes().vec();
-    adamw_ = make_inner_adamw(stage_.parameters(), train);
-  }
-
-  EngineStep step(const torch::Tensor& windows, double lr) override {
-    const int64_t W = windows.size(0), B = train_.batch_size, T = stage_.config().seq_len;
-    set_lr(*adamw_, lr);
-    stage_.zero_grad();
-    EngineStep r;
-    auto params = stage_.parameters();
-    // An iteration ends with the tied-embedding exchange, which adds the peer's whole .grad: each window's
-    // gradients are therefore taken out of .grad before the next (else the first window's would be added twice).
-    std::vector<torch::Tensor> sum(params.size());
-    for (int64_t w = 0; w < W; ++w) {
-      const auto [x, y] = window_batch(windows, w, B, T);
-      r.loss += run_pipeline_iteration(stage_, group_, schedule_, x, y).loss / static_cast<double>(W);
-      if (W == 1) break;
-      torch::NoGradGuard no_grad;
-      for (size_t i = 0; i < params.size(); ++i) {
-        if (!params[i].grad().defined()) continue;
-        sum[i] = sum[i].defined() ? sum[i].add_(params[i].grad()) : params[i].grad().clone();
-      }
-      stage_.zero_grad();
-    }
-    torch::NoGradGuard no_grad;
-    auto square_sum = torch::zeros({1}, torch::kDouble);  // the tied head's copy of wte is counted once (on stage 0)
-    for (size_t i = 0; i < params.size(); ++i) {
-      auto& p = params[i];
-      if (W > 1 && sum[i].defined()) p.mutable_grad() = sum[i].div_(static_cast<double>(W));  // the mean of the windows
-      if (!p.grad().defined()) continue;
-      if (!p.is_same(stage_.tied_head())) square_sum += p.grad().to(torch::kDouble).square().sum();
-    }
-    group_.allreduce_sum(square_sum);
-    r.grad_norm = std::sqrt(square_sum.item<double>());
-    r.skipped = !std::isfinite(r.loss) || !std::isfinite(r.grad_norm);
-    if (r.skipped) {
-      stage_.zero_grad();
-      return r;
-    }
-    if (const double coef = max_norm_of(train_) / (r.grad_norm + 1e-6); coef < 1) {
-      for (auto& p : params) {
-        if (p.grad().defined()) p.grad().mul_(coef);
-      }
-    }
-    adamw_->step();
-    return r;
-  }
-
-  torch::Tensor gather_parameter(const std::string& name) override {
-    const int owner = owner_of(name);
-    torch::Tensor out;
-    if (group_.rank() == owner) out = stage_.named_parameters().at(name).detach().clone();
-    if (owner != 0) {
-      constexpr int kGatherTag = 1 << 24;  // above every tag of an iteration (pipeline_stage.cc)
-      if (group_.rank() == owner) group_.send(out, 0, kGatherTag);
-      if (group_.rank() == 0) {
-        out = torch::empty(full_shapes_.at(name));
-        group_.recv(out, owner, kGatherTag);
-      }
-    }
-    return group_.rank() == 0 ? out : torch::Tensor();
-  }
-
-  void set_parameter(const std::string& name, const torch::Tensor& full) override {
-    (void)owner_of(name);  // throws for an unknown name
-    const auto params = stage_.named_parameters();
-    if (const auto it = params.find(name); it != params.end()) copy_checked(it->second, full, name);
-    if (name == "wte.weight" && stage_.tied_head().defined()) copy_checked(stage_.tied_head(), full, name);
-  }
-
-  void save_state(const std::filesystem::path& file) override { save_adamw(*adamw_, file); }
-  void load_state(const std::filesystem::path& file) override { load_adamw(*adamw_, file); }
-  void reset_state() override { adamw_ = make_inner_adamw(stage_.parameters(), train_); }
-  std::string describe() const override {
-    return "pipeline p = " + std::to_string(group_.world()) + " (" + to_string(schedule_.spec.kind) + ", m = " +
-           std::to_string(schedule_.spec.micro_batches) + ")";
-  }
-
- private:
-  // The stage that owns parameter `name`: its block's virtual stage mod p; wte the first, ln_f and lm_head the last.
-  int owner_of(const std::string& name) const {
-    if (!full_shapes_.contains(name)) throw InputError("the model has no parameter '" + name + "'");
-    if (name.rfind("h.", 0) == 0) return block_owner_.at(std::stoi(name.substr(2, name.find('.', 2) - 2)));
-    return name == "wte.weight" ? 0 : group_.world() - 1;
-  }
-
-  TrainConfig train_;
-  Collective& group_;
-  PipelineStage stage_;
-  PipelineSchedule schedule_;
-  std::map<int, int> block_owner_;  // block index -> stage
-  std::map<std::string, std::vector<int64_t>> full_shapes_;
-  std::unique_ptr<torch::optim::AdamW> adamw_;
-};
-
 }  // namespace
 
 std::unique_ptr<RankEngine> make_rank_engine(GPT full, const ParallelConfig& parallel, const TrainConfig& train,
@@ -363,8 +219,8 @@ std::unique_ptr<RankEngine> make_rank_engine(GPT full, const ParallelConfig& par
     throw InputError("a group of " + std::to_string(parallel.ranks()) + " ranks (tensor · pipeline · data) over a " +
                      "collective of " + std::to_string(group.world()));
   }
+  if (parallel.pipeline > 1) return make_pipeline_engine(full, parallel, train, group);
   if (parallel.tensor > 1) return std::make_unique<TensorParallelEngine>(full, train, group);
-  if (parallel.pipeline > 1) return std::make_unique<PipelineEngine>(full, parallel, train, group);
   return std::make_unique<DataParallelEngine>(full, static_cast<int>(parallel.zero), train, group);
 }
 

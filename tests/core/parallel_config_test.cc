@@ -45,8 +45,9 @@ TEST(ParallelConfig, LearnerTablesStartFromTheSectionAndRoundTrip) {
 
 TEST(ParallelConfig, RefusalsNameTheKeyAndWhy) {
   const std::string t = kTiny;
-  EXPECT_NE(error_of(t + "[parallel]\ntensor = 2\ndata = 2\n").find("tensor-, pipeline- or data-parallel for now"),
+  EXPECT_NE(error_of(t + "[parallel]\ntensor = 2\ndata = 2\n").find("is not combined with tensor or pipeline"),
             std::string::npos);
+  EXPECT_EQ(error_of(t + "[parallel]\ntensor = 2\npipeline = 2\n"), "") << "tensor × pipeline is supported";
   EXPECT_NE(error_of(t + "[parallel]\nzero = 2\n").find("parallel.zero shards over the data-parallel ranks"),
             std::string::npos);
   EXPECT_NE(error_of(t + "[parallel]\ndata = 2\nzero = 3\n").find("tie_embeddings = false"), std::string::npos);

@@ -1,0 +1,166 @@
+// The pipeline-parallel (and pipeline × tensor-parallel) learner-group rank; see rank_engine.h. Dimension letters:
+// W windows, B sequences per window, T tokens, p stages, t TP ranks per stage, m micro-batches.
+#include <cmath>
+#include <map>
+
+#include "parallel/pipeline_stage.h"
+#include "parallel/rank_engine_internal.h"
+#include "train/trainer.h"
+
+namespace dloco {
+
+namespace {
+
+using namespace rank_engine_detail;
+
+// pipeline = p (× tensor = t): this rank's stage, rank g = tp + t·pp (Megatron's order, TP ranks adjacent); each
+// window is one pipeline iteration of m micro-batches over the PP group of this rank's TP index.
+class PipelineEngine final : public RankEngine {
+ public:
+  PipelineEngine(GPT full, const ParallelConfig& parallel, const TrainConfig& train, Collective& group)
+      : train_(train), group_(group), t_(static_cast<int>(parallel.tensor)) {
+    const int p = static_cast<int>(parallel.pipeline), tp = group.rank() % t_, pp = group.rank() / t_;
+    if (t_ > 1) {
+      std::vector<int> tp_ranks, pp_ranks;
+      for (int j = 0; j < t_; ++j) tp_ranks.push_back(pp * t_ + j);
+      for (int s = 0; s < p; ++s) pp_ranks.push_back(s * t_ + tp);
+      tp_comm_ = group.subgroup(tp_ranks, "tp");
+      pp_comm_ = group.subgroup(pp_ranks, "pp");
+      tp_group_ = std::make_unique<TensorParallelGroup>(*tp_comm_);
+    }
+    stage_ = std::make_unique<PipelineStage>(
+        full, PipelineStageOptions{pp, p, static_cast<int>(parallel.chunks), parallel.checkpoint_activations,
+                                   tp_group_.get()});
+    schedule_ = make_pipeline_schedule(PipelineScheduleSpec{
+        parallel.schedule == PipelineScheduleChoice::kGPipe  ? PipelineScheduleKind::kGPipe
+        : parallel.schedule == PipelineScheduleChoice::k1F1B ? PipelineScheduleKind::k1F1B
+                                                             : PipelineScheduleKind::kInterleaved,
+        p, static_cast<int>(parallel.micro_batches), static_cast<int>(parallel.chunks)});
+    const int L = static_cast<int>(full->config().n_layer), K = p * static_cast<int>(parallel.chunks);
+    for (int k = 0; k < K; ++k) {
+      const auto [first, last] = virtual_stage_blocks(k, K, L);
+      for (int i = first; i < last; ++i) block_owner_[i] = k % p;
+    }
+    for (const auto& item : full->named_parameters()) full_shapes_[item.key()] = item.value().sizes().vec();
+    adamw_ = make_inner_adamw(stage_->parameters(), train);
+  }
+
+  EngineStep step(const torch::Tensor& windows, double lr) override {
+    const int64_t W = windows.size(0), B = train_.batch_size, T = stage_->config().seq_len;
+    set_lr(*adamw_, lr);
+    stage_->zero_grad();
+    EngineStep r;
+    auto params = stage_->parameters();
+    // An iteration ends with the tied-embedding exchange, which adds the peer's whole .grad: each window's
+    // gradients are therefore taken out of .grad before the next (else the first window's would be added twice).
+    std::vector<torch::Tensor> sum(params.size());
+    for (int64_t w = 0; w < W; ++w) {
+      const auto [x, y] = window_batch(windows, w, B, T);
+      r.loss += run_pipeline_iteration(*stage_, pipeline(), schedule_, x, y).loss / static_cast<double>(W);
+      if (W == 1) break;
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (!params[i].grad().defined()) continue;
+        sum[i] = sum[i].defined() ? sum[i].add_(params[i].grad()) : params[i].grad().clone();
+      }
+      stage_->zero_grad();
+    }
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (W > 1 && sum[i].defined()) params[i].mutable_grad() = sum[i].div_(static_cast<double>(W));  // window mean
+    }
+    // ‖g‖² over the whole model: the owned parameters (not the tied head's copy of wte), a replicated one (norm
+    // gains) counted on TP rank 0 only.
+    auto square_sum = torch::zeros({1}, torch::kDouble);
+    for (const auto& [name, q] : stage_->named_parameters()) {
+      if (!q.grad().defined() || (stage_->shard_spec(name).replicated() && group_.rank() % t_ != 0)) continue;
+      square_sum += q.grad().to(torch::kDouble).square().sum();
+    }
+    group_.allreduce_sum(square_sum);
+    r.grad_norm = std::sqrt(square_sum.item<double>());
+    r.skipped = !std::isfinite(r.loss) || !std::isfinite(r.grad_norm);
+    if (r.skipped) {
+      stage_->zero_grad();
+      return r;
+    }
+    if (const double coef = max_norm_of(train_) / (r.grad_norm + 1e-6); coef < 1) {
+      for (auto& q : params) {
+        if (q.grad().defined()) q.grad().mul_(coef);
+      }
+    }
+    adamw_->step();
+    return r;
+  }
+
+  torch::Tensor gather_parameter(const std::string& name) override {
+    const int owner = owner_of(name), pp = group_.rank() / t_;
+    torch::Tensor out;
+    if (pp == owner) {  // the owner stage's t ranks assemble it; its TP rank 0 holds it then
+      const auto local = stage_->named_parameters().at(name).detach();
+      out = tp_group_ ? gather_shards(local, stage_->shard_spec(name), full_shapes_.at(name), *tp_group_)
+                      : local.clone();
+    }
+    if (owner != 0) {
+      constexpr int kGatherTag = 1 << 24;  // above every tag of an iteration (pipeline_stage.cc)
+      if (group_.rank() == owner * t_) group_.send(out, 0, kGatherTag);
+      if (group_.rank() == 0) {
+        out = torch::empty(full_shapes_.at(name));
+        group_.recv(out, owner * t_, kGatherTag);
+      }
+    }
+    return group_.rank() == 0 ? out : torch::Tensor();
+  }
+
+  void set_parameter(const std::string& name, const torch::Tensor& full) override {
+    (void)owner_of(name);  // throws for an unknown name
+    const auto piece = [&](const ShardSpec& spec) {
+      return tp_group_ ? shard_of(full, spec, tp_group_->rank(), t_) : full;
+    };
+    const auto params = stage_->named_parameters();
+    if (const auto it = params.find(name); it != params.end()) {
+      copy_checked(it->second, piece(stage_->shard_spec(name)), name);
+    }
+    if (name == "wte.weight" && stage_->tied_head().defined()) {
+      copy_checked(stage_->tied_head(), piece(ShardSpec{0, 1}), name);
+    }
+  }
+
+  void save_state(const std::filesystem::path& file) override { save_adamw(*adamw_, file); }
+  void load_state(const std::filesystem::path& file) override { load_adamw(*adamw_, file); }
+  void reset_state() override { adamw_ = make_inner_adamw(stage_->parameters(), train_); }
+  std::string describe() const override {
+    return "pipeline p = " + std::to_string(schedule_.spec.stages) +
+           (t_ > 1 ? " × tensor t = " + std::to_string(t_) : std::string()) + " (" + to_string(schedule_.spec.kind) +
+           ", m = " + std::to_string(schedule_.spec.micro_batches) + ")";
+  }
+
+ private:
+  Collective& pipeline() { return pp_comm_ ? *pp_comm_ : group_; }
+
+  // The stage that owns parameter `name`: its block's virtual stage mod p; wte the first, ln_f and lm_head the last.
+  int owner_of(const std::string& name) const {
+    if (!full_shapes_.contains(name)) throw InputError("the model has no parameter '" + name + "'");
+    if (name.rfind("h.", 0) == 0) return block_owner_.at(std::stoi(name.substr(2, name.find('.', 2) - 2)));
+    return name == "wte.weight" ? 0 : schedule_.spec.stages - 1;
+  }
+
+  TrainConfig train_;
+  Collective& group_;
+  int t_;
+  std::unique_ptr<Collective> tp_comm_, pp_comm_;  // t > 1: this rank's TP and PP sub-groups
+  std::unique_ptr<TensorParallelGroup> tp_group_;
+  std::unique_ptr<PipelineStage> stage_;
+  PipelineSchedule schedule_;
+  std::map<int, int> block_owner_;  // block index -> stage
+  std::map<std::string, std::vector<int64_t>> full_shapes_;
+  std::unique_ptr<torch::optim::AdamW> adamw_;
+};
+
+}  // namespace
+
+std::unique_ptr<RankEngine> make_pipeline_engine(GPT full, const ParallelConfig& parallel, const TrainConfig& train,
+                                                 Collective& group) {
+  return std::make_unique<PipelineEngine>(full, parallel, train, group);
+}
+
+}  // namespace dloco
