@@ -226,7 +226,8 @@ struct ParallelConfig {
   int64_t micro_batches = 1;       // m: pipeline micro-batches per micro-batch of train.batch_size (B % m == 0)
   PipelineScheduleChoice schedule = PipelineScheduleChoice::k1F1B;  // "gpipe" | "1f1b" | "interleaved"
   int64_t chunks = 1;              // v: model chunks per stage ("interleaved" only)
-  Precision precision = Precision::kFp32;  // "fp32" | "bf16" (bf16 not yet wired into a learner: refused)
+  Precision precision = Precision::kFp32;  // "fp32" | "bf16" (bf16 compute, fp32 masters and AdamW: data-parallel
+                                           // or one-process learners without ZeRO for now); "fp16" is refused
   bool checkpoint_activations = false;     // recompute each block in backward (pipeline learners)
   bool offload = false;            // AdamW state off the compute device (not yet wired into a learner: refused)
   double timeout_s = 60;           // deadline of the group's collectives and of a rank's wait for its leader, s

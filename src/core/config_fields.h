@@ -74,6 +74,16 @@ inline void assign(const std::string& source, const std::string& key, const toml
   throw InputError(where(source, node) + ": '" + key + "' must be " + choice_names<E>() + " (got \"" + name + "\")");
 }
 
+/// The precision key: fp16 gets the reason it is refused.
+inline void assign(const std::string& source, const std::string& key, const toml::node& node, Precision& out) {
+  if (node.value<std::string>() == "fp16") {
+    throw InputError(where(source, node) + ": '" + key + "' = \"fp16\" is not available: this LibTorch build runs "
+                     "on the CPU, where fp16 matmul does not exist; use \"bf16\" (same memory, fp32's exponent "
+                     "range, no loss scaling needed) or \"fp32\"");
+  }
+  assign<Precision>(source, key, node, out);
+}
+
 /// A field's value as TOML text.
 template <class T>
 std::string toml_value(const T& v) {

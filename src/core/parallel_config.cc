@@ -24,8 +24,9 @@ void validate_group(const Config& c, const ParallelConfig& g, const std::string&
               " and pipeline = " + std::to_string(g.pipeline) +
               ": data parallelism inside a learner is not combined with tensor or pipeline parallelism yet "
               "(tensor × pipeline is; docs/parallel.md)");
-  require(g.precision == Precision::kFp32, key + ".precision",
-          "= \"bf16\" is not wired into a learner yet (docs/parallel.md): use \"fp32\"");
+  require(g.precision == Precision::kFp32 || (g.tensor == 1 && g.pipeline == 1 && g.zero == 0), key + ".precision",
+          "= \"bf16\" runs in one-process and data-parallel learners without ZeRO for now (tensor = pipeline = 1, "
+          "zero = 0; docs/parallel.md)");
   require(!g.offload, key + ".offload", "is not wired into a learner yet (docs/parallel.md): use false");
   require(g.zero == 0 || g.data > 1, key + ".zero",
           "shards over the data-parallel ranks: set data > 1 (data = 1 has nothing to shard over)");

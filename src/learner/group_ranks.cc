@@ -30,7 +30,7 @@ GroupRanks::GroupRanks(const Config& config, int id, const fs::path& run_dir, Gr
     : options_(std::move(options)),
       ranks_(static_cast<int>(config.parallel_for(id).ranks())),
       timeout_s_(config.parallel_for(id).timeout_s) {
-  DLOCO_CHECK_GT(ranks_, 1);
+  DLOCO_CHECK_GE(ranks_, 1);
   if (options_.store.empty()) {
     options_.store = run_dir / "groups" / ("learner_" + std::to_string(id)) / (std::to_string(::getpid()) + ".store");
   }

@@ -32,7 +32,7 @@ struct GroupOptions {
 /// The leader's handle on its group's other ranks.
 class GroupRanks {
  public:
-  /// Spawns ranks 1 … R − 1 of learner `id` (R = config.parallel_for(id).ranks() > 1) with `threads` BLAS threads
+  /// Spawns ranks 1 … R − 1 of learner `id` (R = config.parallel_for(id).ranks() ≥ 1) with `threads` BLAS threads
   /// each, logging to run_dir/logs/learner_<id>_rank_<r>.log. Throws InputError when a process cannot start.
   GroupRanks(const Config& config, int id, const std::filesystem::path& run_dir, GroupOptions options, int threads);
   /// SIGTERM, then SIGKILL after 2 s, to every rank still running.

@@ -240,8 +240,10 @@ int run_learner(const Config& config, const LearnerOptions& options, wire::Trans
   fs::create_directories(options.run_dir / "events");
   EventLog events(options.run_dir / "events" / ("learner_" + std::to_string(id) + ".jsonl"), Role::kLearner, id);
   const torch::Device device(config.run.device);
+  // A group job also for R = 1 in bf16 (the bf16 engine; a group of one rank, nothing spawned).
+  const bool group_job = R > 1 || parallel.precision != Precision::kFp32;
   std::unique_ptr<GroupRanks> ranks;  // started first: they build their models while this rank bootstraps
-  if (R > 1) ranks = std::make_unique<GroupRanks>(config, id, options.run_dir, options.group, rank_threads);
+  if (group_job) ranks = std::make_unique<GroupRanks>(config, id, options.run_dir, options.group, rank_threads);
 
   // The same init as the syncer (so the layout hash matches); Θ comes from the bootstrap.
   torch::manual_seed(config.run.seed + 1 + static_cast<uint64_t>(id));
@@ -275,7 +277,7 @@ int run_learner(const Config& config, const LearnerOptions& options, wire::Trans
   bool from_log = false;
   DataStream stream = resume_stream(config, joined, *boot->stream_log, &from_log);
   std::unique_ptr<InnerJob> job_owner;
-  if (R > 1) {
+  if (group_job) {
     auto group = ranks->join(options.bootstrap_timeout_s);
     torch::manual_seed(config.run.seed + 1 + static_cast<uint64_t>(id));  // the ranks' initial GPT
     auto engine = make_rank_engine(GPT(config.model), parallel, config.train, *group);

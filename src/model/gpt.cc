@@ -16,6 +16,13 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   // ‖x‖₂ is one fused reduction (forward and backward); the rest works on the small (..., 1) tensor.
   const double dim = static_cast<double>(x.size(-1));
+  if (x.scalar_type() != torch::kFloat) {
+    // Reduced precision (bf16): the statistics and the normalisation in fp32, then back to x's dtype before the
+    // gain (as Megatron and LLaMA do), so mean(x²) is not summed in bf16.
+    auto xf = x.to(torch::kFloat);                                                             // (..., C) fp32
+    auto inv_rms = torch::rsqrt(xf.norm(2, {-1}, /*keepdim=*/true).square() / dim + eps_);  // (..., 1) fp32
+    return (xf * inv_rms).to(x.scalar_type()) * weight_;
+  }
   auto inv_rms = torch::rsqrt(x.norm(2, {-1}, /*keepdim=*/true).square() / dim + eps_);  // (..., 1)
   return x * inv_rms * weight_;
 }
@@ -44,7 +51,9 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const tor
   // Scores with the 1/sqrt(hs) scale and the additive causal mask (−inf above the diagonal) in one GEMM.
   auto att = torch::baddbmm(causal, q, k.transpose(1, 2), /*beta=*/1.0,
                             /*alpha=*/1.0 / std::sqrt(static_cast<double>(hs)));  // (B·NH, T, T)
-  att = torch::softmax(att, -1);
+  // Softmax in fp32 whatever the compute dtype (bf16: exp and the row sums would round to 8 mantissa bits).
+  att = att.scalar_type() == torch::kFloat ? torch::softmax(att, -1)
+                                          : torch::softmax(att, -1, torch::kFloat).to(v.scalar_type());
   auto y = torch::bmm(att, v).view({B, NH, T, hs});       // (B, NH, T, hs)
   y = y.transpose(1, 2).contiguous().view({B, T, C});      // (B, T, C)
   return proj(y);
@@ -149,8 +158,9 @@ torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& ta
 }
 
 torch::Tensor GPTImpl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
-  auto logits = forward(idx);  // (B, T, V)
-  return cross_entropy(logits.view({-1, cfg_.vocab_size}), targets.reshape({-1}));
+  auto logits = forward(idx);  // (B, T, V), bf16 under mixed precision
+  // The loss in fp32 (a no-op for an fp32 model): log-softmax over V in bf16 would lose the small probabilities.
+  return cross_entropy(logits.view({-1, cfg_.vocab_size}).to(torch::kFloat), targets.reshape({-1}));
 }
 
 torch::Tensor GPTImpl::generate(torch::Tensor prompt, int64_t max_new_tokens, double temperature, int64_t top_k,

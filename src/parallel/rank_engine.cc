@@ -8,6 +8,7 @@
 #include <map>
 
 #include "core/check.h"
+#include "parallel/mixed_precision.h"
 #include "parallel/rank_engine_internal.h"
 #include "parallel/tp_gpt.h"
 #include "parallel/zero.h"
@@ -211,6 +212,79 @@ class DataParallelEngine final : public RankEngine {
   std::unique_ptr<ZeroAdamW> zero_;             // zero ≥ 1
 };
 
+// data = d (≥ 1) in bf16 (parallel/mixed_precision.h): a bf16 replica per rank computes forward and backward;
+// its fp32 gradients (main_grads) are all-reduced and averaged in fp32 (Gloo cannot all-reduce bf16), and the
+// fp32 masters take the AdamW step (clipping and the guard in Bf16Optimizer::step). Fragments read and write the
+// masters; a write also rounds into the bf16 copy.
+class Bf16DataParallelEngine final : public RankEngine {
+ public:
+  Bf16DataParallelEngine(GPT full, const TrainConfig& train, Collective& group)
+      : train_(train), group_(group), model_(full), optimizer_(*model_, train) {
+    size_t i = 0;
+    for (const auto& item : model_->named_parameters()) index_[item.key()] = i++;
+  }
+
+  EngineStep step(const torch::Tensor& windows, double lr) override {
+    const int64_t W = windows.size(0), B = train_.batch_size, T = model_->config().seq_len;
+    const int64_t b = B / group_.world();  // rows per rank
+    optimizer_.zero_grad();
+    auto loss_sum = torch::zeros({1}, torch::kDouble);  // Σ over windows of this rank's mean loss (fp32 loss)
+    for (int64_t w = 0; w < W; ++w) {
+      auto [x, y] = window_batch(windows, w, B, T);
+      auto loss = model_->loss(x.narrow(0, group_.rank() * b, b), y.narrow(0, group_.rank() * b, b));
+      (loss / static_cast<double>(W)).backward();
+      loss_sum += loss.detach().to(torch::kDouble);
+    }
+    if (group_.world() > 1) {  // one all-reduce of the flat fp32 gradient, then / d
+      torch::NoGradGuard no_grad;
+      const auto& grads = optimizer_.main_grads();
+      std::vector<torch::Tensor> flat_parts;
+      for (const auto& g : grads) flat_parts.push_back(g.reshape({-1}));
+      auto flat = torch::cat(flat_parts);  // (Ψ)
+      flat_parts.clear();
+      auto loss_and_flat = torch::cat({flat, loss_sum.to(torch::kFloat)});  // the loss rides along
+      group_.allreduce_sum(loss_and_flat);
+      loss_and_flat.div_(group_.world());
+      int64_t offset = 0;
+      for (const auto& g : grads) {
+        g.copy_(loss_and_flat.narrow(0, offset, g.numel()).view_as(g));
+        offset += g.numel();
+      }
+      loss_sum = loss_and_flat.narrow(0, offset, 1).to(torch::kDouble) * group_.world();
+    }
+    EngineStep r;
+    r.loss = loss_sum.item<double>() / static_cast<double>(W * group_.world());
+    const MixedStepResult s = optimizer_.step(lr, r.loss);
+    r.grad_norm = s.grad_norm;
+    r.skipped = s.skipped;
+    return r;
+  }
+
+  torch::Tensor gather_parameter(const std::string& name) override {
+    return group_.rank() == 0 ? optimizer_.masters().at(index(name)).detach().clone() : torch::Tensor();
+  }
+  void set_parameter(const std::string& name, const torch::Tensor& full) override {
+    optimizer_.set_master(index(name), full);
+  }
+  void save_state(const std::filesystem::path& file) override { optimizer_.save_state(file.string()); }
+  void load_state(const std::filesystem::path& file) override { optimizer_.load_state(file.string()); }
+  void reset_state() override { optimizer_.reset_state(); }
+  std::string describe() const override { return "bf16 data-parallel over d = " + std::to_string(group_.world()); }
+
+ private:
+  size_t index(const std::string& name) const {
+    const auto it = index_.find(name);
+    if (it == index_.end()) throw InputError("the model has no parameter '" + name + "'");
+    return it->second;
+  }
+
+  TrainConfig train_;
+  Collective& group_;
+  GPT model_;
+  Bf16Optimizer optimizer_;
+  std::map<std::string, size_t> index_;  // parameter name -> position in masters()
+};
+
 }  // namespace
 
 std::unique_ptr<RankEngine> make_rank_engine(GPT full, const ParallelConfig& parallel, const TrainConfig& train,
@@ -218,6 +292,12 @@ std::unique_ptr<RankEngine> make_rank_engine(GPT full, const ParallelConfig& par
   if (group.world() != parallel.ranks()) {
     throw InputError("a group of " + std::to_string(parallel.ranks()) + " ranks (tensor · pipeline · data) over a " +
                      "collective of " + std::to_string(group.world()));
+  }
+  if (parallel.precision == Precision::kBf16) {
+    if (parallel.tensor > 1 || parallel.pipeline > 1 || parallel.zero > 0) {
+      throw InputError("bf16 runs in data-parallel learner groups without ZeRO only (tensor = pipeline = 1, zero = 0)");
+    }
+    return std::make_unique<Bf16DataParallelEngine>(full, train, group);
   }
   if (parallel.pipeline > 1) return make_pipeline_engine(full, parallel, train, group);
   if (parallel.tensor > 1) return std::make_unique<TensorParallelEngine>(full, train, group);

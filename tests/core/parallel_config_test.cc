@@ -56,8 +56,10 @@ TEST(ParallelConfig, RefusalsNameTheKeyAndWhy) {
   EXPECT_NE(error_of(t + "[parallel]\ntensor = 3\n").find("parallel.tensor (3) must divide model.n_head"),
             std::string::npos);
   EXPECT_NE(error_of(t + "[parallel]\npipeline = 3\n").find("must not exceed model.n_layer (2)"), std::string::npos);
-  EXPECT_NE(error_of(t + "[parallel]\nprecision = \"bf16\"\n").find("not wired into a learner yet"),
+  EXPECT_NE(error_of(t + "[parallel]\nprecision = \"bf16\"\ntensor = 2\n").find("without ZeRO for now"),
             std::string::npos);
+  EXPECT_EQ(error_of(t + "[parallel]\nprecision = \"bf16\"\n"), "") << "a one-process bf16 learner";
+  EXPECT_NE(error_of(t + "[parallel]\nprecision = \"fp16\"\n").find("fp16 matmul does not exist"), std::string::npos);
   EXPECT_NE(error_of(t + "[parallel]\nschedule = \"zigzag\"\n").find("\"gpipe\", \"1f1b\", \"interleaved\""),
             std::string::npos);
   EXPECT_NE(error_of("[model]\npreset = \"tiny\"\n[diloco]\nmode = \"dp\"\nlearners = 2\n[parallel]\ntensor = 2\n").find("only diloco.mode = \"decoupled\""),
