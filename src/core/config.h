@@ -229,7 +229,8 @@ struct ParallelConfig {
   Precision precision = Precision::kFp32;  // "fp32" | "bf16" (bf16 compute, fp32 masters and AdamW: data-parallel
                                            // or one-process learners without ZeRO for now); "fp16" is refused
   bool checkpoint_activations = false;     // recompute each block in backward (pipeline learners)
-  bool offload = false;            // AdamW state off the compute device (not yet wired into a learner: refused)
+  bool offload = false;            // ZeRO's AdamW state (m, v) in mapped files under run_dir/offload that each step
+                                   // streams through, out of the ranks' resident memory (needs zero ≥ 1)
   double timeout_s = 60;           // deadline of the group's collectives and of a rank's wait for its leader, s
 
   /// R = t·p·d.

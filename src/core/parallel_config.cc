@@ -27,7 +27,8 @@ void validate_group(const Config& c, const ParallelConfig& g, const std::string&
   require(g.precision == Precision::kFp32 || (g.tensor == 1 && g.pipeline == 1 && g.zero == 0), key + ".precision",
           "= \"bf16\" runs in one-process and data-parallel learners without ZeRO for now (tensor = pipeline = 1, "
           "zero = 0; docs/parallel.md)");
-  require(!g.offload, key + ".offload", "is not wired into a learner yet (docs/parallel.md): use false");
+  require(!g.offload || g.zero >= 1, key + ".offload",
+          "keeps ZeRO's sharded AdamW state in files on local disk: set data > 1 and zero ≥ 1 (or offload = false)");
   require(g.zero == 0 || g.data > 1, key + ".zero",
           "shards over the data-parallel ranks: set data > 1 (data = 1 has nothing to shard over)");
   require(g.zero != 3 || !m.tie_embeddings, key + ".zero",

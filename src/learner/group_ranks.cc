@@ -95,7 +95,7 @@ int run_group_rank(const Config& config, const GroupRankOptions& options) {
     o.timeout_s = parallel.timeout_s;
     o.rendezvous_timeout_s = rendezvous_s(options.group, 120, parallel.timeout_s);
     Collective group(o);
-    auto engine = make_rank_engine(model, parallel, config.train, group);
+    auto engine = make_rank_engine(model, parallel, config.train, group, options.run_dir / "offload" / who);
     events.emit("rank_joined", {{"pid", ::getpid()}, {"rank", options.rank}, {"group", engine->describe()}});
     const int64_t steps = serve_group_rank(*engine, group, layout, config.train, config.model);
     events.emit("rank_stopped", {{"steps", steps}, {"bytes_sent", group.bytes_sent()}});

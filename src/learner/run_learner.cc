@@ -280,7 +280,8 @@ int run_learner(const Config& config, const LearnerOptions& options, wire::Trans
   if (group_job) {
     auto group = ranks->join(options.bootstrap_timeout_s);
     torch::manual_seed(config.run.seed + 1 + static_cast<uint64_t>(id));  // the ranks' initial GPT
-    auto engine = make_rank_engine(GPT(config.model), parallel, config.train, *group);
+    auto engine = make_rank_engine(GPT(config.model), parallel, config.train, *group,
+                                   options.run_dir / "offload" / ("learner_" + std::to_string(id) + "_rank_0"));
     events.emit("group_formed", {{"ranks", R}, {"group", engine->describe()}, {"store", ranks->store().string()},
                                  {"pids", ranks->pids()}, {"threads_per_rank", rank_threads}});
     std::printf("[learner %d] a group of %d ranks: %s\n", id, R, engine->describe().c_str());

@@ -83,7 +83,8 @@ class TensorParallelEngine final : public RankEngine {
 // flat gradient all-reduced and averaged; zero ≥ 1: ZeroAdamW.
 class DataParallelEngine final : public RankEngine {
  public:
-  DataParallelEngine(GPT full, int zero, const TrainConfig& train, Collective& group)
+  DataParallelEngine(GPT full, int zero, const TrainConfig& train, Collective& group,
+                     const std::filesystem::path& offload_dir)
       : train_(train), group_(group), model_(full) {
     if (zero == 0) {
       adamw_ = make_inner_adamw(model_->parameters(), train);
@@ -95,6 +96,7 @@ class DataParallelEngine final : public RankEngine {
       o.beta2 = train.beta2;
       o.eps = train.adam_eps;
       o.weight_decay = train.weight_decay;
+      o.offload_dir = offload_dir;
       zero_ = std::make_unique<ZeroAdamW>(model_, group, o);
     }
   }
@@ -178,7 +180,7 @@ class DataParallelEngine final : public RankEngine {
   }
   std::string describe() const override {
     return (zero_ ? "ZeRO-" + std::to_string(zero_->stage()) : std::string("data-parallel")) + " over d = " +
-           std::to_string(group_.world());
+           std::to_string(group_.world()) + (zero_ && zero_->offloaded() ? ", AdamW state offloaded" : "");
   }
 
  private:
@@ -288,7 +290,7 @@ class Bf16DataParallelEngine final : public RankEngine {
 }  // namespace
 
 std::unique_ptr<RankEngine> make_rank_engine(GPT full, const ParallelConfig& parallel, const TrainConfig& train,
-                                             Collective& group) {
+                                             Collective& group, const std::filesystem::path& offload_dir) {
   if (group.world() != parallel.ranks()) {
     throw InputError("a group of " + std::to_string(parallel.ranks()) + " ranks (tensor · pipeline · data) over a " +
                      "collective of " + std::to_string(group.world()));
@@ -301,7 +303,11 @@ std::unique_ptr<RankEngine> make_rank_engine(GPT full, const ParallelConfig& par
   }
   if (parallel.pipeline > 1) return make_pipeline_engine(full, parallel, train, group);
   if (parallel.tensor > 1) return std::make_unique<TensorParallelEngine>(full, train, group);
-  return std::make_unique<DataParallelEngine>(full, static_cast<int>(parallel.zero), train, group);
+  if (parallel.offload && (parallel.zero == 0 || offload_dir.empty())) {
+    throw InputError("offload keeps ZeRO's sharded AdamW state in files: it needs zero ≥ 1 and a folder");
+  }
+  return std::make_unique<DataParallelEngine>(full, static_cast<int>(parallel.zero), train, group,
+                                              parallel.offload ? offload_dir : std::filesystem::path());
 }
 
 }  // namespace dloco

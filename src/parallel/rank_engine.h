@@ -62,9 +62,10 @@ class RankEngine {
 
 /// Builds this rank's engine from a full GPT (the same parameters on every rank: the same seed) for the group
 /// `parallel` over `group` (world R = parallel.ranks(), this rank group.rank()). `full` is not kept (its tensors
-/// may be taken over: do not use it afterwards). Throws InputError when the config does not fit (see
-/// ParallelConfig's checks), CollectiveError.
+/// may be taken over: do not use it afterwards). `offload_dir`: where this rank's offloaded AdamW state lives
+/// (parallel.offload; a local disk, not tmpfs, for the memory to leave the machine's RAM). Throws InputError when
+/// the config does not fit (see ParallelConfig's checks), CollectiveError.
 std::unique_ptr<RankEngine> make_rank_engine(GPT full, const ParallelConfig& parallel, const TrainConfig& train,
-                                             Collective& group);
+                                             Collective& group, const std::filesystem::path& offload_dir = {});
 
 }  // namespace dloco

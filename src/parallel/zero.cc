@@ -128,6 +128,15 @@ ZeroAdamW::ZeroAdamW(GPT model, Collective& group, ZeroOptions options)
   }
   for (auto& u : units_) {
     build_unit(u, N, group_.rank(), /*keep_full=*/options_.stage < 3);
+    if (!options_.offload_dir.empty()) {  // m, v in a zero-filled mapped file instead of anonymous memory
+      const size_t k = static_cast<size_t>(&u - units_.data());
+      // v starts on a page boundary (1024 floats = 4 KiB), so whole pages of both moments can be released.
+      const int64_t v_at = (u.shard + 1023) / 1024 * 1024;
+      u.offload = std::make_unique<MappedState>(
+          options_.offload_dir / ("zero_unit_" + std::to_string(k) + ".state"), v_at + u.shard);
+      u.exp_avg = u.offload->tensor().narrow(0, 0, u.shard);
+      u.exp_avg_sq = u.offload->tensor().narrow(0, v_at, u.shard);
+    }
     if (options_.stage >= 2) u.grad = torch::zeros({u.shard});
   }
   if (options_.stage == 2) {
@@ -236,10 +245,22 @@ void ZeroAdamW::adamw_on_slice(Unit& u) {
   if (o.weight_decay != 0) {
     for (const auto& [start, length] : u.decay) u.slice.narrow(0, start, length).mul_(1 - o.lr * o.weight_decay);
   }
-  u.exp_avg.mul_(o.beta1).add_(u.grad, 1 - o.beta1);
-  u.exp_avg_sq.mul_(o.beta2).addcmul_(u.grad, u.grad, 1 - o.beta2);
-  auto denom = (u.exp_avg_sq.sqrt() / std::sqrt(bias_correction2)).add_(o.eps);  // (S)
-  u.slice.addcdiv_(u.exp_avg, denom, -o.lr / bias_correction1);
+  // Elementwise, so chunks give the same bits; offloaded, each chunk's m and v pages leave the resident set after it.
+  // Offloaded chunks are whole pages (multiples of 1024 floats), so releasing one leaves no partial page behind.
+  const int64_t chunk =
+      u.offload ? std::max<int64_t>(1024, o.offload_chunk / 1024 * 1024) : std::max<int64_t>(1, u.shard);
+  for (int64_t a = 0; a < u.shard; a += chunk) {
+    const int64_t n = std::min(chunk, u.shard - a);
+    auto m = u.exp_avg.narrow(0, a, n), v = u.exp_avg_sq.narrow(0, a, n), g = u.grad.narrow(0, a, n);  // (n)
+    m.mul_(o.beta1).add_(g, 1 - o.beta1);
+    v.mul_(o.beta2).addcmul_(g, g, 1 - o.beta2);
+    auto denom = (v.sqrt() / std::sqrt(bias_correction2)).add_(o.eps);  // (n)
+    u.slice.narrow(0, a, n).addcdiv_(m, denom, -o.lr / bias_correction1);
+    if (u.offload) {
+      u.offload->release(a, n);
+      u.offload->release(u.exp_avg_sq.storage_offset() + a, n);
+    }
+  }
 }
 
 ZeroStepStats ZeroAdamW::step(double max_grad_norm, bool skip) {
@@ -311,7 +332,12 @@ ZeroMemory ZeroAdamW::memory() const {
   for (const auto& u : units_) {
     m.parameter_bytes += options_.stage < 3 ? bytes_of(u.flat) : bytes_of(u.slice);
     m.gradient_bytes += bytes_of(u.grad);
-    m.optimizer_state_bytes += bytes_of(u.exp_avg) + bytes_of(u.exp_avg_sq);
+    if (u.offload) {
+      m.offloaded_state_bytes += bytes_of(u.exp_avg) + bytes_of(u.exp_avg_sq);
+      m.optimizer_state_bytes += std::max<int64_t>(0, u.offload->resident_bytes());
+    } else {
+      m.optimizer_state_bytes += bytes_of(u.exp_avg) + bytes_of(u.exp_avg_sq);
+    }
     for (const auto& p : u.params) {
       if (options_.stage == 3) m.parameter_bytes += bytes_of(p);  // 0 unless gathered right now
       m.gradient_bytes += bytes_of(p.grad());                     // full .grad: stage 1 (and stage 2 mid-backward)

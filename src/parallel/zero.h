@@ -21,11 +21,13 @@
 // slices, with weight decay on matrices only (train/trainer.cc's recipe). Everything is fp32 on the CPU.
 // Global-norm clipping and the non-finite guard of train/trainer.cc run on the reduced slices (one all-reduce of a
 // scalar), so every rank takes the same decision.
-// Deliberately not here: bucketing and overlap of communication with compute, mixed precision, offload.
+// Offload (ZeroOptions::offload_dir): m and v in mapped files that each step streams through (parallel/offload.h).
+// Deliberately not here: bucketing and overlap of communication with compute, mixed precision.
 #pragma once
 
 #include <torch/torch.h>
 
+#include <filesystem>
 #include <limits>
 #include <string>
 #include <utility>
@@ -46,13 +48,17 @@ struct ZeroOptions {
   double weight_decay = 1e-2;  // decoupled, on parameters with dim ≥ 2 only
   ReduceScatterAlgo reduce_scatter = ReduceScatterAlgo::kAllToAll;  // stages 1 and 3
   bool all_reduce_gradients = false;  // stage 1 only: all-reduce the full gradient and slice (plain DP's traffic)
+  std::filesystem::path offload_dir;  // non-empty: m and v live in mapped files here and leave the resident set
+                                      // after every step (parallel/offload.h; ZeRO-Offload)
+  int64_t offload_chunk = 1 << 18;    // elements the offloaded step updates before handing their pages back
 };
 
 /// Live tensor bytes of model state on this rank (counted from the tensors' sizes, not RSS).
 struct ZeroMemory {
   int64_t parameter_bytes = 0;        // held between steps: the flat model (stages 1, 2) or the slices (stage 3)
   int64_t gradient_bytes = 0;         // held between backward() and step(): full .grad (stage 1) or slices
-  int64_t optimizer_state_bytes = 0;  // m and v of the own slices
+  int64_t optimizer_state_bytes = 0;  // m and v of the own slices (offloaded: only their resident pages)
+  int64_t offloaded_state_bytes = 0;  // m and v of the own slices held in offload files
   int64_t peak_full_gradient_bytes = 0;    // stages 2, 3: largest transient full gradients alive at once
   int64_t peak_gathered_parameter_bytes = 0;  // stage 3: largest gathered (full) unit parameters alive at once
 };
@@ -113,6 +119,7 @@ class ZeroAdamW {
   /// Live bytes per category now (see ZeroMemory); call between backward() and step() for the gradient peak.
   ZeroMemory memory() const;
   int stage() const { return options_.stage; }
+  bool offloaded() const { return !options_.offload_dir.empty(); }
   /// Σ numel of the model's parameters (Ψ), without padding.
   int64_t parameter_count() const { return parameter_count_; }
 

@@ -84,6 +84,7 @@ void ZeroAdamW::load_state(const std::string& file) {
   for (size_t k = 0; k < units_.size(); ++k) {
     units_[k].exp_avg.copy_(state[1 + 2 * k]);
     units_[k].exp_avg_sq.copy_(state[2 + 2 * k]);
+    if (units_[k].offload) units_[k].offload->release_all();
   }
 }
 
@@ -93,6 +94,7 @@ void ZeroAdamW::reset_state() {
   for (auto& u : units_) {
     u.exp_avg.zero_();
     u.exp_avg_sq.zero_();
+    if (u.offload) u.offload->release_all();
   }
 }
 

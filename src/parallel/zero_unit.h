@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "parallel/offload.h"
 #include "parallel/zero.h"
 
 namespace dloco {
@@ -21,7 +22,8 @@ struct ZeroAdamW::Unit {
   torch::Tensor flat;                        // (padded) stages 1, 2: the full parameters the module views
   torch::Tensor slice;                       // (S) own parameters: a view of flat, or (stage 3) the only copy
   torch::Tensor grad;                        // (S) stages 2, 3: the summed gradient slice since the last step
-  torch::Tensor exp_avg, exp_avg_sq;         // (S) AdamW's m and v
+  torch::Tensor exp_avg, exp_avg_sq;         // (S) AdamW's m and v (views of `offload` when offloaded)
+  std::unique_ptr<MappedState> offload;      // (2S) m then v in a mapped file (ZeroOptions::offload_dir)
   std::vector<std::pair<int64_t, int64_t>> decay;  // (start, length) ranges of the slice with weight decay
   torch::Tensor anchor;  // (0) requires grad: makes autograd call the unit's backward even when its input has none
 };

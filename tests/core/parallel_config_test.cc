@@ -60,6 +60,8 @@ TEST(ParallelConfig, RefusalsNameTheKeyAndWhy) {
             std::string::npos);
   EXPECT_EQ(error_of(t + "[parallel]\nprecision = \"bf16\"\n"), "") << "a one-process bf16 learner";
   EXPECT_NE(error_of(t + "[parallel]\nprecision = \"fp16\"\n").find("fp16 matmul does not exist"), std::string::npos);
+  EXPECT_NE(error_of(t + "[parallel]\noffload = true\n").find("set data > 1 and zero ≥ 1"), std::string::npos);
+  EXPECT_EQ(error_of(t + "[parallel]\ndata = 2\nzero = 1\noffload = true\n"), "");
   EXPECT_NE(error_of(t + "[parallel]\nschedule = \"zigzag\"\n").find("\"gpipe\", \"1f1b\", \"interleaved\""),
             std::string::npos);
   EXPECT_NE(error_of("[model]\npreset = \"tiny\"\n[diloco]\nmode = \"dp\"\nlearners = 2\n[parallel]\ntensor = 2\n").find("only diloco.mode = \"decoupled\""),

@@ -1,6 +1,6 @@
 // A learner group (learner/group_inner_job.h over parallel/rank_engine.h) against the one-process learner
 // (learner/gpt_inner_job.h) on the same stream: ranks are threads of this process over real Gloo. For each kind —
-// tensor = 2; data = 2 with ZeRO 0, 1, 2, 3; pipeline = 2 with 1F1B and GPipe; tensor × pipeline = 2 × 2 (× data 1)
+// tensor = 2; data = 2 with ZeRO 0, 1, 2, 3 and ZeRO-2 with offloaded AdamW state; pipeline = 2 with 1F1B and GPipe; tensor × pipeline = 2 × 2 (× data 1)
 // with 1F1B, and with GPipe and activation checkpointing — 5 inner steps (grad_accum = 2,
 // clipping at 0.5 active) give the same losses and the same fragments within fp32 tolerance, a fragment written
 // into the group reads back bitwise (including fragments that hold only some rows of a tensor), the optimizer
@@ -96,6 +96,7 @@ std::vector<int64_t> with_group(const Config& c, const ParallelConfig& parallel,
                                 const std::function<void(GroupInnerJob&, const FragmentLayout&)>& leader) {
   const int R = static_cast<int>(parallel.ranks());
   const fs::path store = scratch("store") / "store";
+  const fs::path offload = scratch("offload");  // parallel.offload: the ranks' AdamW state files
   std::vector<GPT> models;  // built here: torch's generator is process-global, the threads must not race on it
   for (int r = 0; r < R; ++r) models.push_back(initial_gpt(c));
   GPT mirror = initial_gpt(c);
@@ -107,7 +108,7 @@ std::vector<int64_t> with_group(const Config& c, const ParallelConfig& parallel,
     threads.emplace_back([&, r] {
       try {
         auto group = std::make_unique<Collective>(CollectiveOptions{store, r, R, "127.0.0.1", timeout_s});
-        auto engine = make_rank_engine(models[r], parallel, c.train, *group);
+        auto engine = make_rank_engine(models[r], parallel, c.train, *group, offload / std::to_string(r));
         if (r > 0) {
           steps[r] = serve_group_rank(*engine, *group, layout, c.train, c.model);
           return;
@@ -145,6 +146,7 @@ std::vector<Case> cases() {
       {"data2_zero1", with([](ParallelConfig& p) { p.data = 2, p.zero = 1; })},
       {"data2_zero2", with([](ParallelConfig& p) { p.data = 2, p.zero = 2; })},
       {"data2_zero3", with([](ParallelConfig& p) { p.data = 2, p.zero = 3; }), false},
+      {"data2_zero2_offload", with([](ParallelConfig& p) { p.data = 2, p.zero = 2, p.offload = true; })},
       {"pipeline2_1f1b", with([](ParallelConfig& p) { p.pipeline = 2, p.micro_batches = 2; })},
       {"tensor2_pipeline2_1f1b", with([](ParallelConfig& p) { p.tensor = 2, p.pipeline = 2, p.micro_batches = 2; })},
       {"tensor2_pipeline2_gpipe_checkpointed", with([](ParallelConfig& p) {
