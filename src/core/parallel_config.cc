@@ -19,11 +19,10 @@ void validate_group(const Config& c, const ParallelConfig& g, const std::string&
   require(g.zero >= 0 && g.zero <= 3, key + ".zero", "must be 0, 1, 2 or 3 (got " + std::to_string(g.zero) + ")");
   require(g.micro_batches >= 1 && g.chunks >= 1, key + ".micro_batches/chunks", "must be ≥ 1");
   require(g.timeout_s > 0, key + ".timeout_s", "must be > 0");
-  require(g.data == 1 || (g.tensor == 1 && g.pipeline == 1), key,
-          "combines data = " + std::to_string(g.data) + " with tensor = " + std::to_string(g.tensor) +
-              " and pipeline = " + std::to_string(g.pipeline) +
-              ": data parallelism inside a learner is not combined with tensor or pipeline parallelism yet "
-              "(tensor × pipeline is; docs/parallel.md)");
+  require(g.zero == 0 || (g.tensor == 1 && g.pipeline == 1), key + ".zero",
+          "= " + std::to_string(g.zero) + " with tensor = " + std::to_string(g.tensor) + " or pipeline = " +
+              std::to_string(g.pipeline) + " is not wired yet: ZeRO runs in purely data-parallel groups; with "
+              "tensor or pipeline parallelism use zero = 0 (replicated AdamW across the data-parallel replicas)");
   require(g.precision == Precision::kFp32 || (g.tensor == 1 && g.pipeline == 1 && g.zero == 0), key + ".precision",
           "= \"bf16\" runs in one-process and data-parallel learners without ZeRO for now (tensor = pipeline = 1, "
           "zero = 0; docs/parallel.md)");
@@ -42,9 +41,9 @@ void validate_group(const Config& c, const ParallelConfig& g, const std::string&
   require(g.pipeline * g.chunks <= m.n_layer, key + ".pipeline",
           "· chunks (" + std::to_string(g.pipeline * g.chunks) + ") must not exceed model.n_layer (" +
               std::to_string(m.n_layer) + ")");
-  require(c.train.batch_size % g.micro_batches == 0, key + ".micro_batches",
-          "(" + std::to_string(g.micro_batches) + ") must divide train.batch_size (" +
-              std::to_string(c.train.batch_size) + ")");
+  require((c.train.batch_size / g.data) % g.micro_batches == 0, key + ".micro_batches",
+          "(" + std::to_string(g.micro_batches) + ") must divide each replica's share of train.batch_size (" +
+              std::to_string(c.train.batch_size) + " / data = " + std::to_string(c.train.batch_size / g.data) + ")");
   require(g.schedule != PipelineScheduleChoice::kInterleaved || g.micro_batches % g.pipeline == 0,
           key + ".micro_batches", "must be a multiple of pipeline for the interleaved schedule");
   require(g.micro_batches == 1 || g.pipeline > 1, key + ".micro_batches", "> 1 needs pipeline > 1");

@@ -13,21 +13,28 @@ namespace {
 
 using namespace rank_engine_detail;
 
-// pipeline = p (× tensor = t): this rank's stage, rank g = tp + t·pp (Megatron's order, TP ranks adjacent); each
-// window is one pipeline iteration of m micro-batches over the PP group of this rank's TP index.
+// pipeline = p × tensor = t × data = d (any of them 1): this rank's stage of its replica, rank
+// g = tp + t·(dp + d·pp) (Megatron's order: TP ranks adjacent, pipeline outermost). Each window's B sequences are
+// split over the d replicas; a replica runs one pipeline iteration of m micro-batches over the PP group of its TP
+// index, and the replicas' gradients are averaged over the DP group (one all-reduce of the flat gradient).
 class PipelineEngine final : public RankEngine {
  public:
   PipelineEngine(GPT full, const ParallelConfig& parallel, const TrainConfig& train, Collective& group)
-      : train_(train), group_(group), t_(static_cast<int>(parallel.tensor)) {
-    const int p = static_cast<int>(parallel.pipeline), tp = group.rank() % t_, pp = group.rank() / t_;
+      : train_(train), group_(group), t_(static_cast<int>(parallel.tensor)), d_(static_cast<int>(parallel.data)) {
+    const int p = static_cast<int>(parallel.pipeline), tp = group.rank() % t_, dp = (group.rank() / t_) % d_,
+              pp = group.rank() / (t_ * d_);
+    const auto rank_of = [&](int tp_, int dp_, int pp_) { return tp_ + t_ * (dp_ + d_ * pp_); };
+    std::vector<int> tp_ranks, pp_ranks, dp_ranks;
+    for (int j = 0; j < t_; ++j) tp_ranks.push_back(rank_of(j, dp, pp));
+    for (int s = 0; s < p; ++s) pp_ranks.push_back(rank_of(tp, dp, s));
+    for (int j = 0; j < d_; ++j) dp_ranks.push_back(rank_of(tp, j, pp));
+    dp_index_ = dp;
     if (t_ > 1) {
-      std::vector<int> tp_ranks, pp_ranks;
-      for (int j = 0; j < t_; ++j) tp_ranks.push_back(pp * t_ + j);
-      for (int s = 0; s < p; ++s) pp_ranks.push_back(s * t_ + tp);
       tp_comm_ = group.subgroup(tp_ranks, "tp");
-      pp_comm_ = group.subgroup(pp_ranks, "pp");
       tp_group_ = std::make_unique<TensorParallelGroup>(*tp_comm_);
     }
+    if (static_cast<int>(pp_ranks.size()) < group.world()) pp_comm_ = group.subgroup(pp_ranks, "pp");
+    if (d_ > 1) dp_comm_ = group.subgroup(dp_ranks, "dp");
     stage_ = std::make_unique<PipelineStage>(
         full, PipelineStageOptions{pp, p, static_cast<int>(parallel.chunks), parallel.checkpoint_activations,
                                    tp_group_.get()});
@@ -54,9 +61,13 @@ class PipelineEngine final : public RankEngine {
     // An iteration ends with the tied-embedding exchange, which adds the peer's whole .grad: each window's
     // gradients are therefore taken out of .grad before the next (else the first window's would be added twice).
     std::vector<torch::Tensor> sum(params.size());
+    const int64_t b = B / d_;  // rows of each window this replica trains
     for (int64_t w = 0; w < W; ++w) {
       const auto [x, y] = window_batch(windows, w, B, T);
-      r.loss += run_pipeline_iteration(*stage_, pipeline(), schedule_, x, y).loss / static_cast<double>(W);
+      r.loss += run_pipeline_iteration(*stage_, pipeline(), schedule_, x.narrow(0, dp_index_ * b, b),
+                                       y.narrow(0, dp_index_ * b, b))
+                    .loss /
+                static_cast<double>(W);
       if (W == 1) break;
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < params.size(); ++i) {
@@ -69,6 +80,7 @@ class PipelineEngine final : public RankEngine {
     for (size_t i = 0; i < params.size(); ++i) {
       if (W > 1 && sum[i].defined()) params[i].mutable_grad() = sum[i].div_(static_cast<double>(W));  // window mean
     }
+    if (dp_comm_) r.loss = average_over_replicas(params, r.loss);
     // ‖g‖² over the whole model: the owned parameters (not the tied head's copy of wte), a replicated one (norm
     // gains) counted on TP rank 0 only.
     auto square_sum = torch::zeros({1}, torch::kDouble);
@@ -77,7 +89,7 @@ class PipelineEngine final : public RankEngine {
       square_sum += q.grad().to(torch::kDouble).square().sum();
     }
     group_.allreduce_sum(square_sum);
-    r.grad_norm = std::sqrt(square_sum.item<double>());
+    r.grad_norm = std::sqrt(square_sum.item<double>() / d_);  // every replica holds the same averaged gradient
     r.skipped = !std::isfinite(r.loss) || !std::isfinite(r.grad_norm);
     if (r.skipped) {
       stage_->zero_grad();
@@ -93,7 +105,8 @@ class PipelineEngine final : public RankEngine {
   }
 
   torch::Tensor gather_parameter(const std::string& name) override {
-    const int owner = owner_of(name), pp = group_.rank() / t_;
+    const int owner = owner_of(name), pp = group_.rank() / (t_ * d_);
+    if (dp_index_ != 0) return torch::Tensor();  // replica 0 answers (the replicas are identical)
     torch::Tensor out;
     if (pp == owner) {  // the owner stage's t ranks assemble it; its TP rank 0 holds it then
       const auto local = stage_->named_parameters().at(name).detach();
@@ -102,10 +115,11 @@ class PipelineEngine final : public RankEngine {
     }
     if (owner != 0) {
       constexpr int kGatherTag = 1 << 24;  // above every tag of an iteration (pipeline_stage.cc)
-      if (group_.rank() == owner * t_) group_.send(out, 0, kGatherTag);
+      const int holder = t_ * d_ * owner;  // (tp 0, dp 0, pp owner)
+      if (group_.rank() == holder) group_.send(out, 0, kGatherTag);
       if (group_.rank() == 0) {
         out = torch::empty(full_shapes_.at(name));
-        group_.recv(out, owner * t_, kGatherTag);
+        group_.recv(out, holder, kGatherTag);
       }
     }
     return group_.rank() == 0 ? out : torch::Tensor();
@@ -130,12 +144,32 @@ class PipelineEngine final : public RankEngine {
   void reset_state() override { adamw_ = make_inner_adamw(stage_->parameters(), train_); }
   std::string describe() const override {
     return "pipeline p = " + std::to_string(schedule_.spec.stages) +
-           (t_ > 1 ? " × tensor t = " + std::to_string(t_) : std::string()) + " (" + to_string(schedule_.spec.kind) +
+           (t_ > 1 ? " × tensor t = " + std::to_string(t_) : std::string()) +
+           (d_ > 1 ? " × data d = " + std::to_string(d_) : std::string()) + " (" + to_string(schedule_.spec.kind) +
            ", m = " + std::to_string(schedule_.spec.micro_batches) + ")";
   }
 
  private:
   Collective& pipeline() { return pp_comm_ ? *pp_comm_ : group_; }
+
+  // Plain data parallelism across the d replicas: one all-reduce over the DP group of every gradient, flattened,
+  // and of the loss, then / d. Returns the mean loss.
+  double average_over_replicas(std::vector<torch::Tensor>& params, double loss) {
+    std::vector<torch::Tensor> parts;
+    for (auto& q : params) parts.push_back(q.grad().defined() ? q.grad().reshape({-1}) : torch::zeros({q.numel()}));
+    parts.push_back(torch::tensor({static_cast<float>(loss)}));
+    auto flat = torch::cat(parts);  // (Ψ_stage + 1)
+    parts.clear();
+    dp_comm_->allreduce_sum(flat);
+    flat.div_(d_);
+    int64_t offset = 0;
+    for (auto& q : params) {
+      if (!q.grad().defined()) q.mutable_grad() = torch::zeros_like(q);
+      q.grad().copy_(flat.narrow(0, offset, q.numel()).view_as(q));
+      offset += q.numel();
+    }
+    return flat[offset].item<double>();
+  }
 
   // The stage that owns parameter `name`: its block's virtual stage mod p; wte the first, ln_f and lm_head the last.
   int owner_of(const std::string& name) const {
@@ -146,8 +180,9 @@ class PipelineEngine final : public RankEngine {
 
   TrainConfig train_;
   Collective& group_;
-  int t_;
-  std::unique_ptr<Collective> tp_comm_, pp_comm_;  // t > 1: this rank's TP and PP sub-groups
+  int t_, d_, dp_index_ = 0;
+  std::unique_ptr<Collective> tp_comm_, pp_comm_, dp_comm_;  // this rank's TP, PP and DP sub-groups (when > 1 rank
+                                                            // and not the whole group)
   std::unique_ptr<TensorParallelGroup> tp_group_;
   std::unique_ptr<PipelineStage> stage_;
   PipelineSchedule schedule_;

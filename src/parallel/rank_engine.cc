@@ -301,7 +301,10 @@ std::unique_ptr<RankEngine> make_rank_engine(GPT full, const ParallelConfig& par
     }
     return std::make_unique<Bf16DataParallelEngine>(full, train, group);
   }
-  if (parallel.pipeline > 1) return make_pipeline_engine(full, parallel, train, group);
+  if (parallel.pipeline > 1 || (parallel.tensor > 1 && parallel.data > 1)) {
+    if (parallel.zero > 0) throw InputError("ZeRO with tensor or pipeline parallelism is not wired yet (zero = 0)");
+    return make_pipeline_engine(full, parallel, train, group);
+  }
   if (parallel.tensor > 1) return std::make_unique<TensorParallelEngine>(full, train, group);
   if (parallel.offload && (parallel.zero == 0 || offload_dir.empty())) {
     throw InputError("offload keeps ZeRO's sharded AdamW state in files: it needs zero ≥ 1 and a folder");

@@ -45,7 +45,8 @@ TEST(ParallelConfig, LearnerTablesStartFromTheSectionAndRoundTrip) {
 
 TEST(ParallelConfig, RefusalsNameTheKeyAndWhy) {
   const std::string t = kTiny;
-  EXPECT_NE(error_of(t + "[parallel]\ntensor = 2\ndata = 2\n").find("is not combined with tensor or pipeline"),
+  EXPECT_EQ(error_of(t + "[parallel]\ntensor = 2\ndata = 2\n"), "") << "TP × DP is supported";
+  EXPECT_NE(error_of(t + "[parallel]\ntensor = 2\ndata = 2\nzero = 1\n").find("ZeRO runs in purely data-parallel"),
             std::string::npos);
   EXPECT_EQ(error_of(t + "[parallel]\ntensor = 2\npipeline = 2\n"), "") << "tensor × pipeline is supported";
   EXPECT_NE(error_of(t + "[parallel]\nzero = 2\n").find("parallel.zero shards over the data-parallel ranks"),
@@ -72,7 +73,7 @@ TEST(ParallelConfig, RefusalsNameTheKeyAndWhy) {
   EXPECT_NE(error_of(t + "[[parallel.learner]]\nid = 1\n[[parallel.learner]]\nid = 1\n").find("a second"),
             std::string::npos);
   EXPECT_NE(error_of(t + "[[parallel.learner]]\nid = 1\npipeline = 2\nmicro_batches = 3\n")
-                .find("parallel.learner[id = 1].micro_batches (3) must divide train.batch_size"),
+                .find("parallel.learner[id = 1].micro_batches (3) must divide each replica's share of train.batch_size"),
             std::string::npos);
 }
 

@@ -1,7 +1,8 @@
 // A learner group (learner/group_inner_job.h over parallel/rank_engine.h) against the one-process learner
 // (learner/gpt_inner_job.h) on the same stream: ranks are threads of this process over real Gloo. For each kind —
-// tensor = 2; data = 2 with ZeRO 0, 1, 2, 3 and ZeRO-2 with offloaded AdamW state; pipeline = 2 with 1F1B and GPipe; tensor × pipeline = 2 × 2 (× data 1)
-// with 1F1B, and with GPipe and activation checkpointing — 5 inner steps (grad_accum = 2,
+// tensor = 2; data = 2 with ZeRO 0, 1, 2, 3 and ZeRO-2 with offloaded AdamW state; pipeline = 2 with 1F1B and
+// GPipe; tensor × pipeline = 2 × 2 (× data 1) with 1F1B, and with GPipe and activation checkpointing; tensor × data,
+// pipeline × data and tensor × pipeline × data = 2 × 2 × 2 (8 ranks) — 5 inner steps (grad_accum = 2,
 // clipping at 0.5 active) give the same losses and the same fragments within fp32 tolerance, a fragment written
 // into the group reads back bitwise (including fragments that hold only some rows of a tensor), the optimizer
 // state saves and restores, and a rank that is gone fails the leader's next command without hanging it.
@@ -153,6 +154,9 @@ std::vector<Case> cases() {
          p.tensor = 2, p.pipeline = 2, p.micro_batches = 2, p.schedule = PipelineScheduleChoice::kGPipe;
          p.checkpoint_activations = true;
        })},
+      {"tensor2_data2", with([](ParallelConfig& p) { p.tensor = 2, p.data = 2; })},
+      {"pipeline2_data2", with([](ParallelConfig& p) { p.pipeline = 2, p.data = 2, p.micro_batches = 2; })},
+      {"tensor2_pipeline2_data2", with([](ParallelConfig& p) { p.tensor = 2, p.pipeline = 2, p.data = 2; })},
       {"pipeline2_gpipe",
        with([](ParallelConfig& p) { p.pipeline = 2, p.micro_batches = 2, p.schedule = PipelineScheduleChoice::kGPipe; })},
   };
