@@ -230,6 +230,14 @@ int64_t serve_group_rank(RankEngine& engine, Collective& group, const FragmentLa
     group.broadcast(header, 0);
     const auto* h = header.data_ptr<double>();
     const int op = static_cast<int>(h[0]);
+    // The header comes from the group's leader; a value outside what that leader can send is refused, not used
+    // as an allocation size or an index.
+    const bool fragment_op = op == kRead || op == kWrite;
+    if (!(h[3] >= 0 && h[3] <= 4096) || (op == kStep && !(h[1] >= 1 && h[1] <= train.grad_accum)) ||
+        (fragment_op && !(h[1] >= 0 && h[1] < layout.num_fragments()))) {
+      throw InputError("learner group: the leader sent a malformed command (op " + std::to_string(op) + ", " +
+                       std::to_string(h[1]) + ", text of " + std::to_string(h[3]) + " bytes)");
+    }
     const std::string text = h[3] > 0 ? receive_text(group, static_cast<int64_t>(h[3])) : "";
     switch (op) {
       case kStep: {
