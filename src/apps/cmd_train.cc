@@ -60,8 +60,9 @@ struct RoleFlags {
   std::vector<int> slots;
   int64_t generation = 0;
   std::string resume_from;
-  int rank = 0;                  // learner: a rank 1 … R − 1 of a learner group
+  int rank = -1;                 // learner: a rank 1 … R − 1 of a learner group (−1: the leader)
   std::string group_store, group_host = "127.0.0.1";
+  double group_rendezvous_s = 0;
   int leader_pid = 0;
   bool no_spawn_ranks = false;
 };
@@ -174,15 +175,20 @@ void add_learner_and_evaluator_commands(CLI::App& app, RoleFlags& r) {
       cmd->add_option("--leader-pid", r.leader_pid, "Learner group: pid of the leader that spawned this rank (it dies "
                       "with it)");
       cmd->add_flag("--no-spawn-ranks", r.no_spawn_ranks, "Learner group: the leader does not start ranks 1 … R − 1 "
-                    "here (they are started by hand with --rank, e.g. on other machines)");
+                    "here (they are started by hand with --rank, e.g. on other machines; needs --group-store)");
+      cmd->add_option("--group-rendezvous-s", r.group_rendezvous_s, "Learner group: how long a rank waits for the "
+                      "others to arrive (default: the leader's bootstrap deadline + parallel.timeout_s)");
     }
     cmd->add_option("--run-dir", r.run_dir, "Folder for this role's events (default: run.out_dir/run.name)");
     cmd->add_option("--set", r.overrides, "Override a config field (repeatable)");
     cmd->callback([is_learner, &r] {
       const Config c = load_config(r.config, r.overrides);
       const auto run_dir = r.run_dir.empty() ? c.run_dir() : std::filesystem::path(r.run_dir);
-      const GroupOptions group{r.group_store, r.group_host, !r.no_spawn_ranks, 0};
-      if (is_learner && r.rank > 0) {  // one rank of a learner group: no syncer, no transport
+      const GroupOptions group{r.group_store, r.group_host, !r.no_spawn_ranks, r.group_rendezvous_s};
+      if (is_learner && r.no_spawn_ranks && r.group_store.empty()) {
+        throw InputError("--no-spawn-ranks needs --group-store FILE: the ranks started elsewhere meet the leader there");
+      }
+      if (is_learner && r.rank >= 0) {  // one rank of a learner group: no syncer, no transport
         g_exit_code = run_group_rank(c, GroupRankOptions{r.id, r.rank, run_dir, group, r.leader_pid});
         return;
       }

@@ -73,8 +73,8 @@ struct CollectiveOptions {
 /// on the CPU, with the same shape and dtype on every rank.
 class Collective {
  public:
-  /// Joins the group (blocks until all M ranks have joined, up to timeout_s). Throws CollectiveError on timeout or
-  /// a transport failure, InputError on an invalid rank/world.
+  /// Joins the group (blocks until all M ranks have joined, up to rendezvous_timeout_s, or timeout_s when 0).
+  /// Throws CollectiveError on timeout or a transport failure, InputError on an invalid rank/world.
   explicit Collective(const CollectiveOptions& options);
   ~Collective();
   Collective(const Collective&) = delete;

@@ -293,6 +293,10 @@ Config parse_config(const std::string& toml_text, const std::vector<std::string>
         throw InputError("override '" + ov + "' must look like section.key=value (e.g. train.lr=1e-3)");
       }
       const std::string section = ov.substr(0, dot), key = ov.substr(dot + 1, eq - dot - 1);
+      if (section == "parallel" && !c.parallel_learners.empty()) {
+        throw InputError("override '" + ov + "': the [[parallel.learner]] tables started from [parallel] as the "
+                         "file wrote it, so an override would not reach them; change the file instead");
+      }
       std::string value = ov.substr(eq + 1);
       // A bare word that is not valid TOML (run.name=demo) is taken as a string.
       std::string text = "[" + section + "]\n" + key + " = " + value;

@@ -49,9 +49,14 @@ void validate_group(const Config& c, const ParallelConfig& g, const std::string&
   require(g.micro_batches == 1 || g.pipeline > 1, key + ".micro_batches", "> 1 needs pipeline > 1");
   require(!g.checkpoint_activations || g.pipeline > 1, key + ".checkpoint_activations",
           "is wired into pipeline learners only for now (set pipeline > 1, or false)");
-  require(g.ranks() == 1 || c.diloco.mode == Mode::kDecoupled, key,
-          "makes a learner of " + std::to_string(g.ranks()) + " ranks: only diloco.mode = \"decoupled\" runs "
-          "multi-rank learners for now (got \"" + std::string(to_string(c.diloco.mode)) + "\")");
+  const bool plain = g.ranks() == 1 && g.precision == Precision::kFp32 && !g.offload;  // today's one-process learner
+  require(plain || c.diloco.mode == Mode::kDecoupled, key,
+          "makes a learner of " + std::to_string(g.ranks()) + " rank(s) (precision \"" + to_string(g.precision) +
+              "\"): only diloco.mode = \"decoupled\" runs learner groups for now (got \"" +
+              std::string(to_string(c.diloco.mode)) + "\")");
+  require(plain || c.run.device == "cpu", key,
+          "runs on the CPU only for now (run.device = \"" + c.run.device + "\"): no GPU path of a learner group is "
+          "built or tested yet");
 }
 }  // namespace
 

@@ -28,7 +28,7 @@ using Clock = std::chrono::steady_clock;
 std::filesystem::path self_exe() { return std::filesystem::read_symlink("/proc/self/exe"); }
 
 // Spawns `dloco ARGS...` with stdout/stderr appended to `log` and the thread environment set before exec.
-pid_t spawn(const std::vector<std::string>& args, const std::filesystem::path& log, int threads) {
+pid_t spawn(const std::vector<std::string>& args, const std::filesystem::path& log, int threads, pid_t pgroup) {
   std::vector<std::string> env_store;
   for (char** e = environ; *e; ++e) {
     const std::string kv(*e);
@@ -59,7 +59,7 @@ pid_t spawn(const std::vector<std::string>& args, const std::filesystem::path& l
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);  // Ctrl-C reaches the launcher, which stops children
-  posix_spawnattr_setpgroup(&attr, 0);
+  posix_spawnattr_setpgroup(&attr, pgroup);
   pid_t pid = -1;
   const int rc = ::posix_spawn(&pid, exe.c_str(), &actions, &attr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);

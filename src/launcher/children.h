@@ -47,8 +47,10 @@ struct Child {
 std::filesystem::path self_exe();
 
 /// Spawns `<this executable> ARGS...` with stdout and stderr appended to `log`, OMP_NUM_THREADS=1 and
-/// OPENBLAS/MKL_NUM_THREADS=`threads` in its environment. Returns its pid; throws InputError if it cannot start.
-pid_t spawn(const std::vector<std::string>& args, const std::filesystem::path& log, int threads);
+/// OPENBLAS/MKL_NUM_THREADS=`threads` in its environment, in process group `pgroup` (0: a new group led by the
+/// child, so the launcher's faults can signal a learner together with the ranks it spawns into it). Returns its
+/// pid; throws InputError if it cannot start.
+pid_t spawn(const std::vector<std::string>& args, const std::filesystem::path& log, int threads, pid_t pgroup = 0);
 
 /// Marks children that have exited (waitpid with WNOHANG), recording their status and time of death.
 void reap(std::vector<Child>& children);

@@ -139,12 +139,13 @@ void FaultInjector::fire(const FaultEvent& f, double elapsed_s, int64_t global_s
   switch (f.action) {
     case FaultAction::kKillLearner:
     case FaultAction::kKillSyncer:
-      ::kill(target->pid, SIGCONT);  // a paused process dies as well, and its pause ends with it
-      ::kill(target->pid, SIGKILL);
+      // The process group: a learner with the ranks of its group (learner/group_ranks.h), like a machine that dies.
+      ::kill(-target->pid, SIGCONT);  // a paused process dies as well, and its pause ends with it
+      ::kill(-target->pid, SIGKILL);
       planned_restart_[target->role] = f.restart_after_s;
       break;
     case FaultAction::kPauseLearner:
-      ::kill(target->pid, SIGSTOP);
+      ::kill(-target->pid, SIGSTOP);  // the learner and its group's ranks: their deadlines pause with them
       lasting_.push_back({f, target->role, elapsed_s, f.duration_s > 0 ? elapsed_s + f.duration_s : kNever});
       break;
     case FaultAction::kSlowLearner: {
@@ -157,7 +158,7 @@ void FaultInjector::fire(const FaultEvent& f, double elapsed_s, int64_t global_s
       break;
     }
     case FaultAction::kLeaveLearner:
-      ::kill(target->pid, SIGCONT);  // a paused learner could not leave
+      ::kill(-target->pid, SIGCONT);  // a paused learner could not leave
       ::kill(target->pid, SIGTERM);  // it tells the syncer it leaves, then exits
       left_.insert(target->role);
       break;
@@ -177,7 +178,7 @@ void FaultInjector::end(const Lasting& l, double elapsed_s, int64_t global_step,
   const FaultEvent& f = l.fault;
   switch (f.action) {
     case FaultAction::kPauseLearner:
-      if (Child* c = find_role(children, l.role); c != nullptr && !c->exited && c->pid > 0) ::kill(c->pid, SIGCONT);
+      if (Child* c = find_role(children, l.role); c != nullptr && !c->exited && c->pid > 0) ::kill(-c->pid, SIGCONT);
       break;
     case FaultAction::kSlowLearner:  // the learner reads its control file every step: factor 1 from now on
       write_file_atomically(run_dir_ / "control" / ("learner_" + std::to_string(f.learner) + ".json"),

@@ -42,6 +42,7 @@ std::vector<Touched> touched_by(const FragmentLayout& layout, int p) {
   return out;
 }
 
+// The text a command carries (a folder path), broadcast from the leader after the header.
 std::string receive_text(Collective& group, int64_t bytes) {
   auto buf = torch::empty({bytes}, torch::kUInt8);
   group.broadcast(buf, 0);
@@ -66,7 +67,7 @@ std::pair<std::string, int64_t> restore_ranks(RankEngine& engine, Collective& gr
   std::string error;
   try {
     engine.load_state(rank_file(folder, group.rank()));
-  } catch (const InputError& e) {
+  } catch (const std::exception& e) {  // a foreign or corrupt file: this rank starts fresh, and so does every rank
     error = e.what();
   }
   auto failed = torch::tensor({error.empty() ? int64_t{0} : int64_t{1}});
@@ -108,7 +109,7 @@ auto GroupInnerJob::guarded(F&& f) -> decltype(f()) {
   if (failed_) throw CollectiveError("the learner group failed earlier; it must be restarted as a whole");
   try {
     return f();
-  } catch (const CollectiveError&) {
+  } catch (...) {  // mid-command: the ranks may be inside a collective, so the group cannot go on
     failed_ = true;
     throw;
   }
@@ -171,7 +172,13 @@ void GroupInnerJob::write_fragment(int p, std::span<const float> values) {
 
 void GroupInnerJob::save_state(const fs::path& dir, int64_t step) {
   guarded([&] {
-    const std::string name = "group_" + std::to_string(step);
+    // A folder never written before (the step and a counter): the one state.json names is never touched, even
+    // when a restarted learner saves at the same global step again.
+    int64_t counter = 0;
+    std::error_code ec;
+    for (; fs::exists(dir / ("group_" + std::to_string(step) + "_" + std::to_string(counter)), ec); ++counter) {
+    }
+    const std::string name = "group_" + std::to_string(step) + "_" + std::to_string(counter);
     command(kSave, static_cast<double>(step), 0, (dir / name).string());
     save_rank(*engine_, *group_, dir / name);
     group_->barrier();  // every rank's file is in place
@@ -179,6 +186,7 @@ void GroupInnerJob::save_state(const fs::path& dir, int64_t step) {
                                                              {"step", step},
                                                              {"ranks", group_->world()},
                                                              {"group", engine_->describe()},
+                                                             {"layout", layout_.hash},
                                                              {"folder", name}}.dump() + "\n");
     for (const auto& entry : fs::directory_iterator(dir)) {  // the previous saves
       const auto file = entry.path().filename().string();
@@ -190,29 +198,36 @@ void GroupInnerJob::save_state(const fs::path& dir, int64_t step) {
 int64_t GroupInnerJob::restore_state(const fs::path& dir, std::string* why) {
   std::error_code ec;
   if (!fs::exists(dir / "state.json", ec)) return -1;
-  nlohmann::json state;
+  std::string folder;
+  int64_t step = -1;
   try {
-    state = nlohmann::json::parse(std::ifstream(dir / "state.json"));
+    const auto state = nlohmann::json::parse(std::ifstream(dir / "state.json"));
+    if (state.at("format").get<int>() != kStateFormat || state.at("ranks").get<int>() != group_->world() ||
+        state.at("group").get<std::string>() != engine_->describe() ||
+        state.at("layout").get<uint64_t>() != layout_.hash) {
+      *why = "state.json was written by another learner group or model (" + state.dump() + "; this one is " +
+             engine_->describe() + ")";
+      return -1;
+    }
+    folder = state.at("folder").get<std::string>();
+    step = state.at("step").get<int64_t>();
   } catch (const std::exception& e) {
-    *why = std::string("state.json: ") + e.what();
+    *why = std::string("state.json is unusable: ") + e.what();
     return -1;
   }
-  if (state.value("format", 1) != kStateFormat || state.value("ranks", 0) != group_->world() ||
-      state.value("group", std::string()) != engine_->describe()) {
-    *why = "state.json was written by another learner group (" + state.dump() + "; this one is " +
-           engine_->describe() + ")";
+  if (folder.rfind("group_", 0) != 0 || folder.find('/') != std::string::npos || folder.find("..") != std::string::npos) {
+    *why = "state.json names the folder '" + folder + "', not a group_* folder beside it";
     return -1;
   }
   return guarded([&]() -> int64_t {
-    const fs::path folder = dir / state.value("folder", std::string());
-    command(kRestore, 0, 0, folder.string());
-    const auto [error, failed] = restore_ranks(*engine_, *group_, folder);
+    command(kRestore, 0, 0, (dir / folder).string());
+    const auto [error, failed] = restore_ranks(*engine_, *group_, dir / folder);
     if (failed > 0) {
       *why = std::to_string(failed) + " of " + std::to_string(group_->world()) +
              " ranks could not load their state (every rank starts fresh)" + (error.empty() ? "" : ": " + error);
       return -1;
     }
-    return state.value("step", int64_t{-1});
+    return step;
   });
 }
 

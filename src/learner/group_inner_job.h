@@ -8,8 +8,9 @@
 //                 sync reads through the fragment layout as for a one-process learner
 //   write p       the mirror takes fragment p (tensors the fragment covers only in part are gathered first), and
 //                 each touched tensor is broadcast whole; every rank keeps its part
-//   save / restore   every rank writes / reads its own optimizer state (dir/group_<step>/rank_<r>.pt), the
-//                 leader then writes dir/state.json naming the folder, so a kill mid-save leaves the previous one
+//   save / restore   every rank writes / reads its own optimizer state (dir/group_<step>_<n>/rank_<r>.pt, a folder
+//                 never written before), the leader then writes dir/state.json naming it, so a kill mid-save
+//                 leaves the previous one
 //   keep-alive    while the leader does not train (finished, waiting for the final flush)
 //   stop          the ranks exit
 // Why a leader rather than each rank syncing its own fragments: the syncer, its protocol, quorum and token
@@ -50,8 +51,8 @@ class GroupInnerJob final : public InnerJob {
   StreamCursor cursor() const override { return stream_.cursor(); }
   void read_fragment(int p, std::span<float> out) override;
   void write_fragment(int p, std::span<const float> values) override;
-  /// dir/group_<step>/rank_<r>.pt for every rank, then dir/state.json {"format", "step", "ranks", "group",
-  /// "folder"} atomically, then older group_* folders are removed.
+  /// dir/group_<step>_<n>/rank_<r>.pt for every rank (n: the first unused), then dir/state.json {"format", "step",
+  /// "ranks", "group", "layout", "folder"} atomically, then older group_* folders are removed.
   void save_state(const std::filesystem::path& dir, int64_t step) override;
   /// −1 with `why` when state.json names another group (ranks or kind) or a rank cannot load its file (then every
   /// rank starts with fresh moments, so data-parallel replicas stay identical).

@@ -26,28 +26,33 @@ double rendezvous_s(const GroupOptions& o, double bootstrap_timeout_s, double ti
 }
 }  // namespace
 
-GroupRanks::GroupRanks(const Config& config, int id, const fs::path& run_dir, GroupOptions options, int threads)
+GroupRanks::GroupRanks(const Config& config, int id, const fs::path& run_dir, GroupOptions options, int threads,
+                       double bootstrap_timeout_s)
     : options_(std::move(options)),
+      bootstrap_timeout_s_(bootstrap_timeout_s),
       ranks_(static_cast<int>(config.parallel_for(id).ranks())),
       timeout_s_(config.parallel_for(id).timeout_s) {
   DLOCO_CHECK_GE(ranks_, 1);
-  if (options_.store.empty()) {
+  if (options_.store.empty()) {  // ours alone: a fresh rendezvous (a stale file would hold an old group's keys)
     options_.store = run_dir / "groups" / ("learner_" + std::to_string(id)) / (std::to_string(::getpid()) + ".store");
-  }
+    owned_store_ = true;
+    std::error_code ec;
+    fs::remove(options_.store, ec);
+  }  // a given store is the user's: ranks started elsewhere may already have arrived in it
   fs::create_directories(options_.store.parent_path());
-  std::error_code ec;
-  fs::remove(options_.store, ec);  // a fresh rendezvous: a stale file would hold an old group's keys
   if (!options_.spawn) return;
   fs::create_directories(run_dir / "logs");
-  const fs::path config_file = options_.store.string() + ".config.toml";
+  config_file_ = options_.store.string() + ".config.toml";
+  const fs::path& config_file = config_file_;
   write_file_atomically(config_file, to_toml(config));
   for (int r = 1; r < ranks_; ++r) {
     pids_.push_back(spawn({"learner", "--config", config_file.string(), "--id", std::to_string(id), "--rank",
                            std::to_string(r), "--group-store", options_.store.string(), "--group-host", options_.host,
-                           "--leader-pid", std::to_string(::getpid()), "--run-dir", run_dir.string(), "--set",
-                           "run.threads=" + std::to_string(threads)},
+                           "--leader-pid", std::to_string(::getpid()), "--run-dir", run_dir.string(),
+                           "--group-rendezvous-s", std::to_string(rendezvous_s(options_, bootstrap_timeout_s, timeout_s_)),
+                           "--set", "run.threads=" + std::to_string(threads)},
                           run_dir / "logs" / ("learner_" + std::to_string(id) + "_rank_" + std::to_string(r) + ".log"),
-                          threads));
+                          threads, ::getpgrp()));  // the leader's process group: faults signal them together
   }
 }
 
@@ -55,16 +60,19 @@ GroupRanks::~GroupRanks() {
   std::vector<Child> children;
   for (pid_t pid : pids_) children.push_back({"rank", -1, pid});
   stop_children(children, std::chrono::seconds(2));
+  std::error_code ec;
+  if (!config_file_.empty()) fs::remove(config_file_, ec);
+  if (owned_store_) fs::remove(options_.store, ec);  // a group that failed leaves it behind otherwise
 }
 
-std::unique_ptr<Collective> GroupRanks::join(double bootstrap_timeout_s) const {
+std::unique_ptr<Collective> GroupRanks::join() const {
   CollectiveOptions o;
   o.store_file = options_.store;
   o.rank = 0;
   o.world = ranks_;
   o.hostname = options_.host;
   o.timeout_s = timeout_s_;
-  o.rendezvous_timeout_s = rendezvous_s(options_, 0, timeout_s_);
+  o.rendezvous_timeout_s = rendezvous_s(options_, bootstrap_timeout_s_, timeout_s_);
   return std::make_unique<Collective>(o);
 }
 
@@ -93,7 +101,7 @@ int run_group_rank(const Config& config, const GroupRankOptions& options) {
     o.world = static_cast<int>(parallel.ranks());
     o.hostname = options.group.host;
     o.timeout_s = parallel.timeout_s;
-    o.rendezvous_timeout_s = rendezvous_s(options.group, 120, parallel.timeout_s);
+    o.rendezvous_timeout_s = rendezvous_s(options.group, 120, parallel.timeout_s);  // the leader passes its own
     Collective group(o);
     auto engine = make_rank_engine(model, parallel, config.train, group, options.run_dir / "offload" / who);
     events.emit("rank_joined", {{"pid", ::getpid()}, {"rank", options.rank}, {"group", engine->describe()}});

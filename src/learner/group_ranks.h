@@ -26,7 +26,7 @@ struct GroupOptions {
   std::string host = "127.0.0.1";  // address Gloo binds and advertises on this machine
   bool spawn = true;            // the leader starts ranks 1 … R − 1 on this machine
   double rendezvous_timeout_s = 0;  // how long a rank waits for the others to arrive; 0 = the leader's bootstrap
-                                    // deadline + parallel.timeout_s
+                                    // deadline + parallel.timeout_s (the leader passes it to the ranks it spawns)
 };
 
 /// The leader's handle on its group's other ranks.
@@ -34,20 +34,27 @@ class GroupRanks {
  public:
   /// Spawns ranks 1 … R − 1 of learner `id` (R = config.parallel_for(id).ranks() ≥ 1) with `threads` BLAS threads
   /// each, logging to run_dir/logs/learner_<id>_rank_<r>.log. Throws InputError when a process cannot start.
-  GroupRanks(const Config& config, int id, const std::filesystem::path& run_dir, GroupOptions options, int threads);
-  /// SIGTERM, then SIGKILL after 2 s, to every rank still running.
+  /// `bootstrap_timeout_s`: the leader's deadline to reach the syncer, which it spends before it joins; the ranks'
+  /// rendezvous deadline is that plus parallel.timeout_s (unless options.rendezvous_timeout_s is set).
+  GroupRanks(const Config& config, int id, const std::filesystem::path& run_dir, GroupOptions options, int threads,
+             double bootstrap_timeout_s);
+  /// SIGTERM, then SIGKILL after 2 s, to every rank still running; removes the rendezvous file it made and the
+  /// config file it wrote for the ranks.
   ~GroupRanks();
   GroupRanks(const GroupRanks&) = delete;
   GroupRanks& operator=(const GroupRanks&) = delete;
 
   /// Joins the group as rank 0 (blocks until every rank arrived, up to the rendezvous deadline). Throws
   /// CollectiveError.
-  std::unique_ptr<Collective> join(double bootstrap_timeout_s) const;
+  std::unique_ptr<Collective> join() const;
   const std::filesystem::path& store() const { return options_.store; }
   const std::vector<pid_t>& pids() const { return pids_; }
 
  private:
   GroupOptions options_;
+  double bootstrap_timeout_s_;
+  bool owned_store_ = false;           // the default, pid-named store: removed at the end
+  std::filesystem::path config_file_;  // written for the spawned ranks
   int ranks_;
   double timeout_s_;
   std::vector<pid_t> pids_;

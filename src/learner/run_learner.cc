@@ -111,7 +111,12 @@ class LearnerLoop {
       if (std::isfinite(r.loss)) loss_.update(r.loss);
       // Heterogeneous hardware (run.slowdown) or a slow_learner fault: this learner is `factor` times slower.
       if (const double factor = std::max(slowdown_, control_.slowdown()); factor > 1.0) {
-        std::this_thread::sleep_for((factor - 1.0) * (t1 - t0));
+        // In slices with a keep-alive between them: a learner group's ranks wait for commands with a deadline.
+        const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>((factor - 1.0) * (t1 - t0));
+        while (Clock::now() < until) {
+          std::this_thread::sleep_for(std::min<Clock::duration>(until - Clock::now(), std::chrono::milliseconds(250)));
+          job_.idle();
+        }
       }
       send_metadata();  // 4)
       boundary();       // 5), 6)
@@ -243,7 +248,10 @@ int run_learner(const Config& config, const LearnerOptions& options, wire::Trans
   // A group job also for R = 1 in bf16 (the bf16 engine; a group of one rank, nothing spawned).
   const bool group_job = R > 1 || parallel.precision != Precision::kFp32;
   std::unique_ptr<GroupRanks> ranks;  // started first: they build their models while this rank bootstraps
-  if (group_job) ranks = std::make_unique<GroupRanks>(config, id, options.run_dir, options.group, rank_threads);
+  if (group_job) {
+    ranks = std::make_unique<GroupRanks>(config, id, options.run_dir, options.group, rank_threads,
+                                         options.bootstrap_timeout_s);
+  }
 
   // The same init as the syncer (so the layout hash matches); Θ comes from the bootstrap.
   torch::manual_seed(config.run.seed + 1 + static_cast<uint64_t>(id));
@@ -278,7 +286,7 @@ int run_learner(const Config& config, const LearnerOptions& options, wire::Trans
   DataStream stream = resume_stream(config, joined, *boot->stream_log, &from_log);
   std::unique_ptr<InnerJob> job_owner;
   if (group_job) {
-    auto group = ranks->join(options.bootstrap_timeout_s);
+    auto group = ranks->join();
     torch::manual_seed(config.run.seed + 1 + static_cast<uint64_t>(id));  // the ranks' initial GPT
     auto engine = make_rank_engine(GPT(config.model), parallel, config.train, *group,
                                    options.run_dir / "offload" / ("learner_" + std::to_string(id) + "_rank_0"));
@@ -324,7 +332,13 @@ int run_learner(const Config& config, const LearnerOptions& options, wire::Trans
   // Adopt the global step: the lr schedule is global.
   LearnerLoop loop(config, id, options.run_dir, joined.global_step, joined.stream_index, joined.tokens_budget, job,
                    sync, link, *boot->stream_log, events, phase);
-  loop.run();
+  try {
+    loop.run();
+  } catch (const CollectiveError& e) {  // a rank of this learner's group died or missed its deadline
+    events.emit("group_failed", {{"step", joined.global_step}, {"error", e.what()},
+                                 {"rank_logs", (options.run_dir / "logs").string()}});
+    throw;
+  }
   loop.finish_run(peer_server ? peer_server->served() : 0, boot->stream_log);
   return 0;
 }

@@ -29,6 +29,7 @@ MappedState::MappedState(const std::filesystem::path& file, int64_t n)
   base_ = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int e = errno;
   ::close(fd);  // the mapping keeps the file
+  ::unlink(file.c_str());  // and its blocks: nothing is left on disk when the rank dies, however it dies
   if (base_ == MAP_FAILED) {
     base_ = nullptr;
     throw InputError("offload: cannot map '" + file.string() + "': " + std::strerror(e));
@@ -39,8 +40,6 @@ MappedState::MappedState(const std::filesystem::path& file, int64_t n)
 MappedState::~MappedState() {
   tensor_ = torch::Tensor();
   if (base_) ::munmap(base_, bytes_);
-  std::error_code ec;
-  std::filesystem::remove(file_, ec);  // scratch: the optimizer's saves are what persists
 }
 
 void MappedState::release(int64_t begin, int64_t count) {

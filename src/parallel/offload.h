@@ -17,8 +17,9 @@ namespace dloco {
 /// A file of n fp32 values, zero-filled, mapped shared; a tensor view over it. Not copyable.
 class MappedState {
  public:
-  /// Creates (or truncates) `file` to n floats and maps it. Throws InputError when the file cannot be created,
-  /// sized or mapped (the message names the file and errno's text).
+  /// Creates (or truncates) `file` to n floats, maps it and unlinks it (the mapping keeps the blocks, and nothing is
+  /// left on disk when the process dies). Throws InputError when the file cannot be created, sized or mapped (the
+  /// message names the file and errno's text).
   MappedState(const std::filesystem::path& file, int64_t n);
   ~MappedState();
   MappedState(const MappedState&) = delete;

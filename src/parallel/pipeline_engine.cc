@@ -146,7 +146,8 @@ class PipelineEngine final : public RankEngine {
     return "pipeline p = " + std::to_string(schedule_.spec.stages) +
            (t_ > 1 ? " × tensor t = " + std::to_string(t_) : std::string()) +
            (d_ > 1 ? " × data d = " + std::to_string(d_) : std::string()) + " (" + to_string(schedule_.spec.kind) +
-           ", m = " + std::to_string(schedule_.spec.micro_batches) + ")";
+           ", m = " + std::to_string(schedule_.spec.micro_batches) + ", v = " + std::to_string(schedule_.spec.chunks) +
+           (stage_->options().checkpoint_activations ? ", checkpointed" : "") + ")";
   }
 
  private:

@@ -334,7 +334,7 @@ ZeroMemory ZeroAdamW::memory() const {
     m.gradient_bytes += bytes_of(u.grad);
     if (u.offload) {
       m.offloaded_state_bytes += bytes_of(u.exp_avg) + bytes_of(u.exp_avg_sq);
-      m.optimizer_state_bytes += std::max<int64_t>(0, u.offload->resident_bytes());
+      m.optimizer_state_bytes += u.offload->resident_bytes();  // −1 when /proc/self/smaps cannot be read
     } else {
       m.optimizer_state_bytes += bytes_of(u.exp_avg) + bytes_of(u.exp_avg_sq);
     }

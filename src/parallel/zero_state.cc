@@ -75,7 +75,8 @@ void ZeroAdamW::load_state(const std::string& file) {
                      std::to_string(group_.rank()) + " of " + std::to_string(group_.world()));
   }
   for (size_t k = 0; k < units_.size(); ++k) {
-    if (state[1 + 2 * k].sizes() != units_[k].exp_avg.sizes()) {
+    if (state[1 + 2 * k].sizes() != units_[k].exp_avg.sizes() ||
+        state[2 + 2 * k].sizes() != units_[k].exp_avg_sq.sizes()) {
       throw InputError("the ZeRO state '" + file + "' has slices of another size");
     }
   }

@@ -22,8 +22,9 @@ struct ZeroAdamW::Unit {
   torch::Tensor flat;                        // (padded) stages 1, 2: the full parameters the module views
   torch::Tensor slice;                       // (S) own parameters: a view of flat, or (stage 3) the only copy
   torch::Tensor grad;                        // (S) stages 2, 3: the summed gradient slice since the last step
+  std::unique_ptr<MappedState> offload;      // m then v in a mapped file (ZeroOptions::offload_dir); declared
+                                             // before the views below so that it outlives them
   torch::Tensor exp_avg, exp_avg_sq;         // (S) AdamW's m and v (views of `offload` when offloaded)
-  std::unique_ptr<MappedState> offload;      // (2S) m then v in a mapped file (ZeroOptions::offload_dir)
   std::vector<std::pair<int64_t, int64_t>> decay;  // (start, length) ranges of the slice with weight decay
   torch::Tensor anchor;  // (0) requires grad: makes autograd call the unit's backward even when its input has none
 };

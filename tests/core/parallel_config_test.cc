@@ -68,6 +68,14 @@ TEST(ParallelConfig, RefusalsNameTheKeyAndWhy) {
   EXPECT_NE(error_of("[model]\npreset = \"tiny\"\n[diloco]\nmode = \"dp\"\nlearners = 2\n[parallel]\ntensor = 2\n").find("only diloco.mode = \"decoupled\""),
             std::string::npos);
   EXPECT_NE(error_of(t + "[[parallel.learner]]\ntensor = 2\n").find("needs an id"), std::string::npos);
+  EXPECT_NE(error_of(t + "[parallel]\ntensor = 2\n[run]\ndevice = \"cuda\"\n").find("runs on the CPU only"),
+            std::string::npos);
+  try {
+    parse_config(t + "[[parallel.learner]]\nid = 1\n", {"parallel.tensor=2"}, "test.toml");
+    ADD_FAILURE() << "an override of [parallel] beside [[parallel.learner]] tables is refused";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("would not reach them"), std::string::npos) << e.what();
+  }
   EXPECT_NE(error_of(t + "[[parallel.learner]]\nid = 1\ntensr = 2\n").find("unknown key 'tensr' in [[parallel.learner]]"),
             std::string::npos);
   EXPECT_NE(error_of(t + "[[parallel.learner]]\nid = 1\n[[parallel.learner]]\nid = 1\n").find("a second"),
