@@ -17,6 +17,15 @@ namespace {
 
 constexpr int kStateFormat = 2;  // of state.json: 1 is the one-process learner's (learner/gpt_inner_job.cc)
 
+// What every rank of a group must agree on before the first command (its own build and config): a version of the
+// command set, the fragment layout's hash and the window shape. The leader broadcasts it; a rank that differs stops.
+constexpr int64_t kCommandsVersion = 1;
+torch::Tensor agreement(const FragmentLayout& layout, const TrainConfig& train, const ModelConfig& model) {
+  return torch::tensor({kCommandsVersion, static_cast<int64_t>(layout.hash), train.grad_accum,
+                        train.batch_size * model.seq_len + 1},
+                       torch::kLong);
+}
+
 // The commands; the header is a (4) double tensor [op, a, b, text bytes], then the op's payload.
 enum Op : int { kStep = 1, kRead, kWrite, kSave, kRestore, kKeepAlive, kStop };
 
@@ -93,6 +102,7 @@ GroupInnerJob::GroupInnerJob(GPT mirror, const FragmentLayout& layout, const Tra
       last_command_(std::chrono::steady_clock::now()),
       keep_alive_s_(timeout_s / 4) {
   DLOCO_CHECK_EQ(group_->rank(), 0);
+  guarded([&] { group_->broadcast(agreement(layout_, train_, mirror_->config()), 0); });
 }
 
 GroupInnerJob::~GroupInnerJob() {
@@ -239,6 +249,13 @@ void GroupInnerJob::idle() {
 int64_t serve_group_rank(RankEngine& engine, Collective& group, const FragmentLayout& layout,
                          const TrainConfig& train, const ModelConfig& model) {
   torch::NoGradGuard no_grad_outside_steps;  // the engines enable grad inside their steps
+  const auto mine = agreement(layout, train, model), leaders = torch::empty_like(mine);
+  group.broadcast(leaders, 0);
+  if (!torch::equal(mine, leaders)) {
+    throw InputError("learner group: this rank's build or config differs from its leader's (command set version, "
+                     "layout hash, grad_accum, window: leader " + c10::str(leaders) + ", this rank " + c10::str(mine) +
+                     "); start every rank with the same dloco and the same config");
+  }
   int64_t steps = 0;
   for (;;) {
     auto header = torch::empty({4}, torch::kDouble);

@@ -1,7 +1,9 @@
 // A learner that is a group of R ranks (docs/parallel.md "A learner of many ranks"): rank 0, the leader, is the
 // learner the syncer sees (it holds the data stream, the link and the outer sync, learner/run_learner.cc); ranks
 // 1 … R − 1 only train. The leader drives every rank through commands broadcast over the group's Collective,
-// and every command is one collective step of all ranks:
+// and every command is one collective step of all ranks. First, the leader broadcasts what every rank must agree
+// on (the command set's version, the fragment layout's hash, the window shape); a rank whose build or config
+// differs stops with the reason. Then:
 //   step k        the leader reads train.grad_accum windows from its stream and broadcasts them with the lr of
 //                 global step k; every rank runs its RankEngine step (parallel/rank_engine.h)
 //   read p        the tensors of fragment p are gathered to the leader's mirror (a full GPT), which the outer

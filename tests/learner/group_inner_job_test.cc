@@ -249,15 +249,17 @@ TEST(GroupInnerJob, ARankThatIsGoneFailsTheNextCommandAndTheJobStaysFailed) {
   GPT mirror = initial_gpt(c), m0 = initial_gpt(c), m1 = initial_gpt(c);
   const FragmentLayout layout = model_layout(mirror, c.diloco);
   std::string leader_error, second_error;
-  std::thread follower([&] {  // joins, builds its engine, then is gone (its sockets close)
+  std::thread follower([&] {  // joins, builds its engine, takes the leader's agreement, then is gone
     Collective group({store, 1, 2, "127.0.0.1", 5});
     auto engine = make_rank_engine(m1, parallel, c.train, group);
+    auto agreement = torch::empty({4}, torch::kLong);
+    group.broadcast(agreement, 0);
   });
   {
     auto group = std::make_unique<Collective>(CollectiveOptions{store, 0, 2, "127.0.0.1", 5});
     auto engine = make_rank_engine(m0, parallel, c.train, *group);
-    follower.join();
     GroupInnerJob job(mirror, layout, c.train, make_schedule(c), stream_of(c), std::move(engine), std::move(group), 5);
+    follower.join();
     try {
       job.step(0);
     } catch (const CollectiveError& e) {
@@ -278,6 +280,36 @@ TEST(GroupInnerJob, ARankThatIsGoneFailsTheNextCommandAndTheJobStaysFailed) {
 
 namespace dloco {
 namespace {
+
+// A rank started with another config (here another grad_accum) refuses to serve its leader, with the reason.
+TEST(GroupInnerJob, ARankWithAnotherConfigStopsWithTheReason) {
+  const Config c = tiny_config(true);
+  Config other = c;
+  other.train.grad_accum = 3;
+  ParallelConfig parallel;
+  parallel.data = 2;
+  const fs::path store = scratch("mismatch") / "store";
+  GPT mirror = initial_gpt(c), m0 = initial_gpt(c), m1 = initial_gpt(c);
+  const FragmentLayout layout = model_layout(mirror, c.diloco);
+  std::string rank_error;
+  std::thread follower([&] {
+    Collective group({store, 1, 2, "127.0.0.1", 5});
+    auto engine = make_rank_engine(m1, parallel, other.train, group);
+    try {
+      serve_group_rank(*engine, group, layout, other.train, other.model);
+    } catch (const InputError& e) {
+      rank_error = e.what();
+    }
+  });
+  {
+    auto group = std::make_unique<Collective>(CollectiveOptions{store, 0, 2, "127.0.0.1", 5});
+    auto engine = make_rank_engine(m0, parallel, c.train, *group);
+    GroupInnerJob job(mirror, layout, c.train, make_schedule(c), stream_of(c), std::move(engine), std::move(group), 5);
+    follower.join();
+    EXPECT_THROW(job.step(0), CollectiveError);
+  }
+  EXPECT_NE(rank_error.find("differs from its leader's"), std::string::npos) << rank_error;
+}
 
 // bf16 learners ([parallel] precision = "bf16": bf16 compute, fp32 masters and AdamW) against the fp32 one-process
 // learner over 50 steps on the same stream, one rank and two data-parallel ranks.
