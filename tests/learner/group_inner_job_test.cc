@@ -75,8 +75,10 @@ std::shared_ptr<TokenSplit> random_split() {
   return std::make_shared<TokenSplit>(std::vector<fs::path>{shard});
 }
 
-DataStream stream_of(const Config& c) {
-  return DataStream(random_split(), 0, 1, c.train.batch_size, c.model.seq_len, StreamCursor{0, 0, 0, 0});
+DataStream stream_of(const Config& c, int64_t skip_windows = 0) {
+  DataStream stream(random_split(), 0, 1, c.train.batch_size, c.model.seq_len, StreamCursor{0, 0, 0, 0});
+  for (int64_t i = 0; i < skip_windows; ++i) stream.skip();
+  return stream;
 }
 
 GPT initial_gpt(const Config& c) {
@@ -95,7 +97,8 @@ std::vector<std::vector<float>> fragments_of(InnerJob& job, const FragmentLayout
 
 // Runs `leader` on rank 0 (with the group's job) while ranks 1 … R − 1 serve it; returns each follower's steps.
 std::vector<int64_t> with_group(const Config& c, const ParallelConfig& parallel, double timeout_s,
-                                const std::function<void(GroupInnerJob&, const FragmentLayout&)>& leader) {
+                                const std::function<void(GroupInnerJob&, const FragmentLayout&)>& leader,
+                                int64_t skip_windows = 0) {
   const int R = static_cast<int>(parallel.ranks());
   const fs::path store = scratch("store") / "store";
   const fs::path offload = scratch("offload");  // parallel.offload: the ranks' AdamW state files
@@ -115,7 +118,7 @@ std::vector<int64_t> with_group(const Config& c, const ParallelConfig& parallel,
           steps[r] = serve_group_rank(*engine, *group, layout, c.train, c.model);
           return;
         }
-        GroupInnerJob job(mirror, layout, c.train, make_schedule(c), stream_of(c), std::move(engine),
+        GroupInnerJob job(mirror, layout, c.train, make_schedule(c), stream_of(c, skip_windows), std::move(engine),
                           std::move(group), timeout_s);
         leader(job, layout);
       } catch (const std::exception& e) {
@@ -236,6 +239,33 @@ TEST_P(GroupVsOneProcess, SameLossesFragmentsAndState) {
   for (size_t r = 1; r < steps.size(); ++r) {
     EXPECT_EQ(steps[r], kSteps + 1) << "rank " << r << " trained every step and stopped when the job ended";
   }
+}
+
+// A group restarted from a save (its state restored, Θ written back, the stream at the same batch) takes the same
+// next step bitwise as the group that went on: the moments and step counts of every rank came back.
+TEST_P(GroupVsOneProcess, ARestoredGroupTakesTheSameNextStepBitwise) {
+  const Case& k = GetParam();
+  const Config c = tiny_config(k.tied, k.layers);
+  const fs::path dir = scratch("resume");
+  std::vector<std::vector<float>> saved, next;
+  constexpr int kSaved = 3;
+  with_group(c, k.parallel, 30, [&](GroupInnerJob& job, const FragmentLayout& layout) {
+    for (int s = 0; s < kSaved; ++s) job.step(s);
+    job.save_state(dir, kSaved);
+    saved = fragments_of(job, layout);
+    job.step(kSaved);
+    next = fragments_of(job, layout);
+  });
+  with_group(
+      c, k.parallel, 30,
+      [&](GroupInnerJob& job, const FragmentLayout& layout) {
+        std::string why;
+        ASSERT_EQ(job.restore_state(dir, &why), kSaved) << why;
+        for (int p = 0; p < layout.num_fragments(); ++p) job.write_fragment(p, saved[p]);
+        job.step(kSaved);
+        EXPECT_EQ(fragments_of(job, layout), next) << "the restored group's step differs from the original's";
+      },
+      kSaved * c.train.grad_accum);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, GroupVsOneProcess, ::testing::ValuesIn(cases()),
