@@ -219,6 +219,38 @@ class LearnerLoop {
   Clock::time_point last_metadata_ = Clock::now();
 };
 
+// The inner job: a group of ranks (rank 0 here; `ranks` started the others) or the one-process GPT job.
+std::unique_ptr<InnerJob> make_inner_job(const Config& config, int id, const fs::path& run_dir, GroupRanks* ranks,
+                                         GPT model, const FragmentLayout& layout, torch::Device device,
+                                         DataStream stream, EventLog& events) {
+  if (!ranks) {
+    return std::make_unique<GptInnerJob>(model, layout, config.train, make_schedule(config), device, std::move(stream));
+  }
+  const ParallelConfig& parallel = config.parallel_for(id);
+  auto group = ranks->join();
+  torch::manual_seed(config.run.seed + 1 + static_cast<uint64_t>(id));  // the ranks' initial GPT
+  auto engine = make_rank_engine(GPT(config.model), parallel, config.train, *group,
+                                 run_dir / "offload" / ("learner_" + std::to_string(id) + "_rank_0"));
+  events.emit("group_formed", {{"ranks", parallel.ranks()}, {"group", engine->describe()},
+                               {"store", ranks->store().string()}, {"pids", ranks->pids()}});
+  std::printf("[learner %d] a group of %lld ranks: %s\n", id, static_cast<long long>(parallel.ranks()),
+              engine->describe().c_str());
+  return std::make_unique<GroupInnerJob>(model, layout, config.train, make_schedule(config), std::move(stream),
+                                         std::move(engine), std::move(group), parallel.timeout_s);
+}
+
+// A restart: resume the AdamW moments of the last incarnation, or say why they are unusable.
+void restore_inner_state(InnerJob& job, const fs::path& run_dir, int id, int64_t global_step, EventLog& events) {
+  std::string why;
+  const int64_t saved_at = job.restore_state(run_dir / "learners" / ("learner_" + std::to_string(id)), &why);
+  if (saved_at >= 0) {
+    events.emit("optimizer_restored", {{"saved_at_step", saved_at}, {"global_step", global_step}});
+  } else if (!why.empty()) {
+    events.emit("optimizer_not_restored", {{"reason", why}});
+    std::printf("[learner %d] its saved AdamW state is unusable (%s): starting with fresh moments\n", id, why.c_str());
+  }
+}
+
 }  // namespace
 
 const char* to_string(LearnerPhase phase) {
@@ -284,32 +316,10 @@ int run_learner(const Config& config, const LearnerOptions& options, wire::Trans
   link.set_held_stream(joined.stream_index);  // re-joins (after a syncer restart) keep this stream
   bool from_log = false;
   DataStream stream = resume_stream(config, joined, *boot->stream_log, &from_log);
-  std::unique_ptr<InnerJob> job_owner;
-  if (group_job) {
-    auto group = ranks->join();
-    torch::manual_seed(config.run.seed + 1 + static_cast<uint64_t>(id));  // the ranks' initial GPT
-    auto engine = make_rank_engine(GPT(config.model), parallel, config.train, *group,
-                                   options.run_dir / "offload" / ("learner_" + std::to_string(id) + "_rank_0"));
-    events.emit("group_formed", {{"ranks", R}, {"group", engine->describe()}, {"store", ranks->store().string()},
-                                 {"pids", ranks->pids()}, {"threads_per_rank", rank_threads}});
-    std::printf("[learner %d] a group of %d ranks: %s\n", id, R, engine->describe().c_str());
-    job_owner = std::make_unique<GroupInnerJob>(model, layout, config.train, make_schedule(config), std::move(stream),
-                                                std::move(engine), std::move(group), parallel.timeout_s);
-  } else {
-    job_owner = std::make_unique<GptInnerJob>(model, layout, config.train, make_schedule(config), device,
-                                              std::move(stream));
-  }
+  std::unique_ptr<InnerJob> job_owner =
+      make_inner_job(config, id, options.run_dir, ranks.get(), model, layout, device, std::move(stream), events);
   InnerJob& job = *job_owner;
-  if (config.train.learner_state_interval > 0) {  // a restart: resume the AdamW moments of the last incarnation
-    std::string why;
-    const int64_t saved_at = job.restore_state(options.run_dir / "learners" / ("learner_" + std::to_string(id)), &why);
-    if (saved_at >= 0) {
-      events.emit("optimizer_restored", {{"saved_at_step", saved_at}, {"global_step", joined.global_step}});
-    } else if (!why.empty()) {
-      events.emit("optimizer_not_restored", {{"reason", why}});
-      std::printf("[learner %d] its saved AdamW state is unusable (%s): starting with fresh moments\n", id, why.c_str());
-    }
-  }
+  if (config.train.learner_state_interval > 0) restore_inner_state(job, options.run_dir, id, joined.global_step, events);
   OuterSync sync(outer_sync_config(config, id, layout), job, link, &events, &board);
   for (int p = 0; p < P; ++p) {
     const auto& f = boot->fetched.fragments[p];
