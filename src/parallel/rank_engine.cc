@@ -41,12 +41,7 @@ class TensorParallelEngine final : public RankEngine {
       r.loss += loss.item<double>() / static_cast<double>(W);
     }
     r.grad_norm = model_->clip_grad_norm(max_norm_of(train_));
-    r.skipped = !std::isfinite(r.loss) || !std::isfinite(r.grad_norm);
-    if (r.skipped) {
-      adamw_->zero_grad();
-    } else {
-      adamw_->step();
-    }
+    guard_and_step(*adamw_, r);
     return r;
   }
 
@@ -135,12 +130,7 @@ class DataParallelEngine final : public RankEngine {
     }
     average_gradients();
     r.grad_norm = torch::nn::utils::clip_grad_norm_(model_->parameters(), max_norm_of(train_));
-    r.skipped = !std::isfinite(r.loss) || !std::isfinite(r.grad_norm);
-    if (r.skipped) {
-      adamw_->zero_grad();
-    } else {
-      adamw_->step();
-    }
+    guard_and_step(*adamw_, r);
     return r;
   }
 

@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
 #include <filesystem>
 #include <limits>
 #include <memory>
@@ -47,6 +48,17 @@ inline void copy_checked(torch::Tensor target, const torch::Tensor& full, const 
   }
   torch::NoGradGuard no_grad;
   target.copy_(full);
+}
+
+// train/trainer.cc's guard: a non-finite loss or gradient norm skips the step (moments untouched, gradients
+// dropped); else one AdamW step. Sets r.skipped.
+inline void guard_and_step(torch::optim::AdamW& adamw, EngineStep& r) {
+  r.skipped = !std::isfinite(r.loss) || !std::isfinite(r.grad_norm);
+  if (r.skipped) {
+    adamw.zero_grad();
+  } else {
+    adamw.step();
+  }
 }
 
 }  // namespace dloco::rank_engine_detail
