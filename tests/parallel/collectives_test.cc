@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <filesystem>
 #include <functional>
@@ -202,12 +203,68 @@ TEST(Collectives, ARankThatNeverCallsMakesTheOthersFailWithCollectiveError) {
         }
         std::lock_guard<std::mutex> lock(mu);
         EXPECT_TRUE(threw) << "rank " << g.rank();
+        EXPECT_EQ(g.traffic().all_reduce.calls, 0) << "an all-reduce that passed its deadline moved nothing";
+        EXPECT_EQ(g.bytes_sent(), 0);
         ++failed;
         cv.notify_all();
       },
       /*timeout_s=*/2);
   expect_no_errors(errors);
   EXPECT_EQ(failed, 2);
+}
+
+int64_t calls(const Traffic& t) {
+  return t.all_reduce.calls + t.reduce_scatter.calls + t.all_gather.calls + t.all_to_all.calls + t.broadcast.calls +
+         t.reduce.calls + t.barrier.calls + t.send.calls;
+}
+
+// Rank 1 joins and leaves (its group, and with it its sockets, is gone); rank 0 then tries every operation on a
+// non-empty tensor. Each must throw CollectiveError and leave traffic() at zero: the counters say what the group
+// moved, not what it tried (an operation is counted once it completed, an async one at wait()).
+TEST(Collectives, AnOperationThatFailsBecauseThePeerIsGoneIsNotCounted) {
+  const fs::path store = fresh_store();
+  std::atomic<bool> gone{false};
+  std::string join_error;
+  std::thread leaver([&] {
+    try {
+      Collective group({store, 1, 2, "127.0.0.1", 3});
+    } catch (const std::exception& e) {
+      join_error = e.what();
+    }
+    gone = true;
+  });
+  try {
+    Collective g({store, 0, 2, "127.0.0.1", /*timeout_s=*/3});
+    while (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const auto t = torch::ones({1024});  // (n), fp32
+    const std::vector<std::pair<const char*, std::function<void()>>> ops = {
+        {"all-reduce", [&] { g.allreduce_sum(t.clone()); }},
+        {"async all-reduce", [&] { g.allreduce_sum_async(t.clone()).wait(); }},
+        {"broadcast from the root", [&] { g.broadcast(t.clone(), 0); }},
+        {"broadcast to this rank", [&] { g.broadcast(t.clone(), 1); }},
+        {"all-gather", [&] { g.all_gather(t); }},
+        {"flat all-gather", [&] { g.all_gather_flat(torch::empty({2048}), t); }},
+        {"all-to-all", [&] { g.all_to_all(torch::empty({1024}), t); }},
+        {"reduce to this rank", [&] { g.reduce_sum(t.clone(), 0); }},
+        {"reduce to the peer", [&] { g.reduce_sum(t.clone(), 1); }},
+        {"reduce-scatter (all-to-all)",
+         [&] { g.reduce_scatter_sum(torch::empty({512}), t, ReduceScatterAlgo::kAllToAll); }},
+        {"reduce-scatter (reduce per owner)",
+         [&] { g.reduce_scatter_sum(torch::empty({512}), t, ReduceScatterAlgo::kReducePerOwner); }},
+        {"barrier", [&] { g.barrier(); }},
+        {"send", [&] { g.send(t.clone(), 1); }},
+        {"isend", [&] { g.isend(t.clone(), 1).wait(); }},
+    };
+    for (const auto& [what, op] : ops) {
+      EXPECT_THROW(op(), CollectiveError) << what;
+      EXPECT_EQ(calls(g.traffic()), 0) << "after a failed " << what;
+      EXPECT_EQ(g.bytes_sent(), 0) << "after a failed " << what;
+    }
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "rank 0: " << e.what();
+  }
+  leaver.join();
+  EXPECT_EQ(join_error, "");
 }
 
 TEST(Collectives, TrafficCountersFollowTheRingModel) {
