@@ -1,6 +1,7 @@
 // Activation checkpointing (parallel/activation_checkpoint.h) on torchtitan's toy block
 // (x 512 × 512 → gate 512→512 → wq 512→512 → out 512→1024 → sum, no biases) and on a tiny GPT; plus the
-// hand-written non-finite check and unscale of fp16 loss scaling (parallel/grad_unscale.h).
+// hand-written non-finite check and unscale of fp16 loss scaling (parallel/grad_unscale.h), alone and agreed
+// over a group of two ranks (threads over real Gloo) so that every rank takes the same skip decision.
 // How things are counted, not assumed:
 //   matmul work: a global at::RecordFunction callback sees every aten::mm / addmm / bmm with its input shapes and
 //     adds 2·M·K·N; reported in units of 2·512³ (forward 4 = 1 + 1 + 2; backward 8 plain, 12 checkpointed).
@@ -16,11 +17,17 @@
 
 #include <atomic>
 #include <cmath>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
 
+#include "collective/process_group.h"
 #include "core/check.h"
 #include "model/gpt.h"
 #include "parallel/activation_checkpoint.h"
 #include "parallel/grad_unscale.h"
+#include "parallel/loss_scaler.h"
 
 namespace dloco {
 namespace {
@@ -215,6 +222,53 @@ TEST(GradUnscale, FindsNonFiniteAndUnscales) {
   EXPECT_FALSE(non_finite_check_and_unscale(half, 1.0));
   EXPECT_THROW(non_finite_check_and_unscale(grads, 0.0), InputError);
   EXPECT_THROW(non_finite_check_and_unscale(grads, INFINITY), InputError);
+}
+
+// Two ranks as threads over real Gloo; only rank 1's gradient holds an inf. With the group's flag both ranks find
+// it and their loss scalers skip the step and back off alike; rank 0's own check would have stepped.
+TEST(GradUnscale, WithTheGroupEveryRankSkipsWhenOneRankHasAnInf) {
+  const auto store = std::filesystem::temp_directory_path() / ("dloco_unscale_" + std::to_string(::getpid()));
+  std::filesystem::remove(store);
+  // Rank r's gradients: a (3) and a (4) tensor, an inf in rank 1's second.
+  auto gradients_of = [](int r) {
+    auto second = torch::full({4}, 2.0f);
+    if (r == 1) second[2] = INFINITY;
+    return std::vector<torch::Tensor>{torch::ones({3}), second};
+  };
+  std::vector<int> own(2, -1), agreed(2, -1), clean(2, -1);
+  std::vector<LossScaleDecision> decisions(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      try {
+        Collective group({store, r, 2, "127.0.0.1", 60});
+        auto local = gradients_of(r);
+        own[r] = non_finite_check_and_unscale(local, 0.5);
+        auto grads = gradients_of(r);
+        agreed[r] = non_finite_check_and_unscale(grads, 0.5, group);
+        EXPECT_TRUE(torch::equal(grads[0], torch::full({3}, 0.5))) << "rank " << r << " unscales as well";
+        LossScaler scaler;
+        decisions[r] = scaler.update(agreed[r]);
+        std::vector<torch::Tensor> finite = {torch::ones({2})};
+        clean[r] = non_finite_check_and_unscale(finite, 0.5, group);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  std::filesystem::remove(store);
+  ASSERT_EQ(errors[0], "");
+  ASSERT_EQ(errors[1], "");
+  EXPECT_EQ(own[0], 0) << "rank 0's own gradients are finite: alone it would step";
+  EXPECT_EQ(own[1], 1);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(agreed[r], 1) << "rank " << r << " must see rank 1's inf";
+    EXPECT_FALSE(decisions[r].step) << "rank " << r << " must skip the step";
+    EXPECT_EQ(decisions[r].scale, 32768.0) << "rank " << r << ": S backed off from 65536 on both";
+    EXPECT_EQ(clean[r], 0) << "no rank has a non-finite value: rank " << r << " steps";
+  }
 }
 
 }  // namespace
