@@ -21,7 +21,6 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
-#include <filesystem>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -33,6 +32,7 @@
 #include "parallel/activation_checkpoint.h"
 #include "parallel/grad_unscale.h"
 #include "parallel/loss_scaler.h"
+#include "support/gloo_ranks.h"
 
 namespace dloco {
 namespace {
@@ -336,8 +336,6 @@ TEST(GradUnscale, FindsNonFiniteAndUnscales) {
 // Two ranks as threads over real Gloo; only rank 1's gradient holds an inf. With the group's flag both ranks find
 // it and their loss scalers skip the step and back off alike; rank 0's own check would have stepped.
 TEST(GradUnscale, WithTheGroupEveryRankSkipsWhenOneRankHasAnInf) {
-  const auto store = std::filesystem::temp_directory_path() / ("dloco_unscale_" + std::to_string(::getpid()));
-  std::filesystem::remove(store);
   // Rank r's gradients: a (3) and a (4) tensor, an inf in rank 1's second.
   auto gradients_of = [](int r) {
     auto second = torch::full({4}, 2.0f);
@@ -346,28 +344,18 @@ TEST(GradUnscale, WithTheGroupEveryRankSkipsWhenOneRankHasAnInf) {
   };
   std::vector<int> own(2, -1), agreed(2, -1), clean(2, -1);
   std::vector<LossScaleDecision> decisions(2);
-  std::vector<std::string> errors(2);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < 2; ++r) {
-    ranks.emplace_back([&, r] {
-      try {
-        Collective group({store, r, 2, "127.0.0.1", 60});
-        auto local = gradients_of(r);
-        own[r] = non_finite_check_and_unscale(local, 0.5);
-        auto grads = gradients_of(r);
-        agreed[r] = non_finite_check_and_unscale(grads, 0.5, group);
-        EXPECT_TRUE(torch::equal(grads[0], torch::full({3}, 0.5))) << "rank " << r << " unscales as well";
-        LossScaler scaler;
-        decisions[r] = scaler.update(agreed[r]);
-        std::vector<torch::Tensor> finite = {torch::ones({2})};
-        clean[r] = non_finite_check_and_unscale(finite, 0.5, group);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : ranks) t.join();
-  std::filesystem::remove(store);
+  const auto errors = testing_support::on_ranks(2, [&](Collective& group) {
+    const int r = group.rank();
+    auto local = gradients_of(r);
+    own[r] = non_finite_check_and_unscale(local, 0.5);
+    auto grads = gradients_of(r);
+    agreed[r] = non_finite_check_and_unscale(grads, 0.5, group);
+    EXPECT_TRUE(torch::equal(grads[0], torch::full({3}, 0.5))) << "rank " << r << " unscales as well";
+    LossScaler scaler;
+    decisions[r] = scaler.update(agreed[r]);
+    std::vector<torch::Tensor> finite = {torch::ones({2})};
+    clean[r] = non_finite_check_and_unscale(finite, 0.5, group);
+  });
   ASSERT_EQ(errors[0], "");
   ASSERT_EQ(errors[1], "");
   EXPECT_EQ(own[0], 0) << "rank 0's own gradients are finite: alone it would step";

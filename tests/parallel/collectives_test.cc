@@ -1,8 +1,8 @@
 // The c10d adapter's collectives for the inner parallelism (collective/process_group.h): all-gather (list and
 // flat), reduce-scatter (both emulations) against all-reduce-then-slice, all-to-all, reduce, barrier, sub-groups,
-// the deadline when a rank never calls, and the traffic counters. Ranks are threads of this process, each joining
-// one Gloo group through one c10d FileStore (as tests/collective/outer_sync_test.cc does). Sizes sweep 0, 1 and
-// sizes not divisible by M, at M = 1, 2, 4.
+// the deadline when a rank never calls, a peer that is gone, and the traffic counters. Ranks are threads of this
+// process, each joining one Gloo group through one c10d FileStore (tests/support/gloo_ranks.h). Sizes sweep 0, 1
+// and sizes not divisible by M, at M = 1, 2, 4.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -11,48 +11,21 @@
 #include <filesystem>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "collective/process_group.h"
 #include "core/check.h"
+#include "support/gloo_ranks.h"
 
 namespace dloco {
 namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh rendezvous file per group: a FileStore's keys outlive the group that wrote them.
-fs::path fresh_store() {
-  static std::atomic<int> counter{0};
-  const fs::path dir = fs::temp_directory_path() / ("dloco_collectives_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  const fs::path file = dir / ("store_" + std::to_string(counter++));
-  fs::remove(file);
-  return file;
-}
-
-// Runs body(group) on `world` ranks, one thread each. Returns each rank's error message ("" when none).
-std::vector<std::string> on_ranks(int world, const std::function<void(Collective&)>& body, double timeout_s = 60) {
-  const fs::path store = fresh_store();
-  std::vector<std::string> errors(world);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < world; ++r) {
-    ranks.emplace_back([&, r] {
-      try {
-        Collective group({store, r, world, "127.0.0.1", timeout_s});
-        body(group);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : ranks) t.join();
-  return errors;
-}
-
-void expect_no_errors(const std::vector<std::string>& errors) {
-  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
-}
+using testing_support::expect_no_errors;
+using testing_support::fresh_store;
+using testing_support::on_ranks;
 
 const std::vector<int> kWorlds = {1, 2, 4};
 const std::vector<int64_t> kSizes = {0, 1, 7};  // 7: not divisible by 2 or 4
@@ -222,7 +195,7 @@ int64_t calls(const Traffic& t) {
 // non-empty tensor. Each must throw CollectiveError and leave traffic() at zero: the counters say what the group
 // moved, not what it tried (an operation is counted once it completed, an async one at wait()).
 TEST(Collectives, AnOperationThatFailsBecauseThePeerIsGoneIsNotCounted) {
-  const fs::path store = fresh_store();
+  const fs::path store = fresh_store("collectives");
   std::atomic<bool> gone{false};
   std::string join_error;
   std::thread leaver([&] {

@@ -1,6 +1,6 @@
 // Megatron tensor parallelism (parallel/tensor_parallel.h, parallel/tp_gpt.h) over real Gloo groups: t ranks as
-// threads of this process, joined through one c10d FileStore as in tests/collective/outer_sync_test.cc; the whole
-// Gloo world is the tensor-parallel group. Each result is compared against the plain (one-process) layer or model.
+// threads of this process, joined through one c10d FileStore (tests/support/gloo_ranks.h); the whole Gloo world is
+// the tensor-parallel group. Each result is compared against the plain (one-process) layer or model.
 // Dimension letters: B, T, C, V, N = B·T, t the tensor-parallel degree.
 // Tolerances, fp32 (ε = 2⁻²⁴ ≈ 6e-8 relative): the column-parallel forward, the vocab-parallel embedding and every
 // gather are exact (each output element is the same dot product, or has one non-zero summand); anything behind a
@@ -11,49 +11,26 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <filesystem>
 #include <functional>
 #include <map>
-#include <thread>
 
 #include "core/check.h"
 #include "model/gpt.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/tp_gpt.h"
+#include "support/gloo_ranks.h"
 
 namespace dloco {
 namespace {
 
-namespace fs = std::filesystem;
-
-fs::path fresh_store(const std::string& name) {
-  static int serial = 0;
-  const fs::path dir = fs::temp_directory_path() / ("dloco_tp_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  const fs::path store = dir / (name + "_" + std::to_string(serial++));
-  fs::remove(store);
-  return store;
-}
-
-// Runs body(group) on `world` ranks, one thread each (one intra-op thread each: the ranks share 2 cores), joined
-// through one FileStore. Fails the test with each rank's error, if any.
+// Runs body(group) on `world` ranks (tests/support/gloo_ranks.h), one intra-op thread each (the ranks share 2
+// cores), the whole group being the tensor-parallel group. Fails the test with each rank's error, if any.
 void on_ranks(const std::string& name, int world, const std::function<void(TensorParallelGroup&)>& body) {
-  const fs::path store = fresh_store(name);
-  std::vector<std::string> errors(world);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < world; ++r) {
-    ranks.emplace_back([&, r] {
-      try {
-        torch::set_num_threads(1);
-        Collective collective({store, r, world, "127.0.0.1", 60});
-        TensorParallelGroup group(collective);
-        body(group);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : ranks) t.join();
+  const auto errors = testing_support::on_ranks(testing_support::fresh_store("tp"), world, [&](Collective& collective) {
+    torch::set_num_threads(1);
+    TensorParallelGroup group(collective);
+    body(group);
+  });
   for (int r = 0; r < world; ++r) ASSERT_EQ(errors[r], "") << name << ": rank " << r;
 }
 
