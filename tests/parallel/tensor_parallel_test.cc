@@ -165,6 +165,34 @@ TEST(TensorParallelCounts, TwoAllReducesPerLayerForwardAndTwoBackward) {
   }
 }
 
+// The gathers (a column-parallel output, a sharded parameter) are the adapter's all-gather of each rank's piece,
+// not an all-reduce of a zero-padded full tensor: the Collective's own counters say which kind moved the bytes,
+// (t − 1)/t of the full tensor per gather instead of the all-reduce's 2(t − 1)/t; the results stay bitwise.
+TEST(TensorParallelCounts, GathersAreAllGathersOfThePiecesNotAllReducesOfPaddedTensors) {
+  torch::manual_seed(8);
+  torch::nn::Linear full(torch::nn::LinearOptions(8, 16).bias(true));
+  const auto x = torch::randn({2, 4, 8});  // (B, T, in)
+  const auto y_ref = full(x).detach();     // (B, T, out)
+  for (const int t : {2, 4}) {
+    on_ranks("gathers", t, [&](TensorParallelGroup& group) {
+      ColumnParallelLinear layer(full, group, ColumnParallelOptions{1, true, true});
+      const Traffic before = group.traffic();
+      const auto y = layer(x).detach();  // f is the identity forward: the gather is the only collective
+      const Traffic mid = group.traffic();
+      EXPECT_TRUE(torch::equal(y, y_ref)) << "t = " << t;
+      EXPECT_EQ(mid.all_gather.calls - before.all_gather.calls, 1) << "t = " << t;
+      EXPECT_EQ(mid.all_reduce.calls - before.all_reduce.calls, 0) << "t = " << t;
+      EXPECT_EQ(mid.all_gather.bytes - before.all_gather.bytes, (t - 1) * y.nbytes() / t) << "t = " << t;
+      const auto weight = gather_shards(layer->weight, layer->shard_spec("weight"), {16, 8}, group);  // (out, in)
+      const Traffic after = group.traffic();
+      EXPECT_TRUE(torch::equal(weight, full->weight)) << "t = " << t;
+      EXPECT_EQ(after.all_gather.calls - mid.all_gather.calls, 1) << "t = " << t;
+      EXPECT_EQ(after.all_reduce.calls, before.all_reduce.calls) << "t = " << t;
+      EXPECT_EQ(group.counts().gather, 2) << "t = " << t;
+    });
+  }
+}
+
 TEST(VocabParallelCrossEntropy, ReproducesMegatronsFixedAnswerAtTp4) {
   // Megatron core's test: each of 4 ranks holds logits 0..7 repeated to 16 × 32 (V = 128); targets 0, 2, …, 30,
   // all in rank 0's columns. loss_n = log(16 · Σ_{k=0}^{7} e^k) − logit[target_n] = 10.2309 − {0, 2, 4, 6}.
