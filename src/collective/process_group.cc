@@ -32,6 +32,11 @@ void check_tensor(const torch::Tensor& t) {
 }
 // The ring model's (M−1)/M·n.
 int64_t ring_share(int64_t bytes, int world) { return (world - 1) * bytes / world; }
+// Counts one completed operation; called only after it completed, so a failed one leaves the counters alone.
+void count(OpTraffic& op, int64_t bytes) {
+  op.calls += 1;
+  op.bytes += bytes;
+}
 }  // namespace
 
 Collective::Collective(const CollectiveOptions& options)
@@ -102,6 +107,8 @@ void Collective::Pending::wait() {
     throw CollectiveError(std::string("collective failed or passed its deadline (a peer died or hangs): ") + e.what());
   }
   work_.reset();
+  if (counter_) count(*counter_, bytes_);
+  counter_ = nullptr;
 }
 
 Collective::Pending Collective::allreduce_sum_async(torch::Tensor tensor) {
@@ -116,8 +123,8 @@ Collective::Pending Collective::allreduce_sum_async(torch::Tensor tensor) {
     throw CollectiveError(std::string("all-reduce could not start: ") + e.what());
   }
   pending.timeout_ = timeout_;
-  traffic_.all_reduce.calls += 1;
-  traffic_.all_reduce.bytes += 2 * (world_ - 1) * static_cast<int64_t>(tensors[0].nbytes()) / world_;
+  pending.counter_ = &traffic_.all_reduce;  // counted at wait(), once it completed
+  pending.bytes_ = 2 * (world_ - 1) * static_cast<int64_t>(tensors[0].nbytes()) / world_;
   return pending;
 }
 
@@ -134,9 +141,8 @@ void Collective::broadcast(torch::Tensor tensor, int root) {
     throw CollectiveError(std::string("broadcast could not start: ") + e.what());
   }
   pending.timeout_ = timeout_;
-  traffic_.broadcast.calls += 1;
-  if (rank_ == root) traffic_.broadcast.bytes += static_cast<int64_t>(tensors[0].nbytes());
   pending.wait();
+  count(traffic_.broadcast, rank_ == root ? static_cast<int64_t>(tensors[0].nbytes()) : 0);
 }
 
 namespace {
@@ -190,14 +196,17 @@ std::vector<torch::Tensor> Collective::all_gather(const torch::Tensor& input) {
   check_tensor(input);
   std::vector<torch::Tensor> outputs;
   for (int r = 0; r < world_; ++r) outputs.push_back(torch::empty_like(input));
-  traffic_.all_gather.calls += 1;
-  traffic_.all_gather.bytes += ring_share(world_ * static_cast<int64_t>(input.nbytes()), world_);
-  if (input.numel() == 0) return outputs;  // nothing to move (same shape on every rank, so all ranks skip)
+  const int64_t bytes = ring_share(world_ * static_cast<int64_t>(input.nbytes()), world_);
+  if (input.numel() == 0) {  // nothing to move (same shape on every rank, so all ranks skip)
+    count(traffic_.all_gather, bytes);
+    return outputs;
+  }
   std::vector<std::vector<at::Tensor>> out{outputs};
   std::vector<at::Tensor> in{input};
   c10d::AllgatherOptions opts;
   opts.timeout = timeout_;
   run_op("all-gather", timeout_, [&] { return gloo(group_).allgather(out, in, opts); });
+  count(traffic_.all_gather, bytes);
   return out[0];
 }
 
@@ -209,9 +218,8 @@ void Collective::all_gather_flat(torch::Tensor output, const torch::Tensor& shar
     throw InputError("all_gather_flat: output has " + std::to_string(output.numel()) + " elements, wants M·n = " +
                      std::to_string(world_ * n) + " of the shard's dtype");
   }
-  traffic_.all_gather.calls += 1;
-  traffic_.all_gather.bytes += ring_share(static_cast<int64_t>(output.nbytes()), world_);
-  if (n == 0) return;
+  const int64_t bytes = ring_share(static_cast<int64_t>(output.nbytes()), world_);
+  if (n == 0) return count(traffic_.all_gather, bytes);
   // Gloo's list form copies into each output after its own flat buffer: the views land in `output` directly.
   std::vector<std::vector<at::Tensor>> out(1);
   for (int r = 0; r < world_; ++r) out[0].push_back(output.narrow(0, r * n, n));
@@ -219,6 +227,7 @@ void Collective::all_gather_flat(torch::Tensor output, const torch::Tensor& shar
   c10d::AllgatherOptions opts;
   opts.timeout = timeout_;
   run_op("all-gather", timeout_, [&] { return gloo(group_).allgather(out, in, opts); });
+  count(traffic_.all_gather, bytes);
 }
 
 void Collective::all_to_all(torch::Tensor output, const torch::Tensor& input) {
@@ -229,27 +238,27 @@ void Collective::all_to_all(torch::Tensor output, const torch::Tensor& input) {
                      std::to_string(input.numel()) + " and " + std::to_string(output.numel()) + " for M = " +
                      std::to_string(world_));
   }
-  traffic_.all_to_all.calls += 1;
-  traffic_.all_to_all.bytes += ring_share(static_cast<int64_t>(input.nbytes()), world_);
-  if (input.numel() == 0) return;
+  const int64_t bytes = ring_share(static_cast<int64_t>(input.nbytes()), world_);
+  if (input.numel() == 0) return count(traffic_.all_to_all, bytes);
   at::Tensor out = output.view({-1}), in = input.view({-1});
   std::vector<int64_t> equal_splits;  // empty: M equal chunks
   c10d::AllToAllOptions opts;
   opts.timeout = timeout_;
   run_op("all-to-all", timeout_, [&] { return gloo(group_).alltoall_base(out, in, equal_splits, equal_splits, opts); });
+  count(traffic_.all_to_all, bytes);
 }
 
 void Collective::reduce_sum(torch::Tensor tensor, int root) {
   check_tensor(tensor);
   if (root < 0 || root >= world_) throw InputError("reduce_sum: root " + std::to_string(root) + " outside the group");
-  traffic_.reduce.calls += 1;
-  if (rank_ != root) traffic_.reduce.bytes += static_cast<int64_t>(tensor.nbytes());
-  if (tensor.numel() == 0) return;
+  const int64_t bytes = rank_ != root ? static_cast<int64_t>(tensor.nbytes()) : 0;
+  if (tensor.numel() == 0) return count(traffic_.reduce, bytes);
   std::vector<at::Tensor> tensors{tensor};
   c10d::ReduceOptions opts;
   opts.rootRank = root;
   opts.timeout = timeout_;
   run_op("reduce", timeout_, [&] { return gloo(group_).reduce(tensors, opts); });
+  count(traffic_.reduce, bytes);
 }
 
 void Collective::reduce_scatter_sum(torch::Tensor output, const torch::Tensor& input, ReduceScatterAlgo algo) {
@@ -261,29 +270,33 @@ void Collective::reduce_scatter_sum(torch::Tensor output, const torch::Tensor& i
                      " elements, wants M·n = " + std::to_string(world_ * n) + " of the output's dtype");
   }
   const Traffic before = traffic_;
-  if (algo == ReduceScatterAlgo::kAllToAll) {
-    // Rank r receives chunk r of every rank, then sums the M chunks locally.
-    auto received = torch::empty_like(input);  // (M·n)
-    all_to_all(received, input);
-    output.copy_(received.view({world_, n}).sum(0));
-  } else {
-    // One reduce per owner (DeepSpeed's reduce_scatter_coalesced fallback); the buffer is scratch for Gloo.
-    for (int owner = 0; owner < world_; ++owner) {
-      auto chunk = input.view({-1}).narrow(0, owner * n, n).clone();  // (n)
-      reduce_sum(chunk, owner);
-      if (owner == rank_) output.view({-1}).copy_(chunk);
+  try {
+    if (algo == ReduceScatterAlgo::kAllToAll) {
+      // Rank r receives chunk r of every rank, then sums the M chunks locally.
+      auto received = torch::empty_like(input);  // (M·n)
+      all_to_all(received, input);
+      output.copy_(received.view({world_, n}).sum(0));
+    } else {
+      // One reduce per owner (DeepSpeed's reduce_scatter_coalesced fallback); the buffer is scratch for Gloo.
+      for (int owner = 0; owner < world_; ++owner) {
+        auto chunk = input.view({-1}).narrow(0, owner * n, n).clone();  // (n)
+        reduce_sum(chunk, owner);
+        if (owner == rank_) output.view({-1}).copy_(chunk);
+      }
     }
+  } catch (...) {
+    traffic_ = before;  // the reduces that completed before one failed are not a reduce-scatter either
+    throw;
   }
   traffic_ = before;  // counted once, as a reduce-scatter, whichever way it was built
-  traffic_.reduce_scatter.calls += 1;
-  traffic_.reduce_scatter.bytes += ring_share(static_cast<int64_t>(input.nbytes()), world_);
+  count(traffic_.reduce_scatter, ring_share(static_cast<int64_t>(input.nbytes()), world_));
 }
 
 void Collective::barrier() {
-  traffic_.barrier.calls += 1;
   c10d::BarrierOptions opts;
   opts.timeout = timeout_;
   run_op("barrier", timeout_, [&] { return gloo(group_).barrier(opts); });
+  count(traffic_.barrier, 0);
 }
 
 Collective::Pending Collective::isend(torch::Tensor tensor, int dst, int tag) {
@@ -298,8 +311,8 @@ Collective::Pending Collective::isend(torch::Tensor tensor, int dst, int tag) {
   } catch (const std::exception& e) {
     throw CollectiveError("send to rank " + std::to_string(dst) + " could not start: " + e.what());
   }
-  traffic_.send.calls += 1;
-  traffic_.send.bytes += static_cast<int64_t>(tensors[0].nbytes());
+  pending.counter_ = &traffic_.send;  // counted at wait(), once the data has left
+  pending.bytes_ = static_cast<int64_t>(tensors[0].nbytes());
   return pending;
 }
 

@@ -35,6 +35,8 @@ enum class ReduceScatterAlgo {
 
 /// all_gather, all_gather_flat, all_to_all, reduce_sum and reduce_scatter_sum move nothing for an empty tensor (all
 /// ranks hold the same shape, so all skip the Gloo call, and a missing peer goes unnoticed by it); it still counts.
+/// Every operation is counted once it completed, never when it failed or passed its deadline (a CollectiveError
+/// leaves traffic() as it was), so the counters say what the group did move.
 
 /// Calls and bytes of one kind of collective on this rank.
 struct OpTraffic {
@@ -83,11 +85,13 @@ class Collective {
   int rank() const { return rank_; }
   int world() const { return world_; }
 
-  /// An all-reduce in flight; wait() blocks until it is done (deadline: timeout_s from the start of the wait).
+  /// An all-reduce or send in flight; wait() blocks until it is done (deadline: timeout_s from the start of the
+  /// wait). The operation enters traffic() when wait() returns, not when it starts: a failed one is not counted.
+  /// Call wait() once, while the Collective that started it is alive (it adds to that group's counters).
   class Pending {
    public:
     Pending() = default;
-    /// Throws CollectiveError when the collective failed or timed out.
+    /// Throws CollectiveError when the collective failed or timed out (nothing counted then).
     void wait();
     bool valid() const { return work_ != nullptr; }
 
@@ -95,9 +99,12 @@ class Collective {
     friend class Collective;
     std::shared_ptr<void> work_;  // c10d::Work, type-erased so this header stays free of c10d
     std::chrono::milliseconds timeout_{0};
+    OpTraffic* counter_ = nullptr;  // the owning group's counter this operation adds to once it completed
+    int64_t bytes_ = 0;             // what it adds to counter_->bytes
   };
 
-  /// Sums `tensor` across all ranks in place, asynchronously. Counts 2·(M−1)/M·bytes as sent (a ring all-reduce).
+  /// Sums `tensor` across all ranks in place, asynchronously. Counts 2·(M−1)/M·bytes as sent (a ring all-reduce)
+  /// once wait() returned.
   Pending allreduce_sum_async(torch::Tensor tensor);
 
   /// Blocking all-reduce (sum) in place. Throws CollectiveError on failure or timeout.
@@ -140,7 +147,7 @@ class Collective {
   /// Blocks until every rank has called it, or throws CollectiveError at the deadline.
   void barrier();
 
-  /// Per-operation counters of this rank since construction (see Traffic).
+  /// Per-operation counters of this rank since construction (see Traffic): completed operations only.
   const Traffic& traffic() const { return traffic_; }
 
   /// Bytes this rank put on the wire so far over all operations by the ring-algorithm count (an all-reduce of n
@@ -153,7 +160,7 @@ class Collective {
 
   /// Starts sending `tensor` to rank `dst` under `tag` and returns at once; Pending::wait() blocks until the data
   /// has left this rank's buffer (deadline: timeout_s). The tensor must not change until then. Counts its bytes as
-  /// sent. Throws InputError on a bad peer or tag, CollectiveError when it cannot start.
+  /// sent once wait() returned. Throws InputError on a bad peer or tag, CollectiveError when it cannot start.
   Pending isend(torch::Tensor tensor, int dst, int tag = 0);
   /// Blocking send: isend(...).wait(). Throws CollectiveError on failure or when the deadline passes.
   void send(torch::Tensor tensor, int dst, int tag = 0) { isend(std::move(tensor), dst, tag).wait(); }

@@ -22,4 +22,11 @@ bool non_finite_check_and_unscale(std::vector<torch::Tensor>& gradients, double 
   return found;
 }
 
+bool non_finite_check_and_unscale(std::vector<torch::Tensor>& gradients, double inv_scale, Collective& group) {
+  const bool mine = non_finite_check_and_unscale(gradients, inv_scale);
+  auto ranks_found = torch::full({1}, mine ? 1.0f : 0.0f);  // (1): after the sum, how many ranks found one
+  group.allreduce_sum(ranks_found);
+  return ranks_found.item<float>() > 0.0f;
+}
+
 }  // namespace dloco

@@ -43,7 +43,9 @@ class LossScaler {
   /// Clean steps since the last change of S (or since the last skip).
   int clean_steps() const { return clean_steps_; }
 
-  /// Records the outcome of one backward and returns the decision with the next S.
+  /// Records the outcome of one backward and returns the decision with the next S. In a group of ranks pass the
+  /// group's flag (non_finite_check_and_unscale with the Collective, parallel/grad_unscale.h), never a rank's own:
+  /// every rank must take the same decision, or one skips a step its peers apply and their S differ from then on.
   LossScaleDecision update(bool found_non_finite);
 
  private:

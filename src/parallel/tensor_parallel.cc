@@ -12,7 +12,7 @@ namespace dloco {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-void TensorParallelGroup::allreduce_sum(torch::Tensor tensor, TensorParallelCall call) {
+void TensorParallelGroup::count(TensorParallelCall call) {
   switch (call) {
     case TensorParallelCall::kF: ++counts_.f_backward; break;
     case TensorParallelCall::kG: ++counts_.g_forward; break;
@@ -20,7 +20,16 @@ void TensorParallelGroup::allreduce_sum(torch::Tensor tensor, TensorParallelCall
     case TensorParallelCall::kGather: ++counts_.gather; break;
     case TensorParallelCall::kNorm: ++counts_.norm; break;
   }
+}
+
+void TensorParallelGroup::allreduce_sum(torch::Tensor tensor, TensorParallelCall call) {
+  count(call);
   collective_->allreduce_sum(std::move(tensor));
+}
+
+std::vector<torch::Tensor> TensorParallelGroup::all_gather(const torch::Tensor& local, TensorParallelCall call) {
+  count(call);
+  return collective_->all_gather(local.contiguous());
 }
 
 torch::Tensor shard_of(const torch::Tensor& full, const ShardSpec& spec, int rank, int world) {
@@ -48,12 +57,14 @@ torch::Tensor gather_shards(const torch::Tensor& local, const ShardSpec& spec, a
   if (spec.replicated()) return local.detach().clone();
   const int64_t block = full_sizes[spec.dim] / spec.blocks, piece = block / group.world();
   DLOCO_CHECK_EQ(local.size(spec.dim), piece * spec.blocks);
-  auto full = torch::zeros(full_sizes, local.options());  // zero-padded: this rank's pieces, zeros elsewhere
+  const auto from = group.all_gather(local.detach(), TensorParallelCall::kGather);  // t × local's shape
+  // Block j of the full tensor is rank 0's j-th piece, then rank 1's, …, along dim (shard_of's order).
+  std::vector<torch::Tensor> pieces;
   for (int64_t j = 0; j < spec.blocks; ++j) {
-    full.narrow(spec.dim, j * block + group.rank() * piece, piece)
-        .copy_(local.detach().narrow(spec.dim, j * piece, piece));
+    for (const auto& rank_piece : from) pieces.push_back(rank_piece.narrow(spec.dim, j * piece, piece));
   }
-  group.allreduce_sum(full, TensorParallelCall::kGather);  // x + 0 = x: the sum is the exact concatenation
+  auto full = torch::cat(pieces, spec.dim);
+  DLOCO_CHECK(full.sizes() == full_sizes);
   return full;
 }
 
@@ -95,13 +106,7 @@ struct GatherLastDim : torch::autograd::Function<GatherLastDim> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t group_handle) {
     ctx->saved_data["group"] = group_handle;
     auto& group = group_at(group_handle);
-    const int64_t n = x.size(-1);
-    auto sizes = x.sizes().vec();
-    sizes.back() = n * group.world();
-    auto full = torch::zeros(sizes, x.options());  // (..., t·n)
-    full.narrow(-1, group.rank() * n, n).copy_(x);
-    group.allreduce_sum(full, TensorParallelCall::kGather);
-    return full;
+    return torch::cat(group.all_gather(x, TensorParallelCall::kGather), -1);  // t × (..., n) -> (..., t·n)
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_output) {
     auto& group = group_of(ctx);

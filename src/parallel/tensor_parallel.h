@@ -4,9 +4,10 @@
 // parallel/tp_gpt.h.
 // Dimension letters: B batch, T sequence length, N = B·T tokens, C d_model, V vocabulary, t tensor-parallel
 // degree (the group's world), r this rank (0 … t − 1).
-// The group is a dloco::Collective of world t, used only through allreduce_sum: the all-gathers (of a column
-// output, of parameters for checkpoints) are sums of zero-padded shards (exact: every element has one non-zero
-// summand), and the maximum of the cross-entropy is a max over the t gathered per-rank maxima.
+// The group is a dloco::Collective of world t, used through allreduce_sum and all_gather: the all-gathers (of a
+// column output, of parameters for checkpoints) are the adapter's list all-gather followed by a local
+// concatenation (exact: copies), and the maximum of the cross-entropy is a max over the t per-rank maxima, summed
+// into a zero-padded (t, N) tensor by one of its three all-reduces.
 // Deliberately not here: sequence parallelism, asynchronous overlap of the all-reduces with compute, sub-groups
 // (the TP group is the whole Collective), and anything c10d (only collective/process_group.cc includes it).
 // Threading: one rank's forward and backward run on the thread that owns its Collective (LibTorch runs a CPU
@@ -22,7 +23,7 @@
 
 namespace dloco {
 
-/// Which Megatron operation issued an all-reduce (what TensorParallelCounts counts).
+/// Which Megatron operation issued a collective (what TensorParallelCounts counts).
 enum class TensorParallelCall {
   kF,             // operator f: identity forward, all-reduce of the input's gradient in backward
   kG,             // operator g: all-reduce forward (row-parallel outputs, the vocab-parallel embedding)
@@ -31,12 +32,13 @@ enum class TensorParallelCall {
   kNorm,          // the sum of squared gradients of the sharded parameters (global-norm clipping)
 };
 
-/// All-reduces issued through a TensorParallelGroup, by the operation that issued them. Counted on this rank.
+/// Collectives issued through a TensorParallelGroup, by the operation that issued them: all-reduces, except the
+/// gathers, which are all-gathers (Collective::all_gather). Counted on this rank.
 struct TensorParallelCounts {
   int64_t f_backward = 0;     // operator f, in backward
   int64_t g_forward = 0;      // operator g, in forward
   int64_t cross_entropy = 0;  // vocab-parallel cross-entropy, in forward (3 per call)
-  int64_t gather = 0;         // all-gathers (each one all-reduce of a zero-padded tensor)
+  int64_t gather = 0;         // all-gathers (each one Collective::all_gather of this rank's piece)
   int64_t norm = 0;           // gradient-norm sums
   int64_t total() const { return f_backward + g_forward + cross_entropy + gather + norm; }
 };
@@ -51,13 +53,19 @@ class TensorParallelGroup {
   int rank() const { return collective_->rank(); }    // r
   int world() const { return collective_->world(); }  // t
   const TensorParallelCounts& counts() const { return counts_; }
+  /// The Collective's per-operation bytes and calls (which kind of collective moved what).
+  const Traffic& traffic() const { return collective_->traffic(); }
 
   /// Sums a dense contiguous CPU tensor across the t ranks in place and counts it under `call`.
   /// Throws CollectiveError when a peer dies or the deadline passes (the group is unusable afterwards).
   void allreduce_sum(torch::Tensor tensor, TensorParallelCall call);
+  /// Gathers every rank's `local` (a CPU tensor of the same shape and dtype on every rank; made contiguous here):
+  /// returns t new tensors, element r from rank r, and counts one collective under `call`. Throws CollectiveError.
+  std::vector<torch::Tensor> all_gather(const torch::Tensor& local, TensorParallelCall call);
 
  private:
   Collective* collective_;
+  void count(TensorParallelCall call);
   TensorParallelCounts counts_;
 };
 
@@ -75,7 +83,8 @@ struct ShardSpec {
 torch::Tensor shard_of(const torch::Tensor& full, const ShardSpec& spec, int rank, int world);
 
 /// The full tensor of shape `full_sizes` assembled from every rank's `local` piece (all ranks call it): one
-/// all-reduce (counted as kGather) of a zero-padded tensor, so the result equals the concatenation exactly.
+/// all-gather of the pieces (counted as kGather), concatenated block by block, so the result is exactly the
+/// tensor that was sharded.
 /// Replicated: a clone of local, no communication. Throws CollectiveError on a failed all-reduce.
 torch::Tensor gather_shards(const torch::Tensor& local, const ShardSpec& spec, at::IntArrayRef full_sizes,
                             TensorParallelGroup& group);

@@ -92,7 +92,7 @@ class TensorParallelGPTImpl : public torch::nn::Module {
   torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
 
   /// Every parameter as the full tensor, in named_parameters() order, with the full model's names and shapes.
-  /// gradients = true gathers the gradients instead (undefined ones as zeros). One kGather all-reduce per
+  /// gradients = true gathers the gradients instead (undefined ones as zeros). One kGather all-gather per
   /// sharded parameter. Throws CollectiveError.
   std::vector<std::pair<std::string, torch::Tensor>> gather(bool gradients = false);
   /// Copies the gathered parameters into `full` in place (under NoGradGuard, so its optimizer keeps its state).

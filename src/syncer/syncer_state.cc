@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 
 #include "core/check.h"
 
@@ -19,12 +20,12 @@ nlohmann::json event(const char* name, nlohmann::json fields) {
 
 const char* to_string(RoundPhase phase) {
   static constexpr const char* kNames[] = {"due", "pulling", "closed"};  // in the enum's order
-  return kNames[static_cast<int>(phase)];
+  return static_cast<size_t>(phase) < std::size(kNames) ? kNames[static_cast<size_t>(phase)] : "?";  // -1 wraps
 }
 
 const char* to_string(SyncerPhase phase) {
   static constexpr const char* kNames[] = {"training", "flushing", "finished"};  // in the enum's order
-  return kNames[static_cast<int>(phase)];
+  return static_cast<size_t>(phase) < std::size(kNames) ? kNames[static_cast<size_t>(phase)] : "?";  // -1 wraps
 }
 
 SyncerState::SyncerState(const Config& config, FragmentLayout layout, std::vector<std::vector<float>> theta,

@@ -11,41 +11,24 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
-#include <thread>
 
 #include "collective/outer_sync.h"
 #include "collective/worker_status.h"
 #include "core/check.h"
 #include "core/merge.h"
+#include "support/gloo_ranks.h"
 
 namespace dloco {
 namespace {
 
 namespace fs = std::filesystem;
+using testing_support::on_ranks;
 
 fs::path fresh_dir(const std::string& name) {
   const fs::path dir = fs::temp_directory_path() / ("dloco_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
-}
-
-// Runs body(group) on `world` ranks, one thread each, joined through one FileStore. Returns each rank's error.
-std::vector<std::string> on_ranks(const fs::path& store, int world, const std::function<void(Collective&)>& body) {
-  std::vector<std::string> errors(world);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < world; ++r) {
-    ranks.emplace_back([&, r] {
-      try {
-        Collective group({store, r, world, "127.0.0.1", 60});
-        body(group);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : ranks) t.join();
-  return errors;
 }
 
 struct Counters {

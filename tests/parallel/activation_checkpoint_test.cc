@@ -1,13 +1,16 @@
 // Activation checkpointing (parallel/activation_checkpoint.h) on torchtitan's toy block
 // (x 512 × 512 → gate 512→512 → wq 512→512 → out 512→1024 → sum, no biases) and on a tiny GPT; plus the
-// hand-written non-finite check and unscale of fp16 loss scaling (parallel/grad_unscale.h).
+// hand-written non-finite check and unscale of fp16 loss scaling (parallel/grad_unscale.h), alone and agreed
+// over a group of two ranks (threads over real Gloo) so that every rank takes the same skip decision; and
+// checkpointing with ranks as threads: a block that draws nothing leaves the global generator to the other
+// threads, and blocks with generators of their own replay their own draws.
 // How things are counted, not assumed:
 //   matmul work: a global at::RecordFunction callback sees every aten::mm / addmm / bmm with its input shapes and
 //     adds 2·M·K·N; reported in units of 2·512³ (forward 4 = 1 + 1 + 2; backward 8 plain, 12 checkpointed).
 //   saved activations: a counting c10 CPU allocator (installed with SetCPUAllocator) tracks live tensor bytes;
 //     bytes still alive after forward, minus the scalar loss, are what autograd keeps (x and the weights were
-//     alive before). Plain: h1 + h2 = 2 · 512·512·4 B = 2 MiB. Checkpointed: only the CPU RNG state tensor
-//     (5056 B in 1.13), as the function keeps x, which already existed.
+//     alive before). Plain: h1 + h2 = 2 · 512·512·4 B = 2 MiB. Checkpointed: nothing, as the function keeps x,
+//     which already existed, and the block draws no random numbers, so no RNG state (5056 B in 1.13) is kept.
 #include <gtest/gtest.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -15,12 +18,21 @@
 #include <c10/core/CPUAllocator.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
 
+#include "collective/process_group.h"
 #include "core/check.h"
 #include "model/gpt.h"
 #include "parallel/activation_checkpoint.h"
 #include "parallel/grad_unscale.h"
+#include "parallel/loss_scaler.h"
+#include "support/gloo_ranks.h"
 
 namespace dloco {
 namespace {
@@ -141,7 +153,7 @@ TEST(ActivationCheckpoint, ToyBlockMatmulsAndSavedBytes) {
   EXPECT_DOUBLE_EQ(plain.backward_units, 8.0);
   EXPECT_DOUBLE_EQ(ckpt.backward_units, 12.0);  // 4 recomputed + 8
   EXPECT_EQ(plain.saved_bytes, 2 * 512 * 512 * 4);  // h1 and h2
-  EXPECT_LE(ckpt.saved_bytes, 8 * 1024);            // the RNG state only
+  EXPECT_EQ(ckpt.saved_bytes, 0);  // x existed before; a block that draws nothing keeps no RNG state
   std::printf("toy block: matmul units fwd %.0f / %.0f, bwd %.0f -> %.0f; saved bytes %lld -> %lld\n",
               plain.forward_units, ckpt.forward_units, plain.backward_units, ckpt.backward_units,
               static_cast<long long>(plain.saved_bytes), static_cast<long long>(ckpt.saved_bytes));
@@ -167,6 +179,110 @@ TEST(ActivationCheckpoint, RecomputeReplaysTheRngState) {
   EXPECT_TRUE(torch::equal(plain_grad, w.grad()));
   EXPECT_TRUE(torch::equal(after_forward, at::detail::getDefaultCPUGenerator().get_state()))
       << "backward must leave the RNG where it found it";
+}
+
+// Ranks as threads: thread A checkpoints a block that draws nothing, and thread B draws from the global generator
+// between A's forward and backward, during A's recompute (the block's second call hands over to B and waits for
+// it) and after. B must get exactly the numbers a lone thread gets from the same seed, and A the plain gradient:
+// a block that drew nothing has no state to replay, so the global generator is never swapped under B (it used to
+// be swapped to A's forward state around the recompute, so B drew the same numbers twice).
+TEST(ActivationCheckpoint, ADeterministicBlockLeavesTheGlobalGeneratorToOtherThreads) {
+  torch::manual_seed(5);
+  std::vector<torch::Tensor> expected;  // what B draws when nobody touches the generator
+  for (int i = 0; i < 3; ++i) expected.push_back(torch::rand({4}));
+  const auto x = torch::linspace(-1, 1, 8 * 16).view({8, 16});  // (N, C), drawn from nothing
+  auto w = torch::full({16, 16}, 0.25).requires_grad_(true);     // (C, C)
+  std::mutex mu;
+  std::condition_variable cv;
+  int turns = 0, drawn_count = 0;
+  std::vector<torch::Tensor> drawn;
+  std::thread b([&] {
+    for (int k = 1; k <= 3; ++k) {
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        if (!cv.wait_for(lock, std::chrono::seconds(30), [&] { return turns >= k; })) return;
+      }
+      auto r = torch::rand({4});
+      std::lock_guard<std::mutex> lock(mu);
+      drawn.push_back(r);
+      ++drawn_count;
+      cv.notify_all();
+    }
+  });
+  auto let_b_draw = [&] {
+    std::unique_lock<std::mutex> lock(mu);
+    ++turns;
+    cv.notify_all();
+    cv.wait_for(lock, std::chrono::seconds(30), [&] { return drawn_count == turns; });
+  };
+  torch::manual_seed(5);
+  int calls = 0;
+  auto block = [&](const torch::Tensor& in) {
+    if (++calls == 2) let_b_draw();  // inside A's recompute
+    return torch::matmul(in, w).relu();
+  };
+  auto y = checkpoint(block, x, {w});
+  let_b_draw();  // between A's forward and backward
+  y.sum().backward();
+  let_b_draw();  // after
+  b.join();
+  EXPECT_EQ(calls, 2);
+  ASSERT_EQ(drawn.size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(torch::equal(drawn[i], expected[i])) << "B's draw " << i;
+  auto w_plain = torch::full({16, 16}, 0.25).requires_grad_(true);
+  torch::matmul(x, w_plain).relu().sum().backward();
+  EXPECT_TRUE(torch::equal(w.grad(), w_plain.grad()));
+}
+
+// The race-free way: each thread gives the checkpoint its own generator. Two threads (and a third drawing from
+// the global generator all the while) each run 50 checkpointed dropout steps; every loss and gradient equals the
+// plain block's with the same seed bitwise, and each thread's generator ends where the plain run's does.
+TEST(ActivationCheckpoint, TwoThreadsWithTheirOwnGeneratorsMatchThePlainBlockBitwise) {
+  constexpr int kSteps = 50;
+  torch::manual_seed(11);
+  const auto w0 = torch::randn({16, 16});  // (C, C)
+  const auto x = torch::randn({8, 16});    // (N, C)
+  struct Run {
+    std::vector<torch::Tensor> losses, grads;
+    torch::Tensor final_state;
+  };
+  auto run = [&](uint64_t seed, bool checkpointed) {
+    Run r;
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+    auto w = w0.clone().requires_grad_(true);
+    auto block = [w](const torch::Tensor& in, at::Generator& g) {  // dropout p = 0.5 drawn from g
+      auto h = torch::matmul(in, w);                                // (N, C)
+      return h * torch::bernoulli(torch::full_like(h, 0.5), g) * 2.0;
+    };
+    for (int i = 0; i < kSteps; ++i) {
+      auto loss = (checkpointed ? checkpoint(block, x, {w}, gen) : block(x, gen)).square().sum();
+      loss.backward();
+      r.losses.push_back(loss.detach());
+      r.grads.push_back(w.grad().clone());
+      w.mutable_grad().zero_();
+    }
+    r.final_state = gen.get_state();
+    return r;
+  };
+  const Run plain[2] = {run(21, false), run(22, false)};
+  Run ckpt[2];
+  std::atomic<bool> done{false};
+  std::thread noise([&] {
+    while (!done) (void)torch::randn({64});
+  });
+  std::thread a([&] { ckpt[0] = run(21, true); }), b([&] { ckpt[1] = run(22, true); });
+  a.join();
+  b.join();
+  done = true;
+  noise.join();
+  for (int t = 0; t < 2; ++t) {
+    for (int i = 0; i < kSteps; ++i) {
+      EXPECT_TRUE(torch::equal(plain[t].losses[i], ckpt[t].losses[i])) << "thread " << t << " step " << i;
+      EXPECT_TRUE(torch::equal(plain[t].grads[i], ckpt[t].grads[i])) << "thread " << t << " step " << i;
+    }
+    EXPECT_TRUE(torch::equal(plain[t].final_state, ckpt[t].final_state)) << "thread " << t;
+  }
+  EXPECT_FALSE(torch::equal(plain[0].grads[0], plain[1].grads[0])) << "the two seeds draw different masks";
 }
 
 TEST(ActivationCheckpoint, TinyGptLossAndGradsUnchanged) {
@@ -215,6 +331,41 @@ TEST(GradUnscale, FindsNonFiniteAndUnscales) {
   EXPECT_FALSE(non_finite_check_and_unscale(half, 1.0));
   EXPECT_THROW(non_finite_check_and_unscale(grads, 0.0), InputError);
   EXPECT_THROW(non_finite_check_and_unscale(grads, INFINITY), InputError);
+}
+
+// Two ranks as threads over real Gloo; only rank 1's gradient holds an inf. With the group's flag both ranks find
+// it and their loss scalers skip the step and back off alike; rank 0's own check would have stepped.
+TEST(GradUnscale, WithTheGroupEveryRankSkipsWhenOneRankHasAnInf) {
+  // Rank r's gradients: a (3) and a (4) tensor, an inf in rank 1's second.
+  auto gradients_of = [](int r) {
+    auto second = torch::full({4}, 2.0f);
+    if (r == 1) second[2] = INFINITY;
+    return std::vector<torch::Tensor>{torch::ones({3}), second};
+  };
+  std::vector<int> own(2, -1), agreed(2, -1), clean(2, -1);
+  std::vector<LossScaleDecision> decisions(2);
+  const auto errors = testing_support::on_ranks(2, [&](Collective& group) {
+    const int r = group.rank();
+    auto local = gradients_of(r);
+    own[r] = non_finite_check_and_unscale(local, 0.5);
+    auto grads = gradients_of(r);
+    agreed[r] = non_finite_check_and_unscale(grads, 0.5, group);
+    EXPECT_TRUE(torch::equal(grads[0], torch::full({3}, 0.5))) << "rank " << r << " unscales as well";
+    LossScaler scaler;
+    decisions[r] = scaler.update(agreed[r]);
+    std::vector<torch::Tensor> finite = {torch::ones({2})};
+    clean[r] = non_finite_check_and_unscale(finite, 0.5, group);
+  });
+  ASSERT_EQ(errors[0], "");
+  ASSERT_EQ(errors[1], "");
+  EXPECT_EQ(own[0], 0) << "rank 0's own gradients are finite: alone it would step";
+  EXPECT_EQ(own[1], 1);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(agreed[r], 1) << "rank " << r << " must see rank 1's inf";
+    EXPECT_FALSE(decisions[r].step) << "rank " << r << " must skip the step";
+    EXPECT_EQ(decisions[r].scale, 32768.0) << "rank " << r << ": S backed off from 65536 on both";
+    EXPECT_EQ(clean[r], 0) << "no rank has a non-finite value: rank " << r << " steps";
+  }
 }
 
 }  // namespace

@@ -1,57 +1,31 @@
 // The c10d adapter's collectives for the inner parallelism (collective/process_group.h): all-gather (list and
 // flat), reduce-scatter (both emulations) against all-reduce-then-slice, all-to-all, reduce, barrier, sub-groups,
-// the deadline when a rank never calls, and the traffic counters. Ranks are threads of this process, each joining
-// one Gloo group through one c10d FileStore (as tests/collective/outer_sync_test.cc does). Sizes sweep 0, 1 and
-// sizes not divisible by M, at M = 1, 2, 4.
+// the deadline when a rank never calls, a peer that is gone, and the traffic counters. Ranks are threads of this
+// process, each joining one Gloo group through one c10d FileStore (tests/support/gloo_ranks.h). Sizes sweep 0, 1
+// and sizes not divisible by M, at M = 1, 2, 4.
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <filesystem>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "collective/process_group.h"
 #include "core/check.h"
+#include "support/gloo_ranks.h"
 
 namespace dloco {
 namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh rendezvous file per group: a FileStore's keys outlive the group that wrote them.
-fs::path fresh_store() {
-  static std::atomic<int> counter{0};
-  const fs::path dir = fs::temp_directory_path() / ("dloco_collectives_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  const fs::path file = dir / ("store_" + std::to_string(counter++));
-  fs::remove(file);
-  return file;
-}
-
-// Runs body(group) on `world` ranks, one thread each. Returns each rank's error message ("" when none).
-std::vector<std::string> on_ranks(int world, const std::function<void(Collective&)>& body, double timeout_s = 60) {
-  const fs::path store = fresh_store();
-  std::vector<std::string> errors(world);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < world; ++r) {
-    ranks.emplace_back([&, r] {
-      try {
-        Collective group({store, r, world, "127.0.0.1", timeout_s});
-        body(group);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : ranks) t.join();
-  return errors;
-}
-
-void expect_no_errors(const std::vector<std::string>& errors) {
-  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
-}
+using testing_support::expect_no_errors;
+using testing_support::fresh_store;
+using testing_support::on_ranks;
 
 const std::vector<int> kWorlds = {1, 2, 4};
 const std::vector<int64_t> kSizes = {0, 1, 7};  // 7: not divisible by 2 or 4
@@ -202,12 +176,68 @@ TEST(Collectives, ARankThatNeverCallsMakesTheOthersFailWithCollectiveError) {
         }
         std::lock_guard<std::mutex> lock(mu);
         EXPECT_TRUE(threw) << "rank " << g.rank();
+        EXPECT_EQ(g.traffic().all_reduce.calls, 0) << "an all-reduce that passed its deadline moved nothing";
+        EXPECT_EQ(g.bytes_sent(), 0);
         ++failed;
         cv.notify_all();
       },
       /*timeout_s=*/2);
   expect_no_errors(errors);
   EXPECT_EQ(failed, 2);
+}
+
+int64_t calls(const Traffic& t) {
+  return t.all_reduce.calls + t.reduce_scatter.calls + t.all_gather.calls + t.all_to_all.calls + t.broadcast.calls +
+         t.reduce.calls + t.barrier.calls + t.send.calls;
+}
+
+// Rank 1 joins and leaves (its group, and with it its sockets, is gone); rank 0 then tries every operation on a
+// non-empty tensor. Each must throw CollectiveError and leave traffic() at zero: the counters say what the group
+// moved, not what it tried (an operation is counted once it completed, an async one at wait()).
+TEST(Collectives, AnOperationThatFailsBecauseThePeerIsGoneIsNotCounted) {
+  const fs::path store = fresh_store("collectives");
+  std::atomic<bool> gone{false};
+  std::string join_error;
+  std::thread leaver([&] {
+    try {
+      Collective group({store, 1, 2, "127.0.0.1", 3});
+    } catch (const std::exception& e) {
+      join_error = e.what();
+    }
+    gone = true;
+  });
+  try {
+    Collective g({store, 0, 2, "127.0.0.1", /*timeout_s=*/3});
+    while (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const auto t = torch::ones({1024});  // (n), fp32
+    const std::vector<std::pair<const char*, std::function<void()>>> ops = {
+        {"all-reduce", [&] { g.allreduce_sum(t.clone()); }},
+        {"async all-reduce", [&] { g.allreduce_sum_async(t.clone()).wait(); }},
+        {"broadcast from the root", [&] { g.broadcast(t.clone(), 0); }},
+        {"broadcast to this rank", [&] { g.broadcast(t.clone(), 1); }},
+        {"all-gather", [&] { g.all_gather(t); }},
+        {"flat all-gather", [&] { g.all_gather_flat(torch::empty({2048}), t); }},
+        {"all-to-all", [&] { g.all_to_all(torch::empty({1024}), t); }},
+        {"reduce to this rank", [&] { g.reduce_sum(t.clone(), 0); }},
+        {"reduce to the peer", [&] { g.reduce_sum(t.clone(), 1); }},
+        {"reduce-scatter (all-to-all)",
+         [&] { g.reduce_scatter_sum(torch::empty({512}), t, ReduceScatterAlgo::kAllToAll); }},
+        {"reduce-scatter (reduce per owner)",
+         [&] { g.reduce_scatter_sum(torch::empty({512}), t, ReduceScatterAlgo::kReducePerOwner); }},
+        {"barrier", [&] { g.barrier(); }},
+        {"send", [&] { g.send(t.clone(), 1); }},
+        {"isend", [&] { g.isend(t.clone(), 1).wait(); }},
+    };
+    for (const auto& [what, op] : ops) {
+      EXPECT_THROW(op(), CollectiveError) << what;
+      EXPECT_EQ(calls(g.traffic()), 0) << "after a failed " << what;
+      EXPECT_EQ(g.bytes_sent(), 0) << "after a failed " << what;
+    }
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "rank 0: " << e.what();
+  }
+  leaver.join();
+  EXPECT_EQ(join_error, "");
 }
 
 TEST(Collectives, TrafficCountersFollowTheRingModel) {

@@ -240,5 +240,19 @@ TEST_F(SyncerStateTest, MismatchedInitialBuffersAreRefused) {
   EXPECT_THROW(SyncerState(c, layout, {std::vector<float>(4), std::vector<float>(3)}, nullptr), InputError);
 }
 
+TEST(SyncerPhaseNames, EveryPhaseHasItsNameAndAValueOutsideTheEnumIsAQuestionMark) {
+  EXPECT_STREQ(to_string(RoundPhase::kDue), "due");
+  EXPECT_STREQ(to_string(RoundPhase::kPulling), "pulling");
+  EXPECT_STREQ(to_string(RoundPhase::kClosed), "closed");
+  EXPECT_STREQ(to_string(SyncerPhase::kTraining), "training");
+  EXPECT_STREQ(to_string(SyncerPhase::kFlushing), "flushing");
+  EXPECT_STREQ(to_string(SyncerPhase::kFinished), "finished");
+  // A corrupt or newer value (e.g. read back from a file) is named, not read past the end of the table.
+  for (int bad : {3, 4, 1000, -1}) {
+    EXPECT_STREQ(to_string(static_cast<RoundPhase>(bad)), "?") << bad;
+    EXPECT_STREQ(to_string(static_cast<SyncerPhase>(bad)), "?") << bad;
+  }
+}
+
 }  // namespace
 }  // namespace dloco
