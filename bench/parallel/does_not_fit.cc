@@ -70,10 +70,16 @@ int rank_main(const Flags& f) {
     if (mode != "idle") {
       TrainConfig train;
       train.lr = 1e-3;
-      // Plain: the whole batch of all four ranks in one process; ZeRO-3: b rows per rank.
-      const int64_t rows = mode == "plain" ? b * 4 : b;
-      auto gen = at::detail::createCPUGenerator(100 + a.rank);
-      const auto tokens = torch::randint(m.vocab_size, {rows, m.seq_len + 1}, gen, torch::kLong);  // (rows, T + 1)
+      // ZeRO-3: rank r's b rows; plain: the four ranks' rows together (the same global batch, so the step-1 losses
+      // agree).
+      std::vector<torch::Tensor> parts;
+      for (int r = 0; r < 4; ++r) {
+        if (mode == "plain" || r == a.rank) {
+          auto gen = at::detail::createCPUGenerator(100 + r);
+          parts.push_back(torch::randint(m.vocab_size, {b, m.seq_len + 1}, gen, torch::kLong));  // (b, T + 1)
+        }
+      }
+      const auto tokens = torch::cat(parts);  // (rows, T + 1)
       const auto idx = tokens.narrow(1, 0, m.seq_len), targets = tokens.narrow(1, 1, m.seq_len);  // (rows, T)
       phase = "build the model";
       torch::manual_seed(0);

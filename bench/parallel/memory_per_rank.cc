@@ -52,6 +52,8 @@ int rank_main(const Flags& f) {
     torch::mm(w, w).sum().backward();
   }
   const ProcStatus base = proc_status();
+  const HeapStats base_heap = heap_stats();
+  HeapStats measured_heap;  // between backward and step of the last step, where the live bytes are counted
 
   torch::manual_seed(0);
   GPT model(m);
@@ -85,6 +87,7 @@ int rank_main(const Flags& f) {
           adam_bytes += st.exp_avg().nbytes() + st.exp_avg_sq().nbytes();
           if (st.max_exp_avg_sq().defined()) adam_bytes += st.max_exp_avg_sq().nbytes();
         }
+        measured_heap = heap_stats();
       }
       adamw->step();
       losses.push_back(loss.item<double>());
@@ -110,6 +113,7 @@ int rank_main(const Flags& f) {
         adam_bytes = mem.optimizer_state_bytes;
         peak_full_grad = mem.peak_full_gradient_bytes;
         peak_gathered = mem.peak_gathered_parameter_bytes;
+        measured_heap = heap_stats();
       }
       opt.step();
       losses.push_back(loss.item<double>());
@@ -117,6 +121,12 @@ int rank_main(const Flags& f) {
     }
   }
   const ProcStatus after = proc_status();
+  const HeapStats after_heap = heap_stats();
+  release_free_memory();
+  out["released"] = to_json(proc_status());
+  out["base_heap"] = to_json(base_heap);
+  out["measured_heap"] = to_json(measured_heap);
+  out["after_heap"] = to_json(after_heap);
   out["zero"] = zero;
   out["param_bytes"] = param_bytes;
   out["grad_bytes"] = grad_bytes;
@@ -149,10 +159,11 @@ int parent_main(const Flags& f, int argc, char** argv) {
   const double n = N;
   const double target_live[] = {16, 8 + 8 / n, 4 + 12 / n, 16 / n};
   const double target_traffic[] = {2 * (n - 1) / n * 4, 2 * (n - 1) / n * 4, 2 * (n - 1) / n * 4, 3 * (n - 1) / n * 4};
-  std::printf("%-14s %5s | %7s %7s %7s %7s %7s %6s | %8s %8s | %8s %7s %6s\n", "stage", "rank", "param", "grad",
-              "adam", "live", "target", "ratio", "RSS-base", "HWM-base", "traffic", "target", "ratio");
-  std::printf("%-14s %5s | %47s | %17s | %23s\n", "", "", "live tensor bytes / parameter", "bytes / parameter",
-              "bytes sent in last step / Psi");
+  std::printf("live: tensor bytes / parameter between backward and step of the last step; heap: tcmalloc's bytes in\n"
+              "use at that moment minus before the model; RSS, HWM: VmRSS after the last step and VmHWM minus VmRSS before\n"
+              "the model; rel: VmRSS after tcmalloc returned its free pages; traffic: bytes sent in the last step / Psi\n");
+  std::printf("%-14s %4s | %6s %6s %6s %7s %6s %6s | %6s | %6s %6s %6s | %7s %6s %6s\n", "stage", "rank", "param",
+              "grad", "adam", "live", "target", "ratio", "heap", "RSS", "HWM", "rel", "traffic", "target", "ratio");
   std::string stages = flag(f, "stages", "0,1,2,3");
   for (int zero = 0; zero <= 3; ++zero) {
     if (stages.find(std::to_string(zero)) == std::string::npos) continue;
@@ -164,17 +175,22 @@ int parent_main(const Flags& f, int argc, char** argv) {
       const auto& j = ranks[r];
       const double pb = j["param_bytes"].get<double>() / psi, gb = j["grad_bytes"].get<double>() / psi,
                    ab = j["adam_bytes"].get<double>() / psi, live = pb + gb + ab;
-      const double rss = (j["after"]["rss"].get<double>() - j["base"]["rss"].get<double>()) / psi;
-      const double hwm = (j["after"]["hwm"].get<double>() - j["base"]["rss"].get<double>()) / psi;
+      const double base = j["base"]["rss"].get<double>();
+      const double rss = (j["after"]["rss"].get<double>() - base) / psi;
+      const double hwm = (j["after"]["hwm"].get<double>() - base) / psi;
+      const double rel = (j["released"]["rss"].get<double>() - base) / psi;
+      const double heap =
+          (j["measured_heap"]["allocated"].get<double>() - j["base_heap"]["allocated"].get<double>()) / psi;
       const double traffic = j["sent_last_step"].get<double>() / psi;
-      std::printf("%-14s %5d | %7.3f %7.3f %7.3f %7.3f %7.2f %6.3f | %8.2f %8.2f | %8.3f %7.2f %6.3f\n", kNames[zero],
-                  r, pb, gb, ab, live, target_live[zero], live / target_live[zero], rss, hwm, traffic,
-                  target_traffic[zero], traffic / target_traffic[zero]);
+      std::printf("%-14s %4d | %6.3f %6.3f %6.3f %7.3f %6.2f %6.3f | %6.2f | %6.2f %6.2f %6.2f | %7.3f %6.2f %6.3f\n",
+                  kNames[zero], r, pb, gb, ab, live, target_live[zero], live / target_live[zero], heap, rss, hwm, rel,
+                  traffic, target_traffic[zero], traffic / target_traffic[zero]);
     }
     const auto& j0 = ranks[0];
     std::printf("%-14s       transient (rank 0, the code's own count): full gradients %.3f B/param, gathered "
-                "parameters %.3f B/param; baseline RSS %.0f MiB; losses", kNames[zero],
-                j0["peak_full_grad_bytes"].get<double>() / psi, j0["peak_gathered_bytes"].get<double>() / psi,
+                "parameters %.3f B/param; tcmalloc free after the step %.2f B/param; baseline RSS %.0f MiB; losses",
+                kNames[zero], j0["peak_full_grad_bytes"].get<double>() / psi,
+                j0["peak_gathered_bytes"].get<double>() / psi, j0["after_heap"]["free"].get<double>() / psi,
                 j0["base"]["rss"].get<double>() / (1 << 20));
     for (double l : j0["losses"]) std::printf(" %.4f", l);
     std::printf("\n");

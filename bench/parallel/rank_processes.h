@@ -84,6 +84,37 @@ inline nlohmann::json to_json(const ProcStatus& s) {
   return {{"rss", s.rss}, {"hwm", s.hwm}, {"size", s.size}, {"peak", s.peak}};
 }
 
+// gperftools' C interface, weak: with DLOCO_TCMALLOC=OFF (glibc's malloc) the symbols are null and heap_stats()
+// reports -1.
+extern "C" int MallocExtension_GetNumericProperty(const char* property, size_t* value) __attribute__((weak));
+extern "C" void MallocExtension_ReleaseFreeMemory() __attribute__((weak));
+
+/// What tcmalloc says about its heap, bytes (-1 when tcmalloc is not the allocator).
+struct HeapStats {
+  int64_t allocated = -1;  // generic.current_allocated_bytes: in use by the program (tensors, everything malloc'd)
+  int64_t free = -1;       // tcmalloc.pageheap_free_bytes + the central/thread caches: freed, still mapped
+};
+
+inline HeapStats heap_stats() {
+  HeapStats h;
+  if (MallocExtension_GetNumericProperty == nullptr) return h;
+  size_t v = 0;
+  if (MallocExtension_GetNumericProperty("generic.current_allocated_bytes", &v)) h.allocated = static_cast<int64_t>(v);
+  size_t page = 0, central = 0, thread = 0;
+  MallocExtension_GetNumericProperty("tcmalloc.pageheap_free_bytes", &page);
+  MallocExtension_GetNumericProperty("tcmalloc.central_cache_free_bytes", &central);
+  MallocExtension_GetNumericProperty("tcmalloc.thread_cache_free_bytes", &thread);
+  h.free = static_cast<int64_t>(page + central + thread);
+  return h;
+}
+
+/// Returns tcmalloc's free pages to the kernel (no-op without tcmalloc).
+inline void release_free_memory() {
+  if (MallocExtension_ReleaseFreeMemory != nullptr) MallocExtension_ReleaseFreeMemory();
+}
+
+inline nlohmann::json to_json(const HeapStats& h) { return {{"allocated", h.allocated}, {"free", h.free}}; }
+
 /// A rank's side of the command line: who it is and where its group meets.
 struct RankArgs {
   int rank = -1;  // -1: this process is the parent
