@@ -36,6 +36,7 @@ double time_it(const std::function<void()>& fn, int iters) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // rows appear as they are measured, also into a file
   const Flags f = parse_flags(argc, argv);
   const int threads = static_cast<int>(flag_int(f, "threads", 1)), iters = static_cast<int>(flag_int(f, "iters", 3)),
             repeats = static_cast<int>(flag_int(f, "repeats", 7));

@@ -65,6 +65,14 @@ int rank_main(const Flags& f) {
   out["parameters"] = count_parameters(*model);
   int64_t param_bytes = 0, grad_bytes = 0, adam_bytes = 0, sent = 0, peak_full_grad = 0, peak_gathered = 0;
   std::vector<double> losses;
+  // After the last step, while the optimizer and the model still exist: RSS, tcmalloc's heap, then RSS once
+  // tcmalloc has returned its free pages.
+  auto after_last_step = [&out] {
+    out["after"] = to_json(proc_status());
+    out["after_heap"] = to_json(heap_stats());
+    release_free_memory();
+    out["released"] = to_json(proc_status());
+  };
   if (zero == 0) {
     auto adamw = make_inner_adamw(model->parameters(), train);
     for (int64_t s = 0; s < steps; ++s) {
@@ -93,6 +101,7 @@ int rank_main(const Flags& f) {
       losses.push_back(loss.item<double>());
       sent = group->bytes_sent() - before;
     }
+    after_last_step();
   } else {
     ZeroOptions o;
     o.stage = zero;
@@ -119,14 +128,10 @@ int rank_main(const Flags& f) {
       losses.push_back(loss.item<double>());
       sent = group->bytes_sent() - before;
     }
+    after_last_step();
   }
-  const ProcStatus after = proc_status();
-  const HeapStats after_heap = heap_stats();
-  release_free_memory();
-  out["released"] = to_json(proc_status());
   out["base_heap"] = to_json(base_heap);
   out["measured_heap"] = to_json(measured_heap);
-  out["after_heap"] = to_json(after_heap);
   out["zero"] = zero;
   out["param_bytes"] = param_bytes;
   out["grad_bytes"] = grad_bytes;
@@ -135,7 +140,6 @@ int rank_main(const Flags& f) {
   out["peak_gathered_bytes"] = peak_gathered;
   out["sent_last_step"] = sent;
   out["base"] = to_json(base);
-  out["after"] = to_json(after);
   out["losses"] = losses;
   write_result(a.out, out);
   return 0;
@@ -202,6 +206,7 @@ int parent_main(const Flags& f, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // rows appear as they are measured, also into a file
   const Flags f = parse_flags(argc, argv);
   try {
     return rank_args(f).rank >= 0 ? rank_main(f) : parent_main(f, argc, argv);
