@@ -6,9 +6,13 @@
 //   blocks  the GPT's L blocks alone on a random residual stream x (B, T, C): y = blocks(x), backward of ⟨y, g⟩,
 //           plain against each block through checkpoint(); expected 4/3 (forward + backward ≈ 3 forwards, plus one
 //           recomputed forward).
+// Timed by the wall clock and by the process's CPU time (one thread for LibTorch, one for OpenBLAS, which runs in
+// the calling thread): on a loaded machine the CPU time is the steadier of the two.
 // Deliberately not measured: memory (activation_checkpoint_test counts the bytes kept), the pipeline's send/recv,
 // the optimizer step.
 // Usage: bench_parallel_checkpoint [--preset small] [--batch 8] [--threads 1] [--iters 3] [--repeats 7]
+#include <time.h>
+
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -26,11 +30,20 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// Seconds per call of fn, over `iters` calls.
-double time_it(const std::function<void()>& fn, int iters) {
+double cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// Seconds per call of fn over `iters` calls: wall clock, and this process's CPU time (all its threads), which
+// leaves out the time the machine's other work kept it off the cores.
+std::pair<double, double> time_it(const std::function<void()>& fn, int iters) {
+  const double c0 = cpu_seconds();
   const auto t0 = Clock::now();
   for (int i = 0; i < iters; ++i) fn();
-  return std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  return {wall / iters, (cpu_seconds() - c0) / iters};
 }
 
 }  // namespace
@@ -99,15 +112,18 @@ int main(int argc, char** argv) {
   const auto fns = std::vector<std::function<void()>>{model_step(plain), model_step(ckpt), blocks_step(false),
                                                       blocks_step(true)};
   for (const auto& fn : fns) fn();  // warm-up
-  std::vector<std::vector<double>> secs(4);
+  std::vector<std::vector<double>> secs(4), cpu(4);
   for (int r = 0; r < repeats; ++r) {
     for (int i = 0; i < 4; ++i) {
       const int k = (r % 2 == 0) ? i : 3 - i;  // alternate the order
-      secs[k].push_back(time_it(fns[k], iters));
+      const auto [wall, c] = time_it(fns[k], iters);
+      secs[k].push_back(wall);
+      cpu[k].push_back(c);
     }
   }
   const double mp = median(secs[0]), mc = median(secs[1]), bp = median(secs[2]), bc = median(secs[3]);
   auto lo = [&](int k) { return *std::min_element(secs[k].begin(), secs[k].end()); };  // the least disturbed repeat
+  auto c = [&](int k) { return median(cpu[k]); };
   const double Cd = C, F = m.ff_dim(), L = m.n_layer, Td = T;
   const double block_fwd_per_token = 2 * L * (4 * Cd * Cd + 3 * Cd * F) + 4 * L * Td * Cd;
   const double expected_model = 1 + block_fwd_per_token / gpt_flops_per_token(m);
@@ -122,5 +138,8 @@ int main(int argc, char** argv) {
   std::printf("blocks (%lld blocks alone)           forward + backward: plain %.4f s, checkpointed %.4f s (medians), ratio "
               "%.3f; fastest repeats %.3f (expected 4/3 = 1.333)\n",
               static_cast<long long>(m.n_layer), bp, bc, bc / bp, lo(3) / lo(2));
+  std::printf("CPU time (medians): model plain %.4f s, checkpointed %.4f s, ratio %.3f; blocks plain %.4f s, "
+              "checkpointed %.4f s, ratio %.3f\n",
+              c(0), c(1), c(1) / c(0), c(2), c(3), c(3) / c(2));
   return 0;
 }

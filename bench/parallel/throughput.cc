@@ -8,6 +8,8 @@
 // depend on them), anything outside RankEngine::step (the syncer, fragments, data loading).
 // Usage: bench_parallel_throughput [--preset small] [--batch 8] [--micro-batches 4] [--warmup 2] [--steps 3]
 //                                  [--repeats 9]
+#include <time.h>
+
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -22,6 +24,12 @@ using namespace dloco::bench;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+double cpu_seconds() {  // this process's CPU time, all threads
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 struct Kind {
   const char* name;
@@ -63,19 +71,23 @@ int rank_main(const Flags& f) {
     for (int64_t s = 0; s < warmup; ++s) e->step(windows[s % windows.size()], train.lr);
   }
   std::vector<std::vector<double>> secs(engines.size());  // per engine: seconds per step of each repeat
+  std::vector<std::vector<double>> cpu(engines.size());   // per engine: this rank's CPU seconds per step
   std::vector<double> losses(engines.size());
   for (int64_t r = 0; r < repeats; ++r) {
     for (size_t i = 0; i < engines.size(); ++i) {
       const size_t e = (r % 2 == 0) ? i : engines.size() - 1 - i;  // forward order, then backward
       group->barrier();
+      const double c0 = cpu_seconds();
       const auto t0 = Clock::now();
       for (int64_t s = 0; s < steps; ++s) losses[e] = engines[e]->step(windows[s % windows.size()], train.lr).loss;
       group->barrier();
       secs[e].push_back(std::chrono::duration<double>(Clock::now() - t0).count() / static_cast<double>(steps));
+      cpu[e].push_back((cpu_seconds() - c0) / static_cast<double>(steps));
     }
   }
   nlohmann::json out;
   out["secs"] = secs;
+  out["cpu"] = cpu;
   out["losses"] = losses;
   out["tokens_per_step"] = train.tokens_per_step(m);
   out["parameters"] = gpt_parameter_count(m);
@@ -117,6 +129,15 @@ int parent_main(const Flags& f, int argc, char** argv) {
                 ks[e].name, j["describe"][e].get<std::string>().c_str(), med, lo, *std::max_element(s.begin(), s.end()),
                 tokens / med, tokens / lo, dp / med, dp_min / lo, j["losses"][e].get<double>());
   }
+  // CPU seconds per step of each rank (medians): the compute and communication work each kind costs, without
+  // the time the machine's other work kept a rank off the cores (nor the time it waited for its peer).
+  std::printf("CPU s/step per rank (medians):");
+  for (size_t e = 0; e < ks.size(); ++e) {
+    std::printf(" %s", ks[e].name);
+    for (const auto& r : ranks) std::printf(" %.3f", median(r["cpu"][e].get<std::vector<double>>()));
+    std::printf(";");
+  }
+  std::printf("\n");
   return 0;
 }
 
