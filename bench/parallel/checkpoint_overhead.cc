@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
   ckpt_options.checkpoint_activations = true;
   PipelineStage plain(full, plain_options), ckpt(full, ckpt_options);
   const auto tokens = torch::randint(m.vocab_size, {B, T + 1}, torch::kLong);  // (B, T + 1)
-  const auto idx = tokens.narrow(1, 0, T), targets = tokens.narrow(1, 1, T);  // (B, T)
+  const auto idx = tokens.narrow(1, 0, T), targets = tokens.narrow(1, 1, T);   // (B, T)
   auto model_step = [&](PipelineStage& stage) {
     return [&stage, &idx, &targets] {
       stage.zero_grad();
@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
     for (auto& p : blocks.back()->parameters()) block_params.push_back(p);
   }
   const auto x = torch::randn({B, T, C}).requires_grad_(true);  // (B, T, C)
-  const auto g = torch::randn({B, T, C});                         // (B, T, C) incoming gradient
+  const auto g = torch::randn({B, T, C});                       // (B, T, C) incoming gradient
   auto blocks_step = [&](bool checkpointed) {
     return [&, checkpointed] {
       for (auto& p : block_params) {
@@ -109,8 +109,8 @@ int main(int argc, char** argv) {
     for (auto& [name, t] : pp) worst = std::max(worst, (t.grad() - cp[name].grad()).abs().max().item<double>());
     std::printf("gradients with and without checkpointing: largest difference %.3g\n", worst);
   }
-  const auto fns = std::vector<std::function<void()>>{model_step(plain), model_step(ckpt), blocks_step(false),
-                                                      blocks_step(true)};
+  const auto fns =
+      std::vector<std::function<void()>>{model_step(plain), model_step(ckpt), blocks_step(false), blocks_step(true)};
   for (const auto& fn : fns) fn();  // warm-up
   std::vector<std::vector<double>> secs(4), cpu(4);
   for (int r = 0; r < repeats; ++r) {
@@ -127,19 +127,23 @@ int main(int argc, char** argv) {
   const double Cd = C, F = m.ff_dim(), L = m.n_layer, Td = T;
   const double block_fwd_per_token = 2 * L * (4 * Cd * Cd + 3 * Cd * F) + 4 * L * Td * Cd;
   const double expected_model = 1 + block_fwd_per_token / gpt_flops_per_token(m);
-  std::printf("preset %s (C=%lld L=%lld V=%lld T=%lld), B=%lld, threads torch %d + BLAS %d, %s; medians of %d "
-              "alternating repeats x %d iterations\n",
-              flag(f, "preset", "small").c_str(), static_cast<long long>(C), static_cast<long long>(m.n_layer),
-              static_cast<long long>(m.vocab_size), static_cast<long long>(T), static_cast<long long>(B),
-              budget.torch_threads, budget.blas_threads, blas_description().c_str(), repeats, iters);
-  std::printf("model  (PipelineStage, stages = 1) forward + backward: plain %.4f s, checkpointed %.4f s (medians), ratio "
-              "%.3f; fastest repeats %.3f (expected from FLOPs %.3f)\n",
-              mp, mc, mc / mp, lo(1) / lo(0), expected_model);
-  std::printf("blocks (%lld blocks alone)           forward + backward: plain %.4f s, checkpointed %.4f s (medians), ratio "
-              "%.3f; fastest repeats %.3f (expected 4/3 = 1.333)\n",
-              static_cast<long long>(m.n_layer), bp, bc, bc / bp, lo(3) / lo(2));
-  std::printf("CPU time (medians): model plain %.4f s, checkpointed %.4f s, ratio %.3f; blocks plain %.4f s, "
-              "checkpointed %.4f s, ratio %.3f\n",
-              c(0), c(1), c(1) / c(0), c(2), c(3), c(3) / c(2));
+  std::printf(
+      "preset %s (C=%lld L=%lld V=%lld T=%lld), B=%lld, threads torch %d + BLAS %d, %s; medians of %d "
+      "alternating repeats x %d iterations\n",
+      flag(f, "preset", "small").c_str(), static_cast<long long>(C), static_cast<long long>(m.n_layer),
+      static_cast<long long>(m.vocab_size), static_cast<long long>(T), static_cast<long long>(B), budget.torch_threads,
+      budget.blas_threads, blas_description().c_str(), repeats, iters);
+  std::printf(
+      "model  (PipelineStage, stages = 1) forward + backward: plain %.4f s, checkpointed %.4f s (medians), ratio "
+      "%.3f; fastest repeats %.3f (expected from FLOPs %.3f)\n",
+      mp, mc, mc / mp, lo(1) / lo(0), expected_model);
+  std::printf(
+      "blocks (%lld blocks alone)           forward + backward: plain %.4f s, checkpointed %.4f s (medians), ratio "
+      "%.3f; fastest repeats %.3f (expected 4/3 = 1.333)\n",
+      static_cast<long long>(m.n_layer), bp, bc, bc / bp, lo(3) / lo(2));
+  std::printf(
+      "CPU time (medians): model plain %.4f s, checkpointed %.4f s, ratio %.3f; blocks plain %.4f s, "
+      "checkpointed %.4f s, ratio %.3f\n",
+      c(0), c(1), c(1) / c(0), c(2), c(3), c(3) / c(2));
   return 0;
 }

@@ -79,7 +79,7 @@ int rank_main(const Flags& f) {
           parts.push_back(torch::randint(m.vocab_size, {b, m.seq_len + 1}, gen, torch::kLong));  // (b, T + 1)
         }
       }
-      const auto tokens = torch::cat(parts);  // (rows, T + 1)
+      const auto tokens = torch::cat(parts);                                                      // (rows, T + 1)
       const auto idx = tokens.narrow(1, 0, m.seq_len), targets = tokens.narrow(1, 1, m.seq_len);  // (rows, T)
       phase = "build the model";
       torch::manual_seed(0);
@@ -164,10 +164,10 @@ int parent_main(const Flags& f, int argc, char** argv) {
     extra.insert(extra.begin(), pass.begin(), pass.end());
     return extra;
   };
-  std::printf("model %s untied, T=%lld: Psi = %.0f parameters, plain AdamW state 16 B x Psi = %.0f MiB; ZeRO-3 over 4: "
-              "%.0f MiB per rank\n",
-              flag(f, "preset", "base-124m").c_str(), static_cast<long long>(m.seq_len), psi, 16 * psi / kMiB,
-              4 * psi / kMiB);
+  std::printf(
+      "model %s untied, T=%lld: Psi = %.0f parameters, plain AdamW state 16 B x Psi = %.0f MiB; ZeRO-3 over 4: "
+      "%.0f MiB per rank\n",
+      flag(f, "preset", "base-124m").c_str(), static_cast<long long>(m.seq_len), psi, 16 * psi / kMiB, 4 * psi / kMiB);
   const auto idle = run_ranks(1, with({"--mode", "idle"}), 600, "fit_idle");
   if (idle.empty()) return 1;
   const double idle_peak = idle[0]["end"]["peak"].get<double>();
@@ -181,17 +181,20 @@ int parent_main(const Flags& f, int argc, char** argv) {
   if (control_steps > 0) {
     const auto c = run_ranks(1, with({"--mode", "plain", "--steps", std::to_string(control_steps)}), 1800, "fit_ctl");
     if (c.empty()) return 1;
-    std::printf("3. one process, plain AdamW, no cap, %lld step(s): VmPeak %.0f MiB (%.0f MiB over the idle peak), "
-                "VmHWM %.0f MiB\n",
-                static_cast<long long>(control_steps), c[0]["end"]["peak"].get<double>() / kMiB,
-                (c[0]["end"]["peak"].get<double>() - idle_peak) / kMiB, c[0]["end"]["hwm"].get<double>() / kMiB);
+    std::printf(
+        "3. one process, plain AdamW, no cap, %lld step(s): VmPeak %.0f MiB (%.0f MiB over the idle peak), "
+        "VmHWM %.0f MiB\n",
+        static_cast<long long>(control_steps), c[0]["end"]["peak"].get<double>() / kMiB,
+        (c[0]["end"]["peak"].get<double>() - idle_peak) / kMiB, c[0]["end"]["hwm"].get<double>() / kMiB);
     print_rank("control", 0, c[0]);
   }
   const std::string cap_s = std::to_string(cap);
   const auto plain = run_ranks(1, with({"--mode", "plain", "--cap", cap_s}), 1800, "fit_plain");
   if (plain.empty()) return 1;
-  std::printf("4. one process, plain AdamW, under the cap: %s\n", plain[0]["ok"].get<bool>() ? "trained (the cap is too "
-              "high to show anything)" : "out of memory, as intended");
+  std::printf("4. one process, plain AdamW, under the cap: %s\n", plain[0]["ok"].get<bool>()
+                                                                      ? "trained (the cap is too "
+                                                                        "high to show anything)"
+                                                                      : "out of memory, as intended");
   print_rank("plain", 0, plain[0]);
   const auto z = run_ranks(4, with({"--mode", "zero3", "--cap", cap_s}), 3600, "fit_zero3");
   if (z.empty()) return 1;

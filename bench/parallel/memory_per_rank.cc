@@ -3,13 +3,14 @@
 // from the tensors between backward and step of the last step (ZeroAdamW::memory(); for DP the parameters, their
 // .grad and AdamW's exp_avg / exp_avg_sq counted by hand), against 16 / 10 / 7 / 4 bytes per parameter; (2) its
 // VmRSS after the last step and VmHWM, minus VmRSS measured after the group was formed and before the model was
-// built; (3) the bytes it sent during the last step (Collective::traffic(), the adapter's ring-model count)
-// against 6Ψ / 6Ψ / 6Ψ / 9Ψ bytes.
+// built, tcmalloc's bytes in use at the moment (1) is counted, and VmRSS again after tcmalloc returned its free
+// pages (so the gap between RSS and the live bytes is measured); (3) the bytes it sent during the last step
+// (Collective::traffic(), the adapter's ring-model count) against 6Ψ / 6Ψ / 6Ψ / 9Ψ bytes.
 // Plain DP here is what parallel/rank_engine.cc's zero = 0 does (a replica, torch AdamW with the trainer's
 // groups, the flat gradient all-reduced and averaged); ZeRO runs ZeroAdamW directly because RankEngine does not
 // expose memory(). No clipping and no lr schedule (they change no byte counts).
 // Deliberately not measured: speed (bench_parallel_throughput), activations by category (they are in RSS only;
-// the per-rank batch is kept small so that state dominates), allocator-level bytes.
+// the per-rank batch is kept small so that state dominates), which transient buffer left which free pages.
 // Usage: bench_parallel_memory [--ranks 4] [--d-model 512] [--layers 8] [--vocab 8192] [--seq 128] [--batch 1]
 //                              [--steps 3] [--stages 0,1,2,3]
 #include <cstdio>
@@ -58,7 +59,7 @@ int rank_main(const Flags& f) {
   torch::manual_seed(0);
   GPT model(m);
   auto gen = at::detail::createCPUGenerator(1000 + a.rank);
-  const auto tokens = torch::randint(m.vocab_size, {b, m.seq_len + 1}, gen, torch::kLong);  // (b, T + 1)
+  const auto tokens = torch::randint(m.vocab_size, {b, m.seq_len + 1}, gen, torch::kLong);    // (b, T + 1)
   const auto idx = tokens.narrow(1, 0, m.seq_len), targets = tokens.narrow(1, 1, m.seq_len);  // (b, T)
   TrainConfig train;
   nlohmann::json out;
@@ -153,19 +154,22 @@ int parent_main(const Flags& f, int argc, char** argv) {
   const double psi = static_cast<double>(gpt_parameter_count(m));
   std::vector<std::string> pass;  // the model and run flags, to every rank
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::string(argv[i]) != "--ranks" && std::string(argv[i]) != "--stages") pass.insert(pass.end(), {argv[i], argv[i + 1]});
+    if (std::string(argv[i]) != "--ranks" && std::string(argv[i]) != "--stages")
+      pass.insert(pass.end(), {argv[i], argv[i + 1]});
   }
-  std::printf("model C=%lld L=%lld V=%lld T=%lld untied: Psi = %.0f parameters; N = %d rank processes, fp32, "
-              "per-rank batch %lld, %lld steps\n",
-              static_cast<long long>(m.d_model), static_cast<long long>(m.n_layer), static_cast<long long>(m.vocab_size),
-              static_cast<long long>(m.seq_len), psi, N, static_cast<long long>(flag_int(f, "batch", 1)),
-              static_cast<long long>(flag_int(f, "steps", 3)));
+  std::printf(
+      "model C=%lld L=%lld V=%lld T=%lld untied: Psi = %.0f parameters; N = %d rank processes, fp32, "
+      "per-rank batch %lld, %lld steps\n",
+      static_cast<long long>(m.d_model), static_cast<long long>(m.n_layer), static_cast<long long>(m.vocab_size),
+      static_cast<long long>(m.seq_len), psi, N, static_cast<long long>(flag_int(f, "batch", 1)),
+      static_cast<long long>(flag_int(f, "steps", 3)));
   const double n = N;
   const double target_live[] = {16, 8 + 8 / n, 4 + 12 / n, 16 / n};
   const double target_traffic[] = {2 * (n - 1) / n * 4, 2 * (n - 1) / n * 4, 2 * (n - 1) / n * 4, 3 * (n - 1) / n * 4};
-  std::printf("live: tensor bytes / parameter between backward and step of the last step; heap: tcmalloc's bytes in\n"
-              "use at that moment minus before the model; RSS, HWM: VmRSS after the last step and VmHWM minus VmRSS before\n"
-              "the model; rel: VmRSS after tcmalloc returned its free pages; traffic: bytes sent in the last step / Psi\n");
+  std::printf(
+      "live: tensor bytes / parameter between backward and step of the last step; heap: tcmalloc's bytes in\n"
+      "use at that moment minus before the model; RSS, HWM: VmRSS after the last step and VmHWM minus VmRSS before\n"
+      "the model; rel: VmRSS after tcmalloc returned its free pages; traffic: bytes sent in the last step / Psi\n");
   std::printf("%-14s %4s | %6s %6s %6s %7s %6s %6s | %6s | %6s %6s %6s | %7s %6s %6s\n", "stage", "rank", "param",
               "grad", "adam", "live", "target", "ratio", "heap", "RSS", "HWM", "rel", "traffic", "target", "ratio");
   std::string stages = flag(f, "stages", "0,1,2,3");
@@ -191,11 +195,11 @@ int parent_main(const Flags& f, int argc, char** argv) {
                   traffic, target_traffic[zero], traffic / target_traffic[zero]);
     }
     const auto& j0 = ranks[0];
-    std::printf("%-14s       transient (rank 0, the code's own count): full gradients %.3f B/param, gathered "
-                "parameters %.3f B/param; tcmalloc free after the step %.2f B/param; baseline RSS %.0f MiB; losses",
-                kNames[zero], j0["peak_full_grad_bytes"].get<double>() / psi,
-                j0["peak_gathered_bytes"].get<double>() / psi, j0["after_heap"]["free"].get<double>() / psi,
-                j0["base"]["rss"].get<double>() / (1 << 20));
+    std::printf(
+        "%-14s       transient (rank 0, the code's own count): full gradients %.3f B/param, gathered "
+        "parameters %.3f B/param; tcmalloc free after the step %.2f B/param; baseline RSS %.0f MiB; losses",
+        kNames[zero], j0["peak_full_grad_bytes"].get<double>() / psi, j0["peak_gathered_bytes"].get<double>() / psi,
+        j0["after_heap"]["free"].get<double>() / psi, j0["base"]["rss"].get<double>() / (1 << 20));
     for (double l : j0["losses"]) std::printf(" %.4f", l);
     std::printf("\n");
     std::fflush(stdout);

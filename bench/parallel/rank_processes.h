@@ -16,12 +16,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "collective/process_group.h"
 #include "launcher/children.h"
@@ -170,8 +169,9 @@ inline std::vector<nlohmann::json> run_ranks(int world, const std::vector<std::s
   const fs::path dir = fresh_dir(what);
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
-    std::vector<std::string> a = {"--rank", std::to_string(r), "--world", std::to_string(world), "--store",
-                                  (dir / "store").string(), "--out", (dir / ("rank_" + std::to_string(r) + ".json")).string()};
+    std::vector<std::string> a = {
+        "--rank",  std::to_string(r),        "--world", std::to_string(world),
+        "--store", (dir / "store").string(), "--out",   (dir / ("rank_" + std::to_string(r) + ".json")).string()};
     a.insert(a.end(), args.begin(), args.end());
     pids.push_back(spawn(a, dir / ("rank_" + std::to_string(r) + ".log"), 1));
   }

@@ -55,8 +55,7 @@ int rank_main(const Flags& f) {
   const ModelConfig m = model_preset(flag(f, "preset", "small"));
   TrainConfig train;
   train.batch_size = flag_int(f, "batch", 8);
-  const int64_t warmup = flag_int(f, "warmup", 2), steps = flag_int(f, "steps", 3),
-                repeats = flag_int(f, "repeats", 9);
+  const int64_t warmup = flag_int(f, "warmup", 2), steps = flag_int(f, "steps", 3), repeats = flag_int(f, "repeats", 9);
   const auto ks = kinds(flag_int(f, "micro-batches", 4));
   std::vector<std::unique_ptr<RankEngine>> engines;
   for (const auto& k : ks) {
@@ -66,7 +65,8 @@ int rank_main(const Flags& f) {
   auto gen = at::detail::createCPUGenerator(7);  // the same windows on both ranks
   const int64_t per_window = train.batch_size * m.seq_len + 1;
   std::vector<torch::Tensor> windows;  // (grad_accum, B·T + 1) each
-  for (int i = 0; i < 4; ++i) windows.push_back(torch::randint(m.vocab_size, {train.grad_accum, per_window}, gen, torch::kLong));
+  for (int i = 0; i < 4; ++i)
+    windows.push_back(torch::randint(m.vocab_size, {train.grad_accum, per_window}, gen, torch::kLong));
   for (auto& e : engines) {
     for (int64_t s = 0; s < warmup; ++s) e->step(windows[s % windows.size()], train.lr);
   }
@@ -107,15 +107,16 @@ int parent_main(const Flags& f, int argc, char** argv) {
   const auto& j = ranks[0];
   const ModelConfig m = model_preset(flag(f, "preset", "small"));
   const auto ks = kinds(flag_int(f, "micro-batches", 4));
-  std::printf("preset %s (Psi = %lld, C=%lld L=%lld V=%lld T=%lld), B=%lld, %lld tokens per step; 2 rank processes, "
-              "1 LibTorch + 1 BLAS thread each (%s); %lld warm-up steps, then %lld repeats x %lld steps per kind, "
-              "alternating\n",
-              flag(f, "preset", "small").c_str(), static_cast<long long>(j["parameters"].get<int64_t>()),
-              static_cast<long long>(m.d_model), static_cast<long long>(m.n_layer),
-              static_cast<long long>(m.vocab_size), static_cast<long long>(m.seq_len),
-              static_cast<long long>(flag_int(f, "batch", 8)), static_cast<long long>(j["tokens_per_step"].get<int64_t>()),
-              j["blas"].get<std::string>().c_str(), static_cast<long long>(flag_int(f, "warmup", 2)),
-              static_cast<long long>(flag_int(f, "repeats", 9)), static_cast<long long>(flag_int(f, "steps", 3)));
+  std::printf(
+      "preset %s (Psi = %lld, C=%lld L=%lld V=%lld T=%lld), B=%lld, %lld tokens per step; 2 rank processes, "
+      "1 LibTorch + 1 BLAS thread each (%s); %lld warm-up steps, then %lld repeats x %lld steps per kind, "
+      "alternating\n",
+      flag(f, "preset", "small").c_str(), static_cast<long long>(j["parameters"].get<int64_t>()),
+      static_cast<long long>(m.d_model), static_cast<long long>(m.n_layer), static_cast<long long>(m.vocab_size),
+      static_cast<long long>(m.seq_len), static_cast<long long>(flag_int(f, "batch", 8)),
+      static_cast<long long>(j["tokens_per_step"].get<int64_t>()), j["blas"].get<std::string>().c_str(),
+      static_cast<long long>(flag_int(f, "warmup", 2)), static_cast<long long>(flag_int(f, "repeats", 9)),
+      static_cast<long long>(flag_int(f, "steps", 3)));
   const double tokens = j["tokens_per_step"].get<double>();
   // Under load the spread between repeats is large; the fastest repeat is the one least disturbed, so its ratio
   // is printed beside the medians'.
@@ -124,10 +125,11 @@ int parent_main(const Flags& f, int argc, char** argv) {
   for (size_t e = 0; e < ks.size(); ++e) {
     const auto s = j["secs"][e].get<std::vector<double>>();
     const double med = median(s), lo = *std::min_element(s.begin(), s.end());
-    std::printf("%-16s (%s): s/step median %.3f (min %.3f, max %.3f); tokens/s median %.0f, best %.0f; ratio to DP "
-                "median %.3f, best %.3f; last loss %.4f\n",
-                ks[e].name, j["describe"][e].get<std::string>().c_str(), med, lo, *std::max_element(s.begin(), s.end()),
-                tokens / med, tokens / lo, dp / med, dp_min / lo, j["losses"][e].get<double>());
+    std::printf(
+        "%-16s (%s): s/step median %.3f (min %.3f, max %.3f); tokens/s median %.0f, best %.0f; ratio to DP "
+        "median %.3f, best %.3f; last loss %.4f\n",
+        ks[e].name, j["describe"][e].get<std::string>().c_str(), med, lo, *std::max_element(s.begin(), s.end()),
+        tokens / med, tokens / lo, dp / med, dp_min / lo, j["losses"][e].get<double>());
   }
   // CPU seconds per step of each rank (medians): the compute and communication work each kind costs, without
   // the time the machine's other work kept a rank off the cores (nor the time it waited for its peer).
