@@ -1,0 +1,221 @@
+// Memory per rank of plain data parallelism and ZeRO-1/2/3 (parallel/zero.h) at N = 4, fp32, each rank a process.
+// Per stage, after a few steps, each rank reports (1) its live tensor bytes of model state by category, counted
+// from the tensors between backward and step of the last step (ZeroAdamW::memory(); for DP the parameters, their
+// .grad and AdamW's exp_avg / exp_avg_sq counted by hand), against 16 / 10 / 7 / 4 bytes per parameter; (2) its
+// VmRSS after the last step and VmHWM, minus VmRSS measured after the group was formed and before the model was
+// built, tcmalloc's bytes in use at the moment (1) is counted, and VmRSS again after tcmalloc returned its free
+// pages (so the gap between RSS and the live bytes is measured); (3) the bytes it sent during the last step
+// (Collective::traffic(), the adapter's ring-model count) against 6Ψ / 6Ψ / 6Ψ / 9Ψ bytes.
+// Plain DP here is what parallel/rank_engine.cc's zero = 0 does (a replica, torch AdamW with the trainer's
+// groups, the flat gradient all-reduced and averaged); ZeRO runs ZeroAdamW directly because RankEngine does not
+// expose memory(). No clipping and no lr schedule (they change no byte counts).
+// Deliberately not measured: speed (bench_parallel_throughput), activations by category (they are in RSS only;
+// the per-rank batch is kept small so that state dominates), which transient buffer left which free pages.
+// Usage: bench_parallel_memory [--ranks 4] [--d-model 512] [--layers 8] [--vocab 8192] [--seq 128] [--batch 1]
+//                              [--steps 3] [--stages 0,1,2,3]
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "collective/flat_model.h"
+#include "model/gpt.h"
+#include "parallel/zero.h"
+#include "rank_processes.h"
+#include "train/trainer.h"
+
+using namespace dloco;
+using namespace dloco::bench;
+
+namespace {
+
+ModelConfig model_from(const Flags& f) {
+  ModelConfig m;
+  m.preset = "bench";
+  m.d_model = flag_int(f, "d-model", 512);
+  m.n_layer = flag_int(f, "layers", 8);
+  m.n_head = flag_int(f, "heads", 8);
+  m.vocab_size = flag_int(f, "vocab", 8192);
+  m.seq_len = flag_int(f, "seq", 128);
+  m.tie_embeddings = false;  // ZeRO-3 needs untied embeddings; every stage runs the same model
+  return m;
+}
+
+// One rank: build, train `steps` steps on its own random batch (b, T), report.
+int rank_main(const Flags& f) {
+  const RankArgs a = rank_args(f);
+  one_thread_each();
+  const int zero = static_cast<int>(flag_int(f, "zero", 0));
+  const int64_t b = flag_int(f, "batch", 1), steps = flag_int(f, "steps", 3);
+  auto group = join_group(a);
+  const ModelConfig m = model_from(f);
+  {  // warm the BLAS and autograd paths on something small, so the baseline includes their buffers
+    auto w = torch::randn({64, 64}, torch::requires_grad());
+    torch::mm(w, w).sum().backward();
+  }
+  const ProcStatus base = proc_status();
+  const HeapStats base_heap = heap_stats();
+  HeapStats measured_heap;  // between backward and step of the last step, where the live bytes are counted
+
+  torch::manual_seed(0);
+  GPT model(m);
+  auto gen = at::detail::createCPUGenerator(1000 + a.rank);
+  const auto tokens = torch::randint(m.vocab_size, {b, m.seq_len + 1}, gen, torch::kLong);    // (b, T + 1)
+  const auto idx = tokens.narrow(1, 0, m.seq_len), targets = tokens.narrow(1, 1, m.seq_len);  // (b, T)
+  TrainConfig train;
+  nlohmann::json out;
+  out["parameters"] = count_parameters(*model);
+  int64_t param_bytes = 0, grad_bytes = 0, adam_bytes = 0, sent = 0, peak_full_grad = 0, peak_gathered = 0;
+  std::vector<double> losses;
+  // After the last step, while the optimizer and the model still exist: RSS, tcmalloc's heap, then RSS once
+  // tcmalloc has returned its free pages.
+  auto after_last_step = [&out] {
+    out["after"] = to_json(proc_status());
+    out["after_heap"] = to_json(heap_stats());
+    release_free_memory();
+    out["released"] = to_json(proc_status());
+  };
+  if (zero == 0) {
+    auto adamw = make_inner_adamw(model->parameters(), train);
+    for (int64_t s = 0; s < steps; ++s) {
+      const int64_t before = group->bytes_sent();
+      adamw->zero_grad();
+      auto loss = model->loss(idx, targets);
+      loss.backward();
+      auto flat = flatten_parameters(model, /*grads=*/true);  // (Ψ), as rank_engine.cc's average_gradients
+      group->allreduce_sum(flat);
+      flat.div_(group->world());
+      unflatten_into(model, flat, /*grads=*/true);
+      flat = torch::Tensor();
+      if (s == steps - 1) {
+        for (const auto& p : model->parameters()) {
+          param_bytes += p.nbytes();
+          if (p.grad().defined()) grad_bytes += p.grad().nbytes();
+        }
+        for (const auto& [key, state] : adamw->state()) {
+          const auto& st = static_cast<const torch::optim::AdamWParamState&>(*state);
+          adam_bytes += st.exp_avg().nbytes() + st.exp_avg_sq().nbytes();
+          if (st.max_exp_avg_sq().defined()) adam_bytes += st.max_exp_avg_sq().nbytes();
+        }
+        measured_heap = heap_stats();
+      }
+      adamw->step();
+      losses.push_back(loss.item<double>());
+      sent = group->bytes_sent() - before;
+    }
+    after_last_step();
+  } else {
+    ZeroOptions o;
+    o.stage = zero;
+    o.lr = train.lr;
+    o.beta1 = train.beta1;
+    o.beta2 = train.beta2;
+    o.weight_decay = train.weight_decay;
+    ZeroAdamW opt(model, *group, o);
+    model = GPT(nullptr);  // ZeroAdamW holds the model now; stage 3 has released the full parameters
+    for (int64_t s = 0; s < steps; ++s) {
+      const int64_t before = group->bytes_sent();
+      auto loss = opt.loss(idx, targets);
+      opt.backward(loss);
+      if (s == steps - 1) {
+        const ZeroMemory mem = opt.memory();
+        param_bytes = mem.parameter_bytes;
+        grad_bytes = mem.gradient_bytes;
+        adam_bytes = mem.optimizer_state_bytes;
+        peak_full_grad = mem.peak_full_gradient_bytes;
+        peak_gathered = mem.peak_gathered_parameter_bytes;
+        measured_heap = heap_stats();
+      }
+      opt.step();
+      losses.push_back(loss.item<double>());
+      sent = group->bytes_sent() - before;
+    }
+    after_last_step();
+  }
+  out["base_heap"] = to_json(base_heap);
+  out["measured_heap"] = to_json(measured_heap);
+  out["zero"] = zero;
+  out["param_bytes"] = param_bytes;
+  out["grad_bytes"] = grad_bytes;
+  out["adam_bytes"] = adam_bytes;
+  out["peak_full_grad_bytes"] = peak_full_grad;
+  out["peak_gathered_bytes"] = peak_gathered;
+  out["sent_last_step"] = sent;
+  out["base"] = to_json(base);
+  out["losses"] = losses;
+  write_result(a.out, out);
+  return 0;
+}
+
+const char* kNames[] = {"DP (zero = 0)", "ZeRO-1", "ZeRO-2", "ZeRO-3"};
+
+int parent_main(const Flags& f, int argc, char** argv) {
+  const int N = static_cast<int>(flag_int(f, "ranks", 4));
+  const ModelConfig m = model_from(f);
+  const double psi = static_cast<double>(gpt_parameter_count(m));
+  std::vector<std::string> pass;  // the model and run flags, to every rank
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::string(argv[i]) != "--ranks" && std::string(argv[i]) != "--stages")
+      pass.insert(pass.end(), {argv[i], argv[i + 1]});
+  }
+  std::printf(
+      "model C=%lld L=%lld V=%lld T=%lld untied: Psi = %.0f parameters; N = %d rank processes, fp32, "
+      "per-rank batch %lld, %lld steps\n",
+      static_cast<long long>(m.d_model), static_cast<long long>(m.n_layer), static_cast<long long>(m.vocab_size),
+      static_cast<long long>(m.seq_len), psi, N, static_cast<long long>(flag_int(f, "batch", 1)),
+      static_cast<long long>(flag_int(f, "steps", 3)));
+  const double n = N;
+  const double target_live[] = {16, 8 + 8 / n, 4 + 12 / n, 16 / n};
+  const double target_traffic[] = {2 * (n - 1) / n * 4, 2 * (n - 1) / n * 4, 2 * (n - 1) / n * 4, 3 * (n - 1) / n * 4};
+  std::printf(
+      "live: tensor bytes / parameter between backward and step of the last step; heap: tcmalloc's bytes in\n"
+      "use at that moment minus before the model; RSS, HWM: VmRSS after the last step and VmHWM minus VmRSS before\n"
+      "the model; rel: VmRSS after tcmalloc returned its free pages; traffic: bytes sent in the last step / Psi\n");
+  std::printf("%-14s %4s | %6s %6s %6s %7s %6s %6s | %6s | %6s %6s %6s | %7s %6s %6s\n", "stage", "rank", "param",
+              "grad", "adam", "live", "target", "ratio", "heap", "RSS", "HWM", "rel", "traffic", "target", "ratio");
+  std::string stages = flag(f, "stages", "0,1,2,3");
+  for (int zero = 0; zero <= 3; ++zero) {
+    if (stages.find(std::to_string(zero)) == std::string::npos) continue;
+    std::vector<std::string> args = pass;
+    args.insert(args.end(), {"--zero", std::to_string(zero)});
+    const auto ranks = run_ranks(N, args, 1800, "memory_zero" + std::to_string(zero));
+    if (ranks.empty()) return 1;
+    for (int r = 0; r < N; ++r) {
+      const auto& j = ranks[r];
+      const double pb = j["param_bytes"].get<double>() / psi, gb = j["grad_bytes"].get<double>() / psi,
+                   ab = j["adam_bytes"].get<double>() / psi, live = pb + gb + ab;
+      const double base = j["base"]["rss"].get<double>();
+      const double rss = (j["after"]["rss"].get<double>() - base) / psi;
+      const double hwm = (j["after"]["hwm"].get<double>() - base) / psi;
+      const double rel = (j["released"]["rss"].get<double>() - base) / psi;
+      const double heap =
+          (j["measured_heap"]["allocated"].get<double>() - j["base_heap"]["allocated"].get<double>()) / psi;
+      const double traffic = j["sent_last_step"].get<double>() / psi;
+      std::printf("%-14s %4d | %6.3f %6.3f %6.3f %7.3f %6.2f %6.3f | %6.2f | %6.2f %6.2f %6.2f | %7.3f %6.2f %6.3f\n",
+                  kNames[zero], r, pb, gb, ab, live, target_live[zero], live / target_live[zero], heap, rss, hwm, rel,
+                  traffic, target_traffic[zero], traffic / target_traffic[zero]);
+    }
+    const auto& j0 = ranks[0];
+    std::printf(
+        "%-14s       transient (rank 0, the code's own count): full gradients %.3f B/param, gathered "
+        "parameters %.3f B/param; tcmalloc free after the step %.2f B/param; baseline RSS %.0f MiB; losses",
+        kNames[zero], j0["peak_full_grad_bytes"].get<double>() / psi, j0["peak_gathered_bytes"].get<double>() / psi,
+        j0["after_heap"]["free"].get<double>() / psi, j0["base"]["rss"].get<double>() / (1 << 20));
+    for (double l : j0["losses"]) std::printf(" %.4f", l);
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // rows appear as they are measured, also into a file
+  const Flags f = parse_flags(argc, argv);
+  try {
+    return rank_args(f).rank >= 0 ? rank_main(f) : parent_main(f, argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_parallel_memory: %s\n", e.what());
+    return 1;
+  }
+}
