@@ -207,13 +207,4 @@ int parent_main(const Flags& f, int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // rows appear as they are measured, also into a file
-  const Flags f = parse_flags(argc, argv);
-  try {
-    return rank_args(f).rank >= 0 ? rank_main(f) : parent_main(f, argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_parallel_does_not_fit: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return bench_main("bench_parallel_does_not_fit", argc, argv, rank_main, parent_main); }

@@ -130,6 +130,21 @@ inline RankArgs rank_args(const Flags& flags) {
   return a;
 }
 
+/// The benchmarks' main: with --rank this process is one rank (rank_main(flags)), else the parent that spawns them
+/// (parent_main(flags, argc, argv)); stdout line-buffered so rows reach a log as they are measured; an exception is
+/// printed under `name` and exits 1.
+inline int bench_main(const char* name, int argc, char** argv, int (*rank_main)(const Flags&),
+                      int (*parent_main)(const Flags&, int, char**)) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  const Flags f = parse_flags(argc, argv);
+  try {
+    return rank_args(f).rank >= 0 ? rank_main(f) : parent_main(f, argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", name, e.what());
+    return 1;
+  }
+}
+
 /// Joins the rank's group (deadline `timeout_s` for the rendezvous and every collective). One thread for LibTorch
 /// and one for OpenBLAS (spawn() set the environment; this makes LibTorch's pool follow it).
 inline std::unique_ptr<Collective> join_group(const RankArgs& a, double timeout_s = 600) {
