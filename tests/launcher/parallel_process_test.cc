@@ -1,8 +1,8 @@
 // Decoupled DiLoCo over learners that are groups of ranks (docs/parallel.md), with the real dloco binary: M = 2
 // learners of 2 ranks each, learner 0 tensor-parallel (t = 2), learner 1 ZeRO-2 (d = 2), on the tiny corpus.
 // Checked: merges happen and every learner ends holding Θ (the chaos analysis compares the final copies' hashes
-// with the syncer's); kill -9 of learner 0's rank 1 at learner 0's 30th step stops learner 0, the launcher
-// restarts it as a whole group (a new rank process joins) and the run finishes; learner 1 never waited meanwhile
+// with the syncer's); kill -9 of learner 0's rank 1 (at learner 0's 30th step, or learner 1's 40th) stops learner 0,
+// the launcher restarts it as a whole group (a new rank process joins) and the run finishes; learner 1 never waited
 // (time outside its steps' compute stays below kMaxOutsideCompute_s); later, kill -9 of learner 1's leader takes its
 // rank down with it (PR_SET_PDEATHSIG) and that learner restarts too. Sized in steps; the kills come at steps.
 #include <gtest/gtest.h>
@@ -47,20 +47,23 @@ TEST(ParallelLearners, TensorParallelAndZeroGroupsTrainAndAKilledRankRestartsOnl
   const std::string cmd = kDloco + " train --config " + cfg.string() + " > " + (root / "groups.log").string() + " 2>&1";
   std::thread launcher([&] { EXPECT_EQ(std::system(cmd.c_str()), 0) << "see " << (root / "groups.log"); });
 
-  // At learner 0's 30th step, kill -9 its rank 1 (the pid its rank_joined event names).
+  // Once learner 0 trains (10 steps), at its 30th step or learner 1's 40th, whichever comes first (the two groups
+  // run at different speeds: learner 1 must still be training), kill -9 learner 0's rank 1 (the pid its rank_joined
+  // event names).
   pid_t victim = -1;
   for (int i = 0; i < 1800 && victim < 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    int steps = 0;
-    for (const auto& e : read_events(run / "events" / "learner_0.jsonl")) steps += e["event"] == "step";
-    if (steps < 30) continue;
+    int steps0 = 0, steps1 = 0;
+    for (const auto& e : read_events(run / "events" / "learner_0.jsonl")) steps0 += e["event"] == "step";
+    for (const auto& e : read_events(run / "events" / "learner_1.jsonl")) steps1 += e["event"] == "step";
+    if (steps0 < 10 || (steps0 < 30 && steps1 < 40)) continue;
     for (const auto& e : read_events(run / "events" / "learner_0_rank_1.jsonl")) {
       if (e["event"] == "rank_joined") victim = e["pid"];
     }
   }
   if (victim <= 0) {
     launcher.join();
-    FAIL() << "learner 0 never reached step 30 with its rank 1 joined";
+    FAIL() << "learner 0 never reached step 10 with its rank 1 joined";
   }
   EXPECT_EQ(testing_support::signal_child(victim, SIGKILL, "learner 0's rank 1"), 0);
   const double killed_at = now_unix();
