@@ -7,6 +7,7 @@
 #include <limits>
 #include <map>
 
+#include "collective/flat_model.h"
 #include "core/check.h"
 #include "parallel/mixed_precision.h"
 #include "parallel/rank_engine_internal.h"
@@ -180,21 +181,13 @@ class DataParallelEngine final : public RankEngine {
     return params[name];
   }
 
-  // Plain data parallelism: one all-reduce of every gradient, flattened, then / d.
+  // Plain data parallelism: one all-reduce of every gradient, flattened (collective/flat_model.h, as the dp
+  // baseline does), then / d.
   void average_gradients() {
-    torch::NoGradGuard no_grad;
-    auto params = model_->parameters();
-    std::vector<torch::Tensor> grads;
-    for (auto& p : params) grads.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}));
-    auto flat = torch::cat(grads);  // (Ψ)
+    auto flat = flatten_parameters(model_, /*grads=*/true);  // (Ψ)
     group_.allreduce_sum(flat);
     flat.div_(group_.world());
-    int64_t offset = 0;
-    for (auto& p : params) {
-      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-      p.grad().copy_(flat.narrow(0, offset, p.numel()).view_as(p));
-      offset += p.numel();
-    }
+    unflatten_into(model_, flat, /*grads=*/true);
   }
 
   TrainConfig train_;
