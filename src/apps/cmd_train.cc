@@ -5,7 +5,7 @@
 
 #include "apps/commands.h"
 #include "core/check.h"
-#include "collective/worker.h"
+#include "learner/worker.h"
 #include "launcher/launcher.h"
 #include "learner/learner.h"
 #include "syncer/syncer.h"
@@ -65,6 +65,8 @@ struct RoleFlags {
   double group_rendezvous_s = 0;
   int leader_pid = 0;
   bool no_spawn_ranks = false;
+  std::string replica_store;  // a rank of a dp baseline's learner group: its replicas' rendezvous
+  int replica_rank = 0, replicas = 0;
 };
 
 // The config of --config, or (--resume) the run folder's saved one, named after the folder given.
@@ -178,13 +180,18 @@ void add_learner_and_evaluator_commands(CLI::App& app, RoleFlags& r) {
                     "here (they are started by hand with --rank, e.g. on other machines; needs --group-store)");
       cmd->add_option("--group-rendezvous-s", r.group_rendezvous_s, "Learner group: how long a rank waits for the "
                       "others to arrive (default: the leader's bootstrap deadline + parallel.timeout_s)");
+      cmd->add_option("--replica-store", r.replica_store, "dp baseline over learner groups (set by the worker that "
+                      "spawns this rank): the rendezvous of this rank of every learner, suffixed .rank_<r>");
+      cmd->add_option("--replica-rank", r.replica_rank, "dp baseline over learner groups: this learner's rank there");
+      cmd->add_option("--replicas", r.replicas, "dp baseline over learner groups: the learners (0: not a dp baseline)");
     }
     cmd->add_option("--run-dir", r.run_dir, "Folder for this role's events (default: run.out_dir/run.name)");
     cmd->add_option("--set", r.overrides, "Override a config field (repeatable)");
     cmd->callback([is_learner, &r] {
       const Config c = load_config(r.config, r.overrides);
       const auto run_dir = r.run_dir.empty() ? c.run_dir() : std::filesystem::path(r.run_dir);
-      const GroupOptions group{r.group_store, r.group_host, !r.no_spawn_ranks, r.group_rendezvous_s};
+      const GroupOptions group{r.group_store, r.group_host, !r.no_spawn_ranks, r.group_rendezvous_s,
+                               r.replica_store, r.replica_rank, r.replicas};
       if (is_learner && r.no_spawn_ranks && r.group_store.empty()) {
         throw InputError("--no-spawn-ranks needs --group-store FILE: the ranks started elsewhere meet the leader there");
       }

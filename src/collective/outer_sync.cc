@@ -60,14 +60,21 @@ bool AllReduceMerge::finish(std::span<float> merged) {
 
 namespace {
 
-// diloco: the whole model at once, every H steps, blocking (K = M, P = 1, τ = 0).
+// diloco: the whole model at once, every H steps, blocking (K = M, P = 1, τ = 0): every fragment concatenated
+// into one flat vector (elementwise math: the order of the elements does not change Θ).
 class DilocoSync final : public OuterSync {
  public:
-  DilocoSync(const Config& config, GPT model, Collective& group, EventLog& events, double& wait_s, int64_t& syncs)
-      : diloco_(config.diloco), tokens_per_step_(config.train.tokens_per_step(config.model)), model_(model),
-        group_(group), events_(events), wait_s_(wait_s), syncs_(syncs) {
-    const auto theta = flatten_parameters(model_, /*grads=*/false);  // (N)
-    theta_.assign(theta.data_ptr<float>(), theta.data_ptr<float>() + theta.numel());
+  DilocoSync(const Config& config, FragmentReplica& replica, const FragmentLayout& layout, Collective& group,
+             EventLog& events, double& wait_s, int64_t& syncs)
+      : diloco_(config.diloco), tokens_per_step_(config.train.tokens_per_step(config.model)), replica_(replica),
+        layout_(layout), group_(group), events_(events), wait_s_(wait_s), syncs_(syncs) {
+    int64_t n = 0;
+    for (const auto& f : layout_.fragments) {
+      offsets_.push_back(n);
+      n += f.numel;
+    }
+    theta_.resize(static_cast<size_t>(n));  // (N)
+    read_local(theta_);
     momentum_.assign(theta_.size(), 0.0f);
   }
 
@@ -82,16 +89,23 @@ class DilocoSync final : public OuterSync {
   }
 
   void write_global(GPT& model) override {
-    unflatten_into(model, torch::from_blob(theta_.data(), {static_cast<int64_t>(theta_.size())}, torch::kFloat),
-                   /*grads=*/false);
+    const auto params = layout_parameters(model, layout_);
+    for (size_t p = 0; p < layout_.fragments.size(); ++p) scatter_parameters(params, layout_, static_cast<int>(p), part(theta_, p));
   }
 
   std::vector<int64_t> versions() const override { return {version_}; }
 
  private:
+  std::span<float> part(std::vector<float>& flat, size_t p) {
+    return std::span<float>(flat).subspan(static_cast<size_t>(offsets_[p]), static_cast<size_t>(layout_.fragments[p].numel));
+  }
+  void read_local(std::vector<float>& flat) {
+    for (size_t p = 0; p < layout_.fragments.size(); ++p) replica_.read_fragment(static_cast<int>(p), part(flat, p));
+  }
+
   void sync(int64_t step, int64_t round) {
-    auto local = flatten_parameters(model_, /*grads=*/false);  // (N) θ_m
-    const std::span<float> theta_m(local.data_ptr<float>(), theta_.size());
+    std::vector<float> theta_m(theta_.size());  // (N) θ_m
+    read_local(theta_m);
     // 1. Δ_m = Θ − θ_m, [w·Δ_m, w] summed over every worker.
     AllReduceMerge merge(group_, theta_, theta_m,
                          contribution_weight(diloco_.weights, tokens_since_, steps_since_, tokens_per_step_));
@@ -108,7 +122,7 @@ class DilocoSync final : public OuterSync {
     nesterov_outer_step(theta_, momentum_, delta, static_cast<float>(diloco_.outer_lr),
                         static_cast<float>(diloco_.outer_momentum));
     mix_toward(theta_m, theta_, diloco_.alpha);
-    unflatten_into(model_, local, /*grads=*/false);
+    for (size_t p = 0; p < layout_.fragments.size(); ++p) replica_.write_fragment(static_cast<int>(p), part(theta_m, p));
     ++version_;
     steps_since_ = tokens_since_ = 0;
     ++syncs_;
@@ -118,28 +132,30 @@ class DilocoSync final : public OuterSync {
 
   const DilocoConfig diloco_;
   const int64_t tokens_per_step_;
-  GPT model_;
+  FragmentReplica& replica_;
+  const FragmentLayout layout_;
   Collective& group_;
   EventLog& events_;
   double& wait_s_;
   int64_t& syncs_;
-  std::vector<float> theta_, momentum_;  // (N) Θ and its Nesterov buffer v, model->parameters() order
+  std::vector<int64_t> offsets_;                 // where fragment p starts in the flat vectors
+  std::vector<float> theta_, momentum_;  // (N) Θ and its Nesterov buffer v, fragments concatenated
   int64_t version_ = 0, steps_since_ = 0, tokens_since_ = 0;
 };
 
 // streaming: fragment p from its due step u, applied at u + τ.
 class StreamingSync final : public OuterSync {
  public:
-  StreamingSync(const Config& config, GPT model, Collective& group, EventLog& events, double& wait_s, int64_t& syncs)
-      : diloco_(config.diloco), tokens_per_step_(config.train.tokens_per_step(config.model)),
-        layout_(model_layout(model, config.diloco)), params_(layout_parameters(model, layout_)), group_(group),
-        events_(events), wait_s_(wait_s), syncs_(syncs) {
+  StreamingSync(const Config& config, FragmentReplica& replica, const FragmentLayout& layout, Collective& group,
+                EventLog& events, double& wait_s, int64_t& syncs)
+      : diloco_(config.diloco), tokens_per_step_(config.train.tokens_per_step(config.model)), layout_(layout),
+        replica_(replica), group_(group), events_(events), wait_s_(wait_s), syncs_(syncs) {
     const size_t P = layout_.fragments.size();
     theta_.resize(P);
     momentum_.resize(P);
     for (size_t p = 0; p < P; ++p) {
       theta_[p].resize(static_cast<size_t>(layout_.fragments[p].numel));
-      gather_parameters(params_, layout_, static_cast<int>(p), theta_[p]);
+      replica_.read_fragment(static_cast<int>(p), theta_[p]);
       momentum_[p].assign(theta_[p].size(), 0.0f);
     }
     version_.assign(P, 0);
@@ -193,7 +209,7 @@ class StreamingSync final : public OuterSync {
   // At the due step u: Δ_{m,p} = Θ_p − θ_{m,p}, its [w·Δ, w] all-reduce started.
   void start(int p, int64_t round, int64_t apply_at) {
     std::vector<float> local(theta_[p].size());
-    gather_parameters(params_, layout_, p, local);
+    replica_.read_fragment(p, local);
     const double w = contribution_weight(diloco_.weights, tokens_since_[p], steps_since_[p], tokens_per_step_);
     in_flight_.push_back(InFlight{p, round, apply_at, AllReduceMerge(group_, theta_[p], local, w)});
   }
@@ -212,9 +228,9 @@ class StreamingSync final : public OuterSync {
     nesterov_outer_step(theta_[p], momentum_[p], delta, static_cast<float>(diloco_.outer_lr),
                         static_cast<float>(diloco_.outer_momentum));
     std::vector<float> local(theta_[p].size());
-    if (diloco_.alpha != 0) gather_parameters(params_, layout_, p, local);
+    if (diloco_.alpha != 0) replica_.read_fragment(p, local);
     mix_toward(local, theta_[p], diloco_.alpha);
-    scatter_parameters(params_, layout_, p, local);
+    replica_.write_fragment(p, local);
     version_[p] += 1;
     steps_since_[p] = tokens_since_[p] = 0;
     ++syncs_;
@@ -225,7 +241,7 @@ class StreamingSync final : public OuterSync {
   const DilocoConfig diloco_;
   const int64_t tokens_per_step_;
   const FragmentLayout layout_;
-  const std::vector<torch::Tensor> params_;  // the trained model's parameters in layout order
+  FragmentReplica& replica_;  // θ_m
   Collective& group_;
   EventLog& events_;
   double& wait_s_;
@@ -237,13 +253,13 @@ class StreamingSync final : public OuterSync {
 
 }  // namespace
 
-std::unique_ptr<OuterSync> make_outer_sync(const Config& config, GPT model, Collective& group, EventLog& events,
-                                           double& wait_s, int64_t& syncs) {
+std::unique_ptr<OuterSync> make_outer_sync(const Config& config, FragmentReplica& replica, const FragmentLayout& layout,
+                                           Collective& group, EventLog& events, double& wait_s, int64_t& syncs) {
   if (config.diloco.mode == Mode::kDiloco) {
-    return std::make_unique<DilocoSync>(config, model, group, events, wait_s, syncs);
+    return std::make_unique<DilocoSync>(config, replica, layout, group, events, wait_s, syncs);
   }
   if (config.diloco.mode == Mode::kStreaming) {
-    return std::make_unique<StreamingSync>(config, model, group, events, wait_s, syncs);
+    return std::make_unique<StreamingSync>(config, replica, layout, group, events, wait_s, syncs);
   }
   throw InputError(std::string("an outer sync is for diloco.mode = \"diloco\" or \"streaming\", not \"") + to_string(config.diloco.mode) + "\"");
 }

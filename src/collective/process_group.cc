@@ -1,6 +1,8 @@
 // c10d adapter; see process_group.h. The only translation unit that includes c10d.
 #include "collective/process_group.h"
 
+#include <chrono>
+
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -99,6 +101,7 @@ Collective::~Collective() = default;
 void Collective::Pending::wait() {
   if (!work_) return;
   auto& work = *static_cast<c10d::Work*>(work_.get());
+  const auto t0 = std::chrono::steady_clock::now();
   try {
     if (!work.wait(timeout_)) throw CollectiveError("collective did not complete");
   } catch (const CollectiveError&) {
@@ -107,7 +110,10 @@ void Collective::Pending::wait() {
     throw CollectiveError(std::string("collective failed or passed its deadline (a peer died or hangs): ") + e.what());
   }
   work_.reset();
-  if (counter_) count(*counter_, bytes_);
+  if (counter_) {
+    count(*counter_, bytes_);
+    counter_->wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
   counter_ = nullptr;
 }
 

@@ -41,7 +41,8 @@ enum class ReduceScatterAlgo {
 /// Calls and bytes of one kind of collective on this rank.
 struct OpTraffic {
   int64_t calls = 0;
-  int64_t bytes = 0;  // sent by this rank, by the model in Traffic's comment
+  int64_t bytes = 0;    // sent by this rank, by the model in Traffic's comment
+  double wait_s = 0;    // seconds blocked in Pending::wait() of the completed asynchronous ones (all-reduce, send)
 };
 
 /// What this rank put on the wire, per operation, counted by the ring model (Gloo reports no counters of its own).

@@ -50,10 +50,10 @@ void validate_group(const Config& c, const ParallelConfig& g, const std::string&
   require(!g.checkpoint_activations || g.pipeline > 1, key + ".checkpoint_activations",
           "is wired into pipeline learners only for now (set pipeline > 1, or false)");
   const bool plain = g.ranks() == 1 && g.precision == Precision::kFp32 && !g.offload;  // today's one-process learner
-  require(plain || c.diloco.mode == Mode::kDecoupled, key,
+  require(plain || c.diloco.mode == Mode::kDecoupled || is_collective_mode(c.diloco.mode), key,
           "makes a learner of " + std::to_string(g.ranks()) + " rank(s) (precision \"" + to_string(g.precision) +
-              "\"): only diloco.mode = \"decoupled\" runs learner groups for now (got \"" +
-              std::string(to_string(c.diloco.mode)) + "\")");
+              "\"): diloco.mode = \"" + std::string(to_string(c.diloco.mode)) + "\" runs one-process learners "
+              "only (learner groups run in \"decoupled\", \"dp\", \"diloco\" and \"streaming\")");
   require(plain || c.run.device == "cpu", key,
           "runs on the CPU only for now (run.device = \"" + c.run.device + "\"): no GPU path of a learner group is "
           "built or tested yet");
@@ -105,6 +105,12 @@ void validate_parallel(const Config& c) {
   validate_group(c, c.parallel, "parallel");
   for (const auto& l : c.parallel_learners) {
     validate_group(c, l.parallel, "parallel.learner[id = " + std::to_string(l.id) + "]");
+    // dp averages every rank's gradients with the same rank of every other learner (docs/parallel.md
+    // "Baselines over learner groups"): every learner must shard its state the same way.
+    require(c.diloco.mode != Mode::kDp || l.parallel == c.parallel, "parallel.learner[id = " + std::to_string(l.id) + "]",
+            "differs from [parallel]: diloco.mode = \"dp\" averages gradients rank by rank across the learners, so "
+            "every learner needs the same group (drop the [[parallel.learner]] tables, or use diloco, streaming or "
+            "decoupled)");
   }
 }
 

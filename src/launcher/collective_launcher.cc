@@ -20,7 +20,7 @@
 #include "core/events.h"
 #include "launcher/children.h"
 #include "launcher/fault_injector.h"
-#include "collective/worker.h"
+#include "learner/worker.h"
 #include "launcher/launcher.h"
 #include "train/checkpoint.h"
 

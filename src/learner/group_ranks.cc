@@ -3,6 +3,7 @@
 
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -46,23 +47,45 @@ GroupRanks::GroupRanks(const Config& config, int id, const fs::path& run_dir, Gr
   const fs::path& config_file = config_file_;
   write_file_atomically(config_file, to_toml(config));
   for (int r = 1; r < ranks_; ++r) {
-    pids_.push_back(spawn({"learner", "--config", config_file.string(), "--id", std::to_string(id), "--rank",
-                           std::to_string(r), "--group-store", options_.store.string(), "--group-host", options_.host,
-                           "--leader-pid", std::to_string(::getpid()), "--run-dir", run_dir.string(),
-                           "--group-rendezvous-s", std::to_string(rendezvous_s(options_, bootstrap_timeout_s, timeout_s_)),
-                           "--set", "run.threads=" + std::to_string(threads)},
+    std::vector<std::string> args{"learner", "--config", config_file.string(), "--id", std::to_string(id), "--rank",
+                                  std::to_string(r), "--group-store", options_.store.string(), "--group-host", options_.host,
+                                  "--leader-pid", std::to_string(::getpid()), "--run-dir", run_dir.string(),
+                                  "--group-rendezvous-s",
+                                  std::to_string(rendezvous_s(options_, bootstrap_timeout_s, timeout_s_)),
+                                  "--set", "run.threads=" + std::to_string(threads)};
+    if (options_.replicas > 0) {
+      for (const std::string& a : {std::string("--replica-store"), options_.replica_store.string(),
+                                   std::string("--replica-rank"), std::to_string(options_.replica_rank),
+                                   std::string("--replicas"), std::to_string(options_.replicas)}) {
+        args.push_back(a);
+      }
+    }
+    pids_.push_back(spawn(args,
                           run_dir / "logs" / ("learner_" + std::to_string(id) + "_rank_" + std::to_string(r) + ".log"),
                           threads, ::getpgrp()));  // the leader's process group: faults signal them together
+    children_.push_back({"rank", -1, pids_.back()});
   }
 }
 
 GroupRanks::~GroupRanks() {
-  std::vector<Child> children;
-  for (pid_t pid : pids_) children.push_back({"rank", -1, pid});
-  stop_children(children, std::chrono::seconds(2));
+  stop_children(children_, std::chrono::seconds(2));
   std::error_code ec;
   if (!config_file_.empty()) fs::remove(config_file_, ec);
   if (owned_store_) fs::remove(options_.store, ec);  // a group that failed leaves it behind otherwise
+}
+
+std::string GroupRanks::failed_rank() {
+  reap(children_);
+  for (size_t i = 0; i < children_.size(); ++i) {
+    const Child& c = children_[i];
+    if (!c.exited) continue;
+    const std::string who = "rank " + std::to_string(i + 1);
+    if (WIFSIGNALED(c.status)) return who + " was killed by signal " + std::to_string(WTERMSIG(c.status));
+    if (WIFEXITED(c.status) && WEXITSTATUS(c.status) != 0 && WEXITSTATUS(c.status) != 3) {
+      return who + " exited with status " + std::to_string(WEXITSTATUS(c.status));
+    }
+  }
+  return "";
 }
 
 std::unique_ptr<Collective> GroupRanks::join() const {
@@ -104,7 +127,25 @@ int run_group_rank(const Config& config, const GroupRankOptions& options) {
     o.rendezvous_timeout_s = rendezvous_s(options.group, 120, parallel.timeout_s);  // the leader passes its own
     Collective group(o);
     auto engine = make_rank_engine(model, parallel, config.train, group, options.run_dir / "offload" / who);
-    events.emit("rank_joined", {{"pid", ::getpid()}, {"rank", options.rank}, {"group", engine->describe()}});
+    std::unique_ptr<Collective> replicas;  // the dp baseline: this rank of every learner
+    if (options.group.replicas > 0) {
+      if (options.group.replica_store.empty() || options.group.replica_rank < 0 ||
+          options.group.replica_rank >= options.group.replicas) {
+        throw InputError("--replicas " + std::to_string(options.group.replicas) + " needs --replica-store and " +
+                         "0 ≤ --replica-rank < --replicas (got " + std::to_string(options.group.replica_rank) + ")");
+      }
+      CollectiveOptions ro;
+      ro.store_file = options.group.replica_store.string() + ".rank_" + std::to_string(options.rank);
+      ro.rank = options.group.replica_rank;
+      ro.world = options.group.replicas;
+      ro.hostname = options.group.host;
+      ro.timeout_s = config.run.collective_timeout_s;  // it waits for the slowest learner, as dp's all-reduce does
+      ro.rendezvous_timeout_s = o.rendezvous_timeout_s;
+      replicas = std::make_unique<Collective>(ro);
+      engine->set_replicas(replicas.get());
+    }
+    events.emit("rank_joined", {{"pid", ::getpid()}, {"rank", options.rank}, {"group", engine->describe()},
+                                {"replicas", options.group.replicas}});
     const int64_t steps = serve_group_rank(*engine, group, layout, config.train, config.model);
     events.emit("rank_stopped", {{"steps", steps}, {"bytes_sent", group.bytes_sent()}});
     return 0;

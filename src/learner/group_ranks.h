@@ -17,6 +17,7 @@
 
 #include "collective/process_group.h"
 #include "core/config.h"
+#include "launcher/children.h"
 
 namespace dloco {
 
@@ -27,6 +28,12 @@ struct GroupOptions {
   bool spawn = true;            // the leader starts ranks 1 … R − 1 on this machine
   double rendezvous_timeout_s = 0;  // how long a rank waits for the others to arrive; 0 = the leader's bootstrap
                                     // deadline + parallel.timeout_s (the leader passes it to the ranks it spawns)
+  // The dp baseline over learner groups (parallel/rank_engine.h set_replicas): rank r ≥ 1 also joins
+  // "<replica_store>.rank_<r>" with the same rank of every other learner, as rank `replica_rank` of `replicas`
+  // (the leaders average over the workers' own group). replicas = 0: not a dp baseline.
+  std::filesystem::path replica_store;
+  int replica_rank = 0;
+  int replicas = 0;
 };
 
 /// The leader's handle on its group's other ranks.
@@ -49,6 +56,11 @@ class GroupRanks {
   std::unique_ptr<Collective> join() const;
   const std::filesystem::path& store() const { return options_.store; }
   const std::vector<pid_t>& pids() const { return pids_; }
+  /// After a collective failed: "rank r was killed by signal 9" (or "… exited with status s") when one of the
+  /// spawned ranks died of something other than a failed collective (exit 3) or a clean exit, else empty. Tells a
+  /// group that failed on its own from one that a peer learner took down (the dp baseline's launcher holds out
+  /// only the former).
+  std::string failed_rank();
 
  private:
   GroupOptions options_;
@@ -58,6 +70,7 @@ class GroupRanks {
   int ranks_;
   double timeout_s_;
   std::vector<pid_t> pids_;
+  std::vector<Child> children_;  // the same processes, for reaping
 };
 
 /// One rank 1 … R − 1 of a group, as its own process.

@@ -81,6 +81,7 @@ class PipelineEngine final : public RankEngine {
       if (W > 1 && sum[i].defined()) params[i].mutable_grad() = sum[i].div_(static_cast<double>(W));  // window mean
     }
     if (dp_comm_) r.loss = average_over_replicas(params, r.loss);
+    r.loss = average_over_learners(replicas_, grads_of(params), r.loss);
     // ‖g‖² over the whole model: the owned parameters (not the tied head's copy of wte), a replicated one (norm
     // gains) counted on TP rank 0 only.
     auto square_sum = torch::zeros({1}, torch::kDouble);

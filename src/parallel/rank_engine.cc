@@ -41,6 +41,7 @@ class TensorParallelEngine final : public RankEngine {
       (loss / static_cast<double>(W)).backward();
       r.loss += loss.item<double>() / static_cast<double>(W);
     }
+    r.loss = average_over_learners(replicas_, grads_of(model_->parameters()), r.loss);
     r.grad_norm = model_->clip_grad_norm(max_norm_of(train_));
     guard_and_step(*adamw_, r);
     return r;
@@ -124,12 +125,15 @@ class DataParallelEngine final : public RankEngine {
     EngineStep r;
     r.loss = loss_sum.item<double>() / static_cast<double>(W * group_.world());
     if (zero_) {
+      r.loss = average_over_learners(replicas_, {}, r.loss);  // the gradient slices: inside ZeroAdamW::step
+      zero_->set_replicas(replicas_);
       const ZeroStepStats s = zero_->step(max_norm_of(train_), !std::isfinite(r.loss));
       r.grad_norm = s.grad_norm;
       r.skipped = s.skipped;
       return r;
     }
     average_gradients();
+    r.loss = average_over_learners(replicas_, grads_of(model_->parameters()), r.loss);
     r.grad_norm = torch::nn::utils::clip_grad_norm_(model_->parameters(), max_norm_of(train_));
     guard_and_step(*adamw_, r);
     return r;
@@ -239,6 +243,7 @@ class Bf16DataParallelEngine final : public RankEngine {
     }
     EngineStep r;
     r.loss = loss_sum.item<double>() / static_cast<double>(W * group_.world());
+    r.loss = average_over_learners(replicas_, optimizer_.main_grads(), r.loss);
     const MixedStepResult s = optimizer_.step(lr, r.loss);
     r.grad_norm = s.grad_norm;
     r.skipped = s.skipped;

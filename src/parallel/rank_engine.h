@@ -56,8 +56,17 @@ class RankEngine {
   /// Fresh optimizer state (zero moments, step count 0) on this rank: after a restore that failed on some rank,
   /// every rank resets so that replicas stay identical. Local.
   virtual void reset_state() = 0;
+  /// The dp baseline over learner groups (docs/parallel.md "Baselines over learner groups"): `replicas` joins this
+  /// rank with the same rank of every other learner (world = the learners, every learner the same group kind). From
+  /// the next step on, the loss and this rank's gradients (after the group's own reduction) are averaged over it
+  /// before clipping and the guard, so every learner takes the same step: one process's dp hook (collective/dp.h)
+  /// for a rank. Null: none. The collective must outlive the engine's steps; its failure throws CollectiveError.
+  virtual void set_replicas(Collective* replicas) { replicas_ = replicas; }
   /// "tensor-parallel t = 2", "ZeRO-2 over d = 2", … for logs and events.
   virtual std::string describe() const = 0;
+
+ protected:
+  Collective* replicas_ = nullptr;  // set_replicas
 };
 
 /// Builds this rank's engine from a full GPT (the same parameters on every rank: the same seed) for the group

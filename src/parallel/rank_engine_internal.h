@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/check.h"
 #include "parallel/rank_engine.h"
@@ -48,6 +49,37 @@ inline void copy_checked(torch::Tensor target, const torch::Tensor& full, const 
   }
   torch::NoGradGuard no_grad;
   target.copy_(full);
+}
+
+// The dp baseline over learner groups (RankEngine::set_replicas): `grads` (undefined ones skipped; the same set on
+// every replica) and `loss` summed over `replicas` in one fp32 buffer and divided by its world, in place, as
+// collective/dp.cc's hook does for one-process workers. Returns the averaged loss; without replicas, `loss`.
+inline double average_over_learners(Collective* replicas, const std::vector<torch::Tensor>& grads, double loss) {
+  if (replicas == nullptr) return loss;
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> parts;
+  for (const auto& g : grads) {
+    if (g.defined()) parts.push_back(g.reshape({-1}));
+  }
+  parts.push_back(torch::full({1}, loss, torch::kFloat));
+  auto flat = torch::cat(parts);  // (Σ numel + 1)
+  parts.clear();
+  replicas->allreduce_sum(flat);
+  flat.div_(static_cast<double>(replicas->world()));
+  int64_t offset = 0;
+  for (const auto& g : grads) {
+    if (!g.defined()) continue;
+    g.copy_(flat.narrow(0, offset, g.numel()).view_as(g));
+    offset += g.numel();
+  }
+  return flat[offset].item<double>();
+}
+
+// The gradients of `params` (undefined where a parameter has none), for average_over_learners.
+inline std::vector<torch::Tensor> grads_of(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> grads;
+  for (const auto& q : params) grads.push_back(q.grad());
+  return grads;
 }
 
 // train/trainer.cc's guard: a non-finite loss or gradient norm skips the step (moments untouched, gradients

@@ -284,6 +284,18 @@ ZeroStepStats ZeroAdamW::step(double max_grad_norm, bool skip) {
     }
     u.grad.div_(N);  // the mean over the N ranks, as plain data parallelism's all-reduce / N
   }
+  if (replicas_ != nullptr) {  // the dp baseline over learner groups: the same slices of every learner, averaged
+    std::vector<torch::Tensor> parts;
+    for (const auto& u : units_) parts.push_back(u.grad);
+    auto flat = torch::cat(parts);  // (Σ shard)
+    replicas_->allreduce_sum(flat);
+    flat.div_(static_cast<double>(replicas_->world()));
+    int64_t offset = 0;
+    for (auto& u : units_) {
+      u.grad.copy_(flat.narrow(0, offset, u.grad.numel()));
+      offset += u.grad.numel();
+    }
+  }
   // ‖g‖ over the whole model: the slices partition it (the padding is zero), so Σ over ranks of Σ over slices.
   auto square_sum = torch::zeros({1}, torch::kDouble);
   for (const auto& u : units_) square_sum += u.grad.to(torch::kDouble).square().sum();

@@ -95,6 +95,9 @@ class ZeroAdamW {
   /// gradients. Throws CollectiveError.
   ZeroStepStats step(double max_grad_norm = std::numeric_limits<double>::infinity(), bool skip = false);
   void set_lr(double lr) { options_.lr = lr; }
+  /// The dp baseline over learner groups (parallel/rank_engine.h set_replicas): the same rank of every other
+  /// learner; step() averages this rank's reduced gradient slices over it before the norm. Null: none.
+  void set_replicas(Collective* replicas) { replicas_ = replicas; }
 
   /// The full parameters by name (model->named_parameters() names and shapes) on rank `root`, empty elsewhere;
   /// every rank must call it (stage 3 all-gathers). With `moment` = 1 or 2, the full m or v instead. For
@@ -137,6 +140,7 @@ class ZeroAdamW {
 
   GPT model_;
   Collective& group_;
+  Collective* replicas_ = nullptr;
   ZeroOptions options_;
   std::vector<Unit> units_;
   int64_t parameter_count_ = 0;

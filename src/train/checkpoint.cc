@@ -71,7 +71,8 @@ std::optional<CheckpointInfo> inspect(const fs::path& dir, std::string* why) {
 }  // namespace
 
 fs::path save_checkpoint(const fs::path& run_dir, int64_t step, GPT& model, torch::optim::Optimizer* optimizer,
-                         nlohmann::json manifest, int keep) {
+                         nlohmann::json manifest, int keep,
+                         const std::function<void(const fs::path&, nlohmann::json&)>& extra) {
   // Every parameter as F32, names as in GPT's named_parameters().
   std::vector<torch::Tensor> keep_alive;
   std::vector<SafetensorsEntry> entries;
@@ -81,7 +82,8 @@ fs::path save_checkpoint(const fs::path& run_dir, int64_t step, GPT& model, torc
     entries.push_back(f32_entry(p.key(), t.sizes().vec(),
                                 std::span<const float>(t.data_ptr<float>(), static_cast<size_t>(t.numel()))));
   }
-  auto write_optimizer = [optimizer](const fs::path& dir, nlohmann::json& m) {
+  auto write_optimizer = [optimizer, &extra](const fs::path& dir, nlohmann::json& m) {
+    if (extra) extra(dir, m);
     if (optimizer == nullptr) return;
     torch::save(*optimizer, (dir / "optimizer.pt").string());
     fsync_path(dir / "optimizer.pt");

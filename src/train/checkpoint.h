@@ -31,9 +31,12 @@ struct CheckpointInfo {
 /// Writes a checkpoint of `model` (and `optimizer` when not null) at `step` under run_dir/checkpoints, with
 /// `manifest` extended by format, version, step and the model file's size and hash. Keeps the newest `keep`
 /// checkpoints and deletes older ones. Throws InputError if the folder cannot be written (nothing older is
-/// deleted then). Returns the checkpoint folder.
-std::filesystem::path save_checkpoint(const std::filesystem::path& run_dir, int64_t step, GPT& model,
-                                      torch::optim::Optimizer* optimizer, nlohmann::json manifest, int keep = 2);
+/// deleted then). `extra(tmp_dir, manifest)`, when set, adds files (a learner group's optimizer state) and fields
+/// before the manifest is written. Returns the checkpoint folder.
+std::filesystem::path save_checkpoint(
+    const std::filesystem::path& run_dir, int64_t step, GPT& model, torch::optim::Optimizer* optimizer,
+    nlohmann::json manifest, int keep = 2,
+    const std::function<void(const std::filesystem::path&, nlohmann::json&)>& extra = {});
 
 /// The same without a model object (the syncer holds Θ as flat fragments): writes `tensors` as
 /// model.safetensors; `extra(tmp_dir, manifest)`, when set, may add files to the folder and fields to the

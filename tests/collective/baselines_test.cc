@@ -5,7 +5,9 @@
 // - streaming with P = 1 and τ = 0 equals diloco, bit-identical, though the two run separate code
 //   (collective/outer_sync.cc: whole-model sync vs fragment path); decoupled configured synchronously equals
 //   diloco (within 1e-5).
-// The last three run the real `dloco train` (workers over Gloo, or syncer + learners over gRPC) on a tiny model.
+// - dp, diloco and streaming over workers that are learner groups (TP, ZeRO-2, PP; docs/parallel.md "Baselines
+//   over learner groups") end where the same baselines over one-process workers end, within fp32 tolerance.
+// The last four run the real `dloco train` (workers over Gloo, or syncer + learners over gRPC) on a tiny model.
 // The merge itself through real Gloo against the syncer's is outer_sync_test.cc.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -15,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -243,8 +246,8 @@ TEST_F(Baselines, StreamingWithOneFragmentAndNoOverlapEqualsDiloco) {
     EXPECT_FALSE(by_streaming[i].contains("whole_model")) << by_streaming[i].dump();
   }
   // Measured bit-identical: both paths do the same fp32 arithmetic per element (Δ, w·Δ, a two-rank sum that
-  // commutes, the division, Nesterov), only over different buffers (the model in parameter order vs fragment 0 in
-  // the layout's order).
+  // commutes, the division, Nesterov), only over different buffers (every fragment concatenated vs one merge per
+  // fragment).
   EXPECT_TRUE(torch::equal(streaming, diloco))
       << "streaming (P = 1, τ = 0) vs diloco: max relative difference " << relative_difference(streaming, diloco);
   std::printf("streaming (P = 1, τ = 0) vs diloco: max relative difference %.2e\n",
@@ -253,6 +256,52 @@ TEST_F(Baselines, StreamingWithOneFragmentAndNoOverlapEqualsDiloco) {
   const auto overlapped = train_and_load(
       tiny_config("streaming_p1_tau1", "streaming", "inner_steps = 4\nfragments = 1\noverlap = 1\n", 22));
   EXPECT_GT(relative_difference(overlapped, diloco), 1e-4);
+}
+
+// Each baseline over learner groups against the same baseline over one-process workers: the engines reproduce
+// one process's step (group_inner_job_test), so the runs end within fp32 tolerance of each other. dp: both
+// workers the same group (it averages rank by rank); diloco and streaming: a different group per worker.
+TEST_F(Baselines, DpDilocoAndStreamingOverLearnerGroupsEndWhereOneProcessWorkersEnd) {
+  struct Case {
+    const char* name;
+    const char* mode;
+    const char* label;
+    std::string diloco;  // [diloco] keys
+    std::string groups;  // [parallel] and [[parallel.learner]]
+  };
+  const std::vector<Case> cases = {
+      {"dp", "dp", "ZeRO-2 × 2, both", "", "[parallel]\ndata = 2\nzero = 2\n"},
+      {"dp", "dp", "TP = 2, both", "", "[parallel]\ntensor = 2\n"},
+      {"diloco", "diloco", "TP = 2 and ZeRO-2 × 2", "inner_steps = 4\n", "[parallel]\ntensor = 2\n[[parallel.learner]]\nid = 1\ntensor = 1\n"
+                                                  "data = 2\nzero = 2\n"},
+      {"streaming", "streaming", "PP = 2 (1F1B, m = 2) and DP = 2", "inner_steps = 4\nfragments = 2\noverlap = 1\n",
+       "[parallel]\npipeline = 2\nmicro_batches = 2\n[[parallel.learner]]\nid = 1\npipeline = 1\nmicro_batches = 1\ndata = 2\n"},
+  };
+  std::map<std::string, torch::Tensor> reference;  // one-process workers, per mode
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    if (!reference.count(c.name)) {
+      reference[c.name] = train_and_load(tiny_config(std::string("groups_ref_") + c.name, c.mode, c.diloco));
+      EXPECT_GT(relative_difference(reference[c.name], initial_parameters(tiny_config("x", c.mode))), 1e-3)
+          << "training did not move Θ";
+    }
+    const Config grouped = tiny_config("groups_" + std::to_string(i), c.mode, c.diloco + "\n" + c.groups);
+    ASSERT_GT(grouped.parallel_for(0).ranks() + grouped.parallel_for(1).ranks(), 2) << c.groups;
+    const auto theta = train_and_load(grouped);
+    const double diff = relative_difference(theta, reference[c.name]);
+    std::printf("%s over learner groups (%s) vs one-process workers: max relative difference %.2e\n", c.mode,
+                c.label, diff);
+    EXPECT_LT(diff, 1e-4) << c.mode << " over " << c.groups;  // measured 1.9e-7 … 8.0e-6
+    // every rank of every group took part: each rank's event log says it joined and stopped
+    for (int id = 0; id < 2; ++id) {
+      for (int r = 1; r < grouped.parallel_for(id).ranks(); ++r) {
+        std::ifstream in(grouped.run_dir() / "events" /
+                         ("learner_" + std::to_string(id) + "_rank_" + std::to_string(r) + ".jsonl"));
+        const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        EXPECT_NE(text.find("\"rank_stopped\""), std::string::npos) << "worker " << id << " rank " << r;
+      }
+    }
+  }
 }
 
 TEST_F(Baselines, SynchronousDecoupledEqualsDiloco) {

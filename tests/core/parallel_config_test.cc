@@ -65,7 +65,16 @@ TEST(ParallelConfig, RefusalsNameTheKeyAndWhy) {
   EXPECT_EQ(error_of(t + "[parallel]\ndata = 2\nzero = 1\noffload = true\n"), "");
   EXPECT_NE(error_of(t + "[parallel]\nschedule = \"zigzag\"\n").find("\"gpipe\", \"1f1b\", \"interleaved\""),
             std::string::npos);
-  EXPECT_NE(error_of("[model]\npreset = \"tiny\"\n[diloco]\nmode = \"dp\"\nlearners = 2\n[parallel]\ntensor = 2\n").find("only diloco.mode = \"decoupled\""),
+  const std::string dp = "[model]\npreset = \"tiny\"\n[diloco]\nmode = \"dp\"\nlearners = 2\n";
+  EXPECT_EQ(error_of(dp + "[parallel]\ntensor = 2\n"), "") << "the baselines run over learner groups";
+  EXPECT_NE(error_of(dp + "[parallel]\ntensor = 2\n[[parallel.learner]]\nid = 1\ntensor = 1\ndata = 2\n")
+                .find("every learner needs the same group"),
+            std::string::npos);
+  const std::string diloco = "[model]\npreset = \"tiny\"\n[diloco]\nmode = \"diloco\"\nlearners = 2\n";
+  EXPECT_EQ(error_of(diloco + "[parallel]\ntensor = 2\n[[parallel.learner]]\nid = 1\ntensor = 1\ndata = 2\n"), "")
+      << "diloco exchanges whole fragments: its learners' groups may differ";
+  EXPECT_NE(error_of("[model]\npreset = \"tiny\"\n[diloco]\nmode = \"local\"\n[parallel]\ntensor = 2\n")
+                .find("runs one-process learners only"),
             std::string::npos);
   EXPECT_NE(error_of(t + "[[parallel.learner]]\ntensor = 2\n").find("needs an id"), std::string::npos);
   EXPECT_NE(error_of(t + "[parallel]\ntensor = 2\n[run]\ndevice = \"cuda\"\n").find("runs on the CPU only"),

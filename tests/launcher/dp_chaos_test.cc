@@ -1,12 +1,17 @@
 // Data parallel under fault plans (the baseline users run today, run.recovery = elastic | restart): `dloco train
 // --plan` against a dp group of M = 3 workers on the tiny corpus. The kills are triggered by global steps, not
 // times (on a loaded machine the group may not have reached its first checkpoint after a few seconds, and on a
-// fast one it may be done), and the runs are 160 steps long. The decoupled chaos tests are chaos_test.cc.
+// fast one it may be done), and the runs are 160 steps long. Also dp over workers that are learner groups, one of
+// whose ranks is killed. The decoupled chaos tests are chaos_test.cc.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -129,6 +134,67 @@ TEST_F(DpRecoveryTest, RestartWaitsForTheDeadWorkerThenResumesFromTheCheckpoint)
   ASSERT_EQ(a.pauses.size(), 1u);
   EXPECT_GT(a.pauses[0].pause_s, 4.0) << "the group restarted before the dead worker's delay was over";
   EXPECT_LE(a.pauses[0].rolled_back_steps, 5);
+}
+
+// dp over learner groups (docs/parallel.md "Baselines over learner groups"): M = 2 workers, each ZeRO-2 over 2
+// ranks, a checkpoint every 5 steps. kill -9 of worker 1's rank 1 once worker 0 logged 12 steps: worker 1 exits
+// as the failed one (its own rank died; worker 0 is only a casualty), the launcher re-forms the whole group from
+// the newest checkpoint, each group restoring its sharded AdamW state from the checkpoint's group_state, and the
+// run finishes its budget.
+TEST_F(DpRecoveryTest, AKilledRankOfAWorkersGroupRestartsTheGroupFromTheCheckpoint) {
+  constexpr int64_t kSteps = 100, kTokensPerStep = 8 * 32;
+  const auto cfg = testing_support::write_decoupled_config(
+      root_, "dp_groups", 2 * kSteps * kTokensPerStep,
+      "restart_delay_s = 0.5\n[parallel]\ndata = 2\nzero = 2\ntimeout_s = 20\n", 8, 32, 2, 0);
+  const fs::path run = root_ / "dp_groups", log = root_ / "dp_groups.log";
+  const std::string cmd = kDloco + " train --config " + cfg.string() + " --set diloco.mode=dp --set run.recovery=restart" +
+                          " --set train.checkpoint_interval=5 > " + log.string() + " 2>&1";
+  std::thread launcher([&] { EXPECT_EQ(std::system(cmd.c_str()), 0) << "see " << log; });
+  pid_t victim = -1;
+  for (int i = 0; i < 1800 && victim < 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    int steps = 0;
+    for (const auto& e : read_events(run / "events" / "worker_0.jsonl")) steps += e["event"] == "step";
+    if (steps < 12) continue;
+    for (const auto& e : read_events(run / "events" / "learner_1_rank_1.jsonl")) {
+      if (e["event"] == "rank_joined") victim = e["pid"].get<pid_t>();
+    }
+  }
+  ASSERT_GT(victim, 0) << "worker 0 never logged 12 steps, or worker 1's rank 1 never joined; see " << log;
+  ::kill(victim, SIGKILL);
+  launcher.join();
+
+  const json report = json::parse(std::ifstream(run / "report.json"));
+  EXPECT_EQ(report["status"], "finished");
+  EXPECT_GT(report["tokens_trained"].get<int64_t>(), 2 * (kSteps - 1) * kTokensPerStep);
+  std::vector<int> failed;
+  for (const auto& e : read_events(run / "events" / "launcher.jsonl")) {
+    if (e["event"] == "worker_failed") failed.push_back(e["slot"].get<int>());
+  }
+  EXPECT_EQ(failed, std::vector<int>{1}) << "the worker whose rank died is the failure; the other a casualty";
+  const auto groups = formations("dp_groups");
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[1]["world"], 2);
+  const int64_t from = groups[1]["from_step"].get<int64_t>();
+  EXPECT_GT(from, 0) << "from a checkpoint, not from scratch";
+  // the second generation's workers resumed at that step, and both groups' ranks joined again
+  int resumed = 0;
+  for (int w = 0; w < 2; ++w) {
+    for (const auto& e : read_events(run / "events" / ("worker_" + std::to_string(w) + ".jsonl"))) {
+      resumed += e["event"] == "joined" && e["from_step"].get<int64_t>() == from;
+    }
+    int joins = 0;
+    for (const auto& e : read_events(run / "events" / ("learner_" + std::to_string(w) + "_rank_1.jsonl"))) {
+      joins += e["event"] == "rank_joined";
+    }
+    EXPECT_EQ(joins, 2) << "worker " << w << "'s rank 1 joined once per generation";
+  }
+  EXPECT_EQ(resumed, 2);
+  bool group_state = false;
+  for (const auto& d : fs::directory_iterator(run / "checkpoints")) {
+    group_state |= fs::exists(d.path() / "group_state" / "state.json");
+  }
+  EXPECT_TRUE(group_state) << "dp checkpoints of learner groups carry the groups' optimizer state";
 }
 
 }  // namespace

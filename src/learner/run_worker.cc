@@ -9,10 +9,15 @@
 // flush, so a synchronously configured decoupled run and these modes match step for step.
 // Rank 0 evaluates the model that matters (dp: the parameters; diloco/streaming: Θ), writes the status file the
 // launcher reads and the checkpoints. Every rank writes events/worker_<rank>.jsonl.
+// A worker is an inner job (learner/inner_job.h): one process holding the GPT, or a learner group of R ranks
+// ([parallel], docs/parallel.md "Baselines over learner groups") whose other ranks it spawns. diloco and streaming
+// merge the group's fragments among the workers (rank 0 of each group, the leader, takes part); dp averages every
+// rank's gradients with the same rank of every other worker's group.
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <csignal>
 #include <optional>
 #include <thread>
@@ -27,7 +32,11 @@
 #include "core/events.h"
 #include "data/stream.h"
 #include "data/tokenizer.h"
-#include "collective/worker.h"
+#include "learner/gpt_inner_job.h"
+#include "learner/group_inner_job.h"
+#include "learner/group_ranks.h"
+#include "learner/worker.h"
+#include "train/fragment_io.h"
 #include "train/checkpoint.h"
 #include "train/threads.h"
 #include "train/trainer.h"
@@ -56,6 +65,21 @@ int run_worker(const Config& config, const WorkerOptions& options) {
     return kPeerFailedExit;
   }
 }
+
+namespace {
+
+// θ_m of the outer loops: the inner job's fragments.
+class JobReplica final : public FragmentReplica {
+ public:
+  explicit JobReplica(InnerJob& job) : job_(job) {}
+  void read_fragment(int p, std::span<float> out) override { job_.read_fragment(p, out); }
+  void write_fragment(int p, std::span<const float> values) override { job_.write_fragment(p, values); }
+
+ private:
+  InnerJob& job_;
+};
+
+}  // namespace
 
 namespace {
 
@@ -112,14 +136,21 @@ class Worker {
  private:
   GPT initial_model();
   StartPoint join_group();
+  std::unique_ptr<GroupRanks> spawn_ranks();
+  std::unique_ptr<InnerJob> make_job();
+  void restore_optimizer();
+  void refresh_model();
+  torch::optim::Optimizer* checkpointed_optimizer();
+  void save(int64_t step);
   nlohmann::json cursors_at(int64_t step);
-  int64_t tokens_trained() const { return outer_ ? stream_.cursor().tokens_served * M_ : tokens_total_; }
+  int64_t tokens_trained() const { return outer_ ? job_->cursor().tokens_served * M_ : tokens_total_; }
   std::vector<int64_t> versions() const { return outer_ ? outer_sync_->versions() : std::vector<int64_t>{}; }
   GPT& evaluated_model();
   nlohmann::json manifest(int64_t step);
   void write_status(int64_t step, bool finished);
   bool more() const;
   void train_step();
+  InnerStep job_step();
   void evaluate_and_checkpoint();
 
   const Config& config_;
@@ -135,12 +166,18 @@ class Worker {
   const fs::path data_dir_;
   std::shared_ptr<TokenSplit> train_split_;
   std::unique_ptr<TokenSplit> val_split_;  // rank 0 only
-  GPT model_;
+  const ParallelConfig parallel_;          // this worker's group (R = 1: one process)
+  const int ranks_threads_;                // BLAS threads per rank of a group
+  std::unique_ptr<GroupRanks> ranks_;      // a learner group: ranks 1 … R − 1, spawned first (they build meanwhile)
+  GPT model_;  // Θ0; then θ: the one-process job's model, or a group's mirror (refresh_model before reading it)
   Collective group_;
   const int64_t S_;
   const StartPoint start_;
-  DataStream stream_;
-  InnerTrainer trainer_;
+  const FragmentLayout layout_;
+  GptInnerJob* gpt_job_ = nullptr;  // the one-process job (dp's gradient hook, the checkpointed AdamW); set by
+                                    // make_job, so declared before job_
+  std::unique_ptr<InnerJob> job_;
+  JobReplica replica_;
   int64_t tokens_total_;  // dp: tokens trained by the whole group since the run began (every generation)
   const int64_t tokens_per_step_, budget_;
   const double slowdown_;
@@ -180,22 +217,27 @@ Worker::Worker(const Config& config, const WorkerOptions& options, std::vector<i
       data_dir_(config.data.dir),
       train_split_(std::make_shared<TokenSplit>(split_shards(data_dir_, "train"))),
       val_split_(rank_ == 0 ? std::make_unique<TokenSplit>(split_shards(data_dir_, "val")) : nullptr),
+      parallel_(config.parallel_for(slot_)),
+      ranks_threads_(std::max<int>(1, (config.run.threads > 0 ? static_cast<int>(config.run.threads) : machine_cores()) /
+                                          static_cast<int>(parallel_.ranks()))),
+      ranks_(spawn_ranks()),
       model_(initial_model()),
       group_({options.store_file, rank_, W_, options.hostname, config.run.collective_timeout_s}),
       S_(config.data.streams > 0 ? config.data.streams : M_),
       start_(join_group()),
-      stream_(train_split_, slot_, S_, config.train.batch_size, config.model.seq_len, start_.cursors[slot_]),
-      trainer_(model_, config.train, make_schedule(config), device_),
+      layout_(model_layout(model_, config.diloco)),
+      job_(make_job()),
+      replica_(*job_),
       tokens_total_(start_.tokens_total),
       tokens_per_step_(config.train.tokens_per_step(config.model)),
       budget_(config.train.total_tokens / M_),
       slowdown_(slowdown_factor(config.run, slot_, M_)),
       control_(options.run_dir / "control" / ("learner_" + std::to_string(slot_) + ".json")) {
-  if (resumed_ && !load_optimizer_state(*resumed_, trainer_.optimizer())) {
-    throw InputError("checkpoint " + resumed_->dir.string() + " has no optimizer state: dp cannot resume from it");
+  if (resumed_) restore_optimizer();
+  if (mode_ == Mode::kDp && gpt_job_) {
+    gpt_job_->trainer().set_gradient_hook(dp_gradient_hook(model_, group_, &wait_s_, &syncs_, &stop_votes_));
   }
-  if (mode_ == Mode::kDp) trainer_.set_gradient_hook(dp_gradient_hook(model_, group_, &wait_s_, &syncs_, &stop_votes_));
-  if (outer_) outer_sync_ = make_outer_sync(config_, model_, group_, events_, wait_s_, syncs_);
+  if (outer_) outer_sync_ = make_outer_sync(config_, replica_, layout_, group_, events_, wait_s_, syncs_);
   if (rank_ == 0 && outer_) {
     torch::manual_seed(config_.run.seed);
     global_model_ = GPT(config_.model);
@@ -213,6 +255,96 @@ GPT Worker::initial_model() {
   model->to(device_);
   if (resumed_) load_model_weights(*resumed_, model);  // every rank reads the same file: no broadcast needed
   return model;
+}
+
+// A learner group (R > 1 or bf16): its ranks 1 … R − 1, spawned before this rank builds its model. dp: each rank
+// also meets the same rank of every other worker at "<store>.rank_<r>" (a fresh store per generation).
+std::unique_ptr<GroupRanks> Worker::spawn_ranks() {
+  if (parallel_.ranks() == 1 && parallel_.precision == Precision::kFp32) return nullptr;
+  apply_thread_budget(thread_budget(ranks_threads_));
+  GroupOptions o;
+  if (mode_ == Mode::kDp) {
+    o.replica_store = options_.store_file;
+    o.replica_rank = rank_;
+    o.replicas = W_;
+  }
+  return std::make_unique<GroupRanks>(config_, slot_, options_.run_dir, o, ranks_threads_,
+                                      config_.run.collective_timeout_s);  // the workers' rendezvous comes first
+}
+
+// The inner job at the start step: the one-process GPT job over model_, or the group (rank 0 here) with Θ0 (or
+// the resumed weights) written onto every rank.
+std::unique_ptr<InnerJob> Worker::make_job() {
+  DataStream stream(train_split_, slot_, S_, config_.train.batch_size, config_.model.seq_len, start_.cursors[slot_]);
+  if (!ranks_) {
+    auto job = std::make_unique<GptInnerJob>(model_, layout_, config_.train, make_schedule(config_), device_,
+                                             std::move(stream));
+    gpt_job_ = job.get();
+    return job;
+  }
+  auto group = ranks_->join();
+  torch::manual_seed(config_.run.seed + 1 + static_cast<uint64_t>(slot_));  // the ranks' initial GPT (run_group_rank)
+  auto engine = make_rank_engine(GPT(config_.model), parallel_, config_.train, *group,
+                                 options_.run_dir / "offload" / ("learner_" + std::to_string(slot_) + "_rank_0"));
+  if (mode_ == Mode::kDp) engine->set_replicas(&group_);  // the leaders are rank 0 of every group
+  events_.emit("group_formed", {{"ranks", parallel_.ranks()}, {"group", engine->describe()},
+                                {"store", ranks_->store().string()}, {"pids", ranks_->pids()}});
+  std::printf("[worker %d] a group of %lld ranks: %s\n", rank_, static_cast<long long>(parallel_.ranks()),
+              engine->describe().c_str());
+  auto job = std::make_unique<GroupInnerJob>(model_, layout_, config_.train, make_schedule(config_), std::move(stream),
+                                             std::move(engine), std::move(group), parallel_.timeout_s);
+  // Every fragment read before the first write: a write gathers the tensors it covers in part into the mirror
+  // (model_), which would overwrite the other parts' Θ0 before they are read.
+  const auto params = layout_parameters(model_, layout_);
+  const int P = static_cast<int>(layout_.fragments.size());
+  std::vector<std::vector<float>> theta0(static_cast<size_t>(P));
+  for (int p = 0; p < P; ++p) {
+    theta0[p].resize(static_cast<size_t>(layout_.fragments[p].numel));
+    gather_parameters(params, layout_, p, theta0[p]);
+  }
+  for (int p = 0; p < P; ++p) job->write_fragment(p, theta0[p]);
+  return job;
+}
+
+// dp resuming: the AdamW state saved with the checkpoint (a group's: its folder group_state, rank by rank).
+void Worker::restore_optimizer() {
+  if (gpt_job_) {
+    if (!load_optimizer_state(*resumed_, gpt_job_->trainer().optimizer())) {
+      throw InputError("checkpoint " + resumed_->dir.string() + " has no optimizer state: dp cannot resume from it");
+    }
+    return;
+  }
+  std::string why = "it has none";
+  if (job_->restore_state(resumed_->dir / "group_state", &why) != resumed_->step) {
+    throw InputError("checkpoint " + resumed_->dir.string() + " has no usable optimizer state of this learner group (" +
+                     why + "): dp cannot resume from it");
+  }
+}
+
+// A group's mirror takes the ranks' current parameters (every fragment gathered); one process: model_ is θ.
+void Worker::refresh_model() {
+  if (gpt_job_) return;
+  for (int p = 0; p < static_cast<int>(layout_.fragments.size()); ++p) {
+    std::vector<float> values(static_cast<size_t>(layout_.fragments[p].numel));
+    job_->read_fragment(p, values);
+  }
+}
+
+torch::optim::Optimizer* Worker::checkpointed_optimizer() {
+  return !outer_ && gpt_job_ ? &gpt_job_->trainer().optimizer() : nullptr;
+}
+
+// Rank 0's checkpoint at `step`: the evaluated model; dp also the AdamW state (a group's in group_state).
+void Worker::save(int64_t step) {
+  GPT& model = evaluated_model();
+  std::function<void(const fs::path&, nlohmann::json&)> group_state;
+  if (!outer_ && !gpt_job_) {
+    group_state = [this, step](const fs::path& dir, nlohmann::json& m) {
+      job_->save_state(dir / "group_state", step);
+      m["group_state"] = "group_state";
+    };
+  }
+  save_checkpoint(options_.run_dir, step, model, checkpointed_optimizer(), manifest(step), 2, group_state);
 }
 
 // Θ0 broadcast from rank 0 (unless resuming), the "joined" event, and every slot's data cursor at the start
@@ -262,7 +394,10 @@ nlohmann::json Worker::cursors_at(int64_t step) {
 
 // Rank 0's evaluated model: dp, the parameters; diloco/streaming, Θ.
 GPT& Worker::evaluated_model() {
-  if (!outer_) return model_;
+  if (!outer_) {
+    refresh_model();
+    return model_;
+  }
   outer_sync_->write_global(global_model_);
   return global_model_;
 }
@@ -293,13 +428,13 @@ void Worker::write_status(int64_t step, bool finished) {
       {"generation", options_.generation},
       {"tokens_budget", budget_ * M_}, {"val_loss", std::isfinite(last_val_) ? nlohmann::json(last_val_) : nlohmann::json()},
       {"last_eval_step", last_eval_step_}, {"loss", std::isfinite(loss_ema_) ? nlohmann::json(loss_ema_) : nlohmann::json()},
-      {"syncs", syncs_}, {"tokens_per_s", (stream_.cursor().tokens_served - start_.cursors[slot_].tokens_served) / std::max(secs, 1e-9)},
+      {"syncs", syncs_}, {"tokens_per_s", (job_->cursor().tokens_served - start_.cursors[slot_].tokens_served) / std::max(secs, 1e-9)},
       {"wait_s", wait_s_}, {"eval_s", eval_s_}, {"bytes_sent", group_.bytes_sent()}, {"finished", finished}});
   write_file_atomically(options_.run_dir / "status.json", status.dump() + "\n");
 }
 
 bool Worker::more() const {
-  if (outer_) return stream_.cursor().tokens_served + tokens_per_step_ <= budget_ && g_worker_signal.load() == 0;
+  if (outer_) return job_->cursor().tokens_served + tokens_per_step_ <= budget_ && g_worker_signal.load() == 0;
   return !voted_stop_ && tokens_total_ + W_ * tokens_per_step_ <= config_.train.total_tokens;
 }
 
@@ -314,11 +449,17 @@ void Worker::train_step() {
   const auto t0 = Clock::now();
   const double wait_before = wait_s_;
   stop_votes_ = g_worker_signal.load() != 0 ? 1.0 : 0.0;
-  const StepResult r = trainer_.step(stream_, step_);  // dp: the all-reduce runs inside, through the hook
+  const InnerStep r = job_step();  // dp: the all-reduce runs inside (the hook, or the group's engines)
   const double step_s = seconds_since(t0);
   // heterogeneous hardware (run.slowdown) or a fault plan's slow_learner: this worker is `factor` times slower
   if (const double factor = std::max(slowdown_, control_.slowdown()); factor > 1.0) {
-    std::this_thread::sleep_for(std::chrono::duration<double>((factor - 1.0) * (step_s - (wait_s_ - wait_before))));
+    // in slices with a keep-alive between them: a learner group's ranks wait for commands with a deadline
+    const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
+                                          (factor - 1.0) * (step_s - (wait_s_ - wait_before))));
+    while (Clock::now() < until) {
+      std::this_thread::sleep_for(std::min<Clock::duration>(until - Clock::now(), std::chrono::milliseconds(250)));
+      job_->idle();
+    }
   }
   ++step_;
   if (!outer_) {
@@ -328,7 +469,37 @@ void Worker::train_step() {
   if (std::isfinite(r.loss)) loss_ema_ = std::isnan(loss_ema_) ? r.loss : 0.9 * loss_ema_ + 0.1 * r.loss;
   if (outer_) outer_sync_->after_step(step_, r.tokens);
   events_.emit("step", {{"step", step_}, {"loss", r.loss}, {"step_s", step_s}, {"wait_s", wait_s_ - wait_before},
-                        {"skipped", r.skipped}, {"tokens", stream_.cursor().tokens_served}});
+                        {"skipped", r.skipped}, {"tokens", job_->cursor().tokens_served}});
+}
+
+// The inner step; a group in dp then votes on stopping over the workers (one process: inside the dp hook). A
+// CollectiveError is this worker's own failure when one of its ranks died of something else than a failed
+// collective (then it exits as failed, not as a casualty of a peer).
+InnerStep Worker::job_step() {
+  try {
+    const double replica_wait0 = group_.traffic().all_reduce.wait_s;
+    const InnerStep r = job_->step(step_);
+    // dp over groups: the engines' gradient all-reduces over the workers are time outside this group's compute
+    if (mode_ == Mode::kDp && !gpt_job_) wait_s_ += group_.traffic().all_reduce.wait_s - replica_wait0;
+    if (mode_ == Mode::kDp && !gpt_job_) {
+      const auto v0 = Clock::now();
+      auto votes = torch::full({1}, stop_votes_, torch::kFloat);
+      group_.allreduce_sum(votes);
+      stop_votes_ = votes.item<double>();
+      wait_s_ += seconds_since(v0);
+      ++syncs_;
+    }
+    return r;
+  } catch (const CollectiveError& e) {
+    for (int i = 0; ranks_ && i < 50; ++i) {  // a rank that was killed is reaped within a few ms
+      if (const std::string dead = ranks_->failed_rank(); !dead.empty()) {
+        throw InputError("this worker's learner group failed: " + dead + " (" + e.what() + "; see logs/learner_" +
+                         std::to_string(slot_) + "_rank_*.log)");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    throw;
+  }
 }
 
 // Rank 0, after each step: the evaluation, the checkpoint and the status file when they are due.
@@ -343,7 +514,7 @@ void Worker::evaluate_and_checkpoint() {
   }
   if (config_.train.checkpoint_interval > 0 && step % config_.train.checkpoint_interval == 0) {
     const auto c0 = Clock::now();
-    save_checkpoint(options_.run_dir, step, evaluated_model(), outer_ ? nullptr : &trainer_.optimizer(), manifest(step));
+    save(step);
     events_.emit("checkpoint", {{"step", step}, {"seconds", seconds_since(c0)}});
   }
   if (seconds_since(last_status_) > 0.5 || last_eval_step_ == step) {
@@ -365,7 +536,7 @@ int Worker::finish() {
     // also when interrupted; dp: with the AdamW state and every cursor, so a re-formed group continues from here.
     // A resumed group that trained no step leaves its checkpoint alone (the other ranks may still be reading it).
     if (!(resumed_ && step == start_.step)) {
-      save_checkpoint(options_.run_dir, step, evaluated_model(), outer_ ? nullptr : &trainer_.optimizer(), manifest(step));
+      save(step);
       events_.emit("checkpoint", {{"step", step}, {"final", !interrupted}});
     }
     write_status(step, !interrupted);
