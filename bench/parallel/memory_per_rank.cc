@@ -1,24 +1,28 @@
-// Memory per rank of plain data parallelism and ZeRO-1/2/3 (parallel/zero.h) at N = 4, fp32, each rank a process.
+// Memory per rank of plain data parallelism and ZeRO-1/2/3 (parallel/zero.h) at N = 4, fp32, and of bf16 data
+// parallelism (parallel/mixed_precision.h, "stage" 4 here), each rank a process.
 // Per stage, after a few steps, each rank reports (1) its live tensor bytes of model state by category, counted
 // from the tensors between backward and step of the last step (ZeroAdamW::memory(); for DP the parameters, their
-// .grad and AdamW's exp_avg / exp_avg_sq counted by hand), against 16 / 10 / 7 / 4 bytes per parameter; (2) its
+// .grad and AdamW's exp_avg / exp_avg_sq counted by hand; bf16: Bf16Optimizer::memory(), param = the bf16 copy +
+// the fp32 masters), against 16 / 10 / 7 / 4 (bf16: 2 + 4 + 4 + 8 = 18) bytes per parameter; (2) its
 // VmRSS after the last step and VmHWM, minus VmRSS measured after the group was formed and before the model was
 // built, tcmalloc's bytes in use at the moment (1) is counted, and VmRSS again after tcmalloc returned its free
 // pages (so the gap between RSS and the live bytes is measured); (3) the bytes it sent during the last step
-// (Collective::traffic(), the adapter's ring-model count) against 6Ψ / 6Ψ / 6Ψ / 9Ψ bytes.
+// (Collective::traffic(), the adapter's ring-model count) against 6Ψ / 6Ψ / 6Ψ / 9Ψ bytes (bf16: 6Ψ, its
+// gradients are all-reduced in fp32: Gloo cannot all-reduce bf16).
 // Plain DP here is what parallel/rank_engine.cc's zero = 0 does (a replica, torch AdamW with the trainer's
 // groups, the flat gradient all-reduced and averaged); ZeRO runs ZeroAdamW directly because RankEngine does not
 // expose memory(). No clipping and no lr schedule (they change no byte counts).
 // Deliberately not measured: speed (bench_parallel_throughput), activations by category (they are in RSS only;
 // the per-rank batch is kept small so that state dominates), which transient buffer left which free pages.
 // Usage: bench_parallel_memory [--ranks 4] [--d-model 512] [--layers 8] [--vocab 8192] [--seq 128] [--batch 1]
-//                              [--steps 3] [--stages 0,1,2,3]
+//                              [--steps 3] [--stages 0,1,2,3,4]
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "collective/flat_model.h"
 #include "model/gpt.h"
+#include "parallel/mixed_precision.h"
 #include "parallel/zero.h"
 #include "rank_processes.h"
 #include "train/trainer.h"
@@ -74,7 +78,40 @@ int rank_main(const Flags& f) {
     release_free_memory();
     out["released"] = to_json(proc_status());
   };
-  if (zero == 0) {
+  if (zero == 4) {  // bf16 data parallelism, as parallel/rank_engine.cc's Bf16DataParallelEngine
+    Bf16Optimizer opt(*model, train);
+    for (int64_t s = 0; s < steps; ++s) {
+      const int64_t before = group->bytes_sent();
+      opt.zero_grad();
+      auto loss = model->loss(idx, targets);
+      loss.backward();
+      {
+        torch::NoGradGuard no_grad;
+        std::vector<torch::Tensor> parts;
+        for (const auto& g : opt.main_grads()) parts.push_back(g.reshape({-1}));
+        auto flat = torch::cat(parts);  // (Ψ) fp32
+        parts.clear();
+        group->allreduce_sum(flat);
+        flat.div_(group->world());
+        int64_t offset = 0;
+        for (const auto& g : opt.main_grads()) {
+          g.copy_(flat.narrow(0, offset, g.numel()).view_as(g));
+          offset += g.numel();
+        }
+      }
+      if (s == steps - 1) {
+        const PrecisionMemory mem = opt.memory();
+        param_bytes = mem.model_bytes + mem.master_bytes;
+        grad_bytes = mem.grad_bytes;
+        adam_bytes = mem.m_bytes + mem.v_bytes;
+        measured_heap = heap_stats();
+      }
+      opt.step(train.lr, loss.item<double>());
+      losses.push_back(loss.item<double>());
+      sent = group->bytes_sent() - before;
+    }
+    after_last_step();
+  } else if (zero == 0) {
     auto adamw = make_inner_adamw(model->parameters(), train);
     for (int64_t s = 0; s < steps; ++s) {
       const int64_t before = group->bytes_sent();
@@ -146,7 +183,7 @@ int rank_main(const Flags& f) {
   return 0;
 }
 
-const char* kNames[] = {"DP (zero = 0)", "ZeRO-1", "ZeRO-2", "ZeRO-3"};
+const char* kNames[] = {"DP (zero = 0)", "ZeRO-1", "ZeRO-2", "ZeRO-3", "bf16 DP"};
 
 int parent_main(const Flags& f, int argc, char** argv) {
   const int N = static_cast<int>(flag_int(f, "ranks", 4));
@@ -158,22 +195,23 @@ int parent_main(const Flags& f, int argc, char** argv) {
       pass.insert(pass.end(), {argv[i], argv[i + 1]});
   }
   std::printf(
-      "model C=%lld L=%lld V=%lld T=%lld untied: Psi = %.0f parameters; N = %d rank processes, fp32, "
+      "model C=%lld L=%lld V=%lld T=%lld untied: Psi = %.0f parameters; N = %d rank processes, fp32 (bf16 DP: bf16), "
       "per-rank batch %lld, %lld steps\n",
       static_cast<long long>(m.d_model), static_cast<long long>(m.n_layer), static_cast<long long>(m.vocab_size),
       static_cast<long long>(m.seq_len), psi, N, static_cast<long long>(flag_int(f, "batch", 1)),
       static_cast<long long>(flag_int(f, "steps", 3)));
   const double n = N;
-  const double target_live[] = {16, 8 + 8 / n, 4 + 12 / n, 16 / n};
-  const double target_traffic[] = {2 * (n - 1) / n * 4, 2 * (n - 1) / n * 4, 2 * (n - 1) / n * 4, 3 * (n - 1) / n * 4};
+  const double target_live[] = {16, 8 + 8 / n, 4 + 12 / n, 16 / n, 18};
+  const double target_traffic[] = {2 * (n - 1) / n * 4, 2 * (n - 1) / n * 4, 2 * (n - 1) / n * 4, 3 * (n - 1) / n * 4,
+                                   2 * (n - 1) / n * 4};
   std::printf(
       "live: tensor bytes / parameter between backward and step of the last step; heap: tcmalloc's bytes in\n"
       "use at that moment minus before the model; RSS, HWM: VmRSS after the last step and VmHWM minus VmRSS before\n"
       "the model; rel: VmRSS after tcmalloc returned its free pages; traffic: bytes sent in the last step / Psi\n");
   std::printf("%-14s %4s | %6s %6s %6s %7s %6s %6s | %6s | %6s %6s %6s | %7s %6s %6s\n", "stage", "rank", "param",
               "grad", "adam", "live", "target", "ratio", "heap", "RSS", "HWM", "rel", "traffic", "target", "ratio");
-  std::string stages = flag(f, "stages", "0,1,2,3");
-  for (int zero = 0; zero <= 3; ++zero) {
+  std::string stages = flag(f, "stages", "0,1,2,3,4");
+  for (int zero = 0; zero <= 4; ++zero) {
     if (stages.find(std::to_string(zero)) == std::string::npos) continue;
     std::vector<std::string> args = pass;
     args.insert(args.end(), {"--zero", std::to_string(zero)});
