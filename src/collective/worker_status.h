@@ -14,6 +14,14 @@
 
 namespace dloco {
 
+/// Exit status of a baseline's worker, or of a learner group's rank, whose collective failed because a peer died or
+/// passed its deadline (the launcher tells these casualties apart from the worker that failed first: only that one
+/// is held out of the group).
+inline constexpr int kPeerFailedExit = 3;
+/// Exit status of a worker whose own learner group failed: one of its ranks was killed or exited other than with
+/// kPeerFailedExit (the launcher counts this worker as the failure, as for a worker that died).
+inline constexpr int kOwnGroupFailedExit = 4;
+
 inline constexpr const char* kWorkerStatusFormat = "dloco-worker-status";
 inline constexpr int kWorkerStatusVersion = 1;
 

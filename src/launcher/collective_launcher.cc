@@ -20,7 +20,6 @@
 #include "core/events.h"
 #include "launcher/children.h"
 #include "launcher/fault_injector.h"
-#include "learner/worker.h"
 #include "launcher/launcher.h"
 #include "train/checkpoint.h"
 
@@ -50,6 +49,24 @@ nlohmann::json worker_summaries(const fs::path& run_dir, int M) {
       } catch (const nlohmann::json::exception&) {
       }
     }
+    // dp over learner groups: what ranks 1 … R − 1 sent to the same rank of the other workers (their own
+    // group's traffic stays inside the worker) adds to the worker's bytes (docs/parallel.md).
+    int64_t replica_bytes = 0;
+    for (int r = 1;; ++r) {
+      const fs::path file = run_dir / "events" / ("learner_" + std::to_string(rank) + "_rank_" + std::to_string(r) + ".jsonl");
+      if (!fs::exists(file)) break;
+      std::ifstream rank_in(file);
+      int64_t last = 0;
+      while (std::getline(rank_in, line)) {
+        if (line.find("\"rank_stopped\"") == std::string::npos) continue;
+        try {
+          last = nlohmann::json::parse(line).value("replica_bytes_sent", int64_t{0});
+        } catch (const nlohmann::json::exception&) {
+        }
+      }
+      replica_bytes += last;
+    }
+    if (replica_bytes > 0) last_stop["bytes_sent"] = last_stop.value("bytes_sent", int64_t{0}) + replica_bytes;
     out.push_back(last_stop);
   }
   return out;

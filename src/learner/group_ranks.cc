@@ -25,14 +25,33 @@ namespace {
 double rendezvous_s(const GroupOptions& o, double bootstrap_timeout_s, double timeout_s) {
   return o.rendezvous_timeout_s > 0 ? o.rendezvous_timeout_s : bootstrap_timeout_s + timeout_s;
 }
+
+// The replica flags (the dp baseline over groups) together and in range, before any rendezvous.
+void check_replicas(const Config& config, const GroupOptions& g, bool rank) {
+  if (g.replicas == 0 && g.replica_store.empty() && g.replica_rank == -1) return;
+  if (!rank || config.diloco.mode != Mode::kDp) {
+    throw InputError("--replicas, --replica-rank and --replica-store are for a rank (--rank ≥ 1) of a dp baseline's "
+                     "learner group (diloco.mode = \"dp\"); its worker passes them");
+  }
+  if (g.replicas < 1 || g.replica_store.empty() || g.replica_rank < 0 || g.replica_rank >= g.replicas) {
+    throw InputError("--replicas (" + std::to_string(g.replicas) + " ≥ 1), --replica-rank (" +
+                     std::to_string(g.replica_rank) + " in [0, --replicas)) and --replica-store go together");
+  }
+}
 }  // namespace
+
+double group_timeout_s(const Config& config, int id) {
+  const double t = config.parallel_for(id).timeout_s;
+  return config.diloco.mode == Mode::kDecoupled ? t : std::max(t, config.run.collective_timeout_s);
+}
 
 GroupRanks::GroupRanks(const Config& config, int id, const fs::path& run_dir, GroupOptions options, int threads,
                        double bootstrap_timeout_s)
     : options_(std::move(options)),
       bootstrap_timeout_s_(bootstrap_timeout_s),
       ranks_(static_cast<int>(config.parallel_for(id).ranks())),
-      timeout_s_(config.parallel_for(id).timeout_s) {
+      timeout_s_(group_timeout_s(config, id)) {
+  check_replicas(config, options_, /*rank=*/config.diloco.mode == Mode::kDp);
   DLOCO_CHECK_GE(ranks_, 1);
   if (options_.store.empty()) {  // ours alone: a fresh rendezvous (a stale file would hold an old group's keys)
     options_.store = run_dir / "groups" / ("learner_" + std::to_string(id)) / (std::to_string(::getpid()) + ".store");
@@ -105,6 +124,7 @@ int run_group_rank(const Config& config, const GroupRankOptions& options) {
     throw InputError("--rank " + std::to_string(options.rank) + " is outside [1, R = " +
                      std::to_string(parallel.ranks()) + ") for learner " + std::to_string(options.id));
   }
+  check_replicas(config, options.group, /*rank=*/true);
   if (options.group.store.empty()) throw InputError("--rank needs --group-store (the leader's rendezvous file)");
   if (options.leader > 0) {  // spawned by its leader: die with it
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -123,17 +143,12 @@ int run_group_rank(const Config& config, const GroupRankOptions& options) {
     o.rank = options.rank;
     o.world = static_cast<int>(parallel.ranks());
     o.hostname = options.group.host;
-    o.timeout_s = parallel.timeout_s;
-    o.rendezvous_timeout_s = rendezvous_s(options.group, 120, parallel.timeout_s);  // the leader passes its own
+    o.timeout_s = group_timeout_s(config, options.id);
+    o.rendezvous_timeout_s = rendezvous_s(options.group, 120, o.timeout_s);  // the leader passes its own
     Collective group(o);
     auto engine = make_rank_engine(model, parallel, config.train, group, options.run_dir / "offload" / who);
     std::unique_ptr<Collective> replicas;  // the dp baseline: this rank of every learner
-    if (options.group.replicas > 0) {
-      if (options.group.replica_store.empty() || options.group.replica_rank < 0 ||
-          options.group.replica_rank >= options.group.replicas) {
-        throw InputError("--replicas " + std::to_string(options.group.replicas) + " needs --replica-store and " +
-                         "0 ≤ --replica-rank < --replicas (got " + std::to_string(options.group.replica_rank) + ")");
-      }
+    if (options.group.replicas > 0) {  // checked above
       CollectiveOptions ro;
       ro.store_file = options.group.replica_store.string() + ".rank_" + std::to_string(options.rank);
       ro.rank = options.group.replica_rank;
@@ -147,7 +162,8 @@ int run_group_rank(const Config& config, const GroupRankOptions& options) {
     events.emit("rank_joined", {{"pid", ::getpid()}, {"rank", options.rank}, {"group", engine->describe()},
                                 {"replicas", options.group.replicas}});
     const int64_t steps = serve_group_rank(*engine, group, layout, config.train, config.model);
-    events.emit("rank_stopped", {{"steps", steps}, {"bytes_sent", group.bytes_sent()}});
+    events.emit("rank_stopped", {{"steps", steps}, {"bytes_sent", group.bytes_sent()},
+                                 {"replica_bytes_sent", replicas ? replicas->bytes_sent() : 0}});
     return 0;
   } catch (const CollectiveError& e) {
     events.emit("rank_failed", {{"error", e.what()}});

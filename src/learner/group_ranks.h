@@ -21,6 +21,11 @@
 
 namespace dloco {
 
+/// The deadline of learner `id`'s group collectives and of its ranks' wait for a command, s: parallel.timeout_s,
+/// and in the baselines (dp, diloco, streaming) at least run.collective_timeout_s, since a leader waits that long
+/// in an all-reduce over the workers while its ranks wait for its next command.
+double group_timeout_s(const Config& config, int id);
+
 /// How a learner's group meets.
 struct GroupOptions {
   std::filesystem::path store;  // the rendezvous file; empty = run_dir/groups/learner_<id>/<leader pid>.store
@@ -32,7 +37,7 @@ struct GroupOptions {
   // "<replica_store>.rank_<r>" with the same rank of every other learner, as rank `replica_rank` of `replicas`
   // (the leaders average over the workers' own group). replicas = 0: not a dp baseline.
   std::filesystem::path replica_store;
-  int replica_rank = 0;
+  int replica_rank = -1;
   int replicas = 0;
 };
 

@@ -236,7 +236,7 @@ std::unique_ptr<InnerJob> make_inner_job(const Config& config, int id, const fs:
   std::printf("[learner %d] a group of %lld ranks: %s\n", id, static_cast<long long>(parallel.ranks()),
               engine->describe().c_str());
   return std::make_unique<GroupInnerJob>(model, layout, config.train, make_schedule(config), std::move(stream),
-                                         std::move(engine), std::move(group), parallel.timeout_s);
+                                         std::move(engine), std::move(group), group_timeout_s(config, id));
 }
 
 // A restart: resume the AdamW moments of the last incarnation, or say why they are unusable.

@@ -1,5 +1,5 @@
-// A worker of the synchronous baselines (docs/protocol.md §11), one process per rank, all ranks in one
-// Gloo group (collective/process_group.h):
+// A worker of the synchronous baselines (docs/protocol.md §11), one process per learner slot (plus its group's
+// ranks, below), the workers in one Gloo group (collective/process_group.h):
 //   dp         every step: all-reduce the gradients (and the loss), then clip, guard and AdamW on every rank
 //   diloco     H inner steps, then a blocking all-reduce of the whole model's outer gradients (P = 1, τ = 0)
 //   streaming  fragment p's outer gradient is all-reduced from its due step u (u mod H = S_p) and applied at u + τ
@@ -8,7 +8,7 @@
 // θ_p ← α·θ_p + (1 − α)·Θ_p. A run that spends its budget flushes every fragment once more, like the syncer's final
 // flush, so a synchronously configured decoupled run and these modes match step for step.
 // Rank 0 evaluates the model that matters (dp: the parameters; diloco/streaming: Θ), writes the status file the
-// launcher reads and the checkpoints. Every rank writes events/worker_<rank>.jsonl.
+// launcher reads and the checkpoints. Every worker writes events/worker_<slot>.jsonl.
 // A worker is an inner job (learner/inner_job.h): one process holding the GPT, or a learner group of R ranks
 // ([parallel], docs/parallel.md "Baselines over learner groups") whose other ranks it spawns. diloco and streaming
 // merge the group's fragments among the workers (rank 0 of each group, the leader, takes part); dp averages every
@@ -129,14 +129,14 @@ struct StartPoint {
 // it joins the group; the members are built in the order written, which is the order of the steps.
 class Worker {
  public:
-  Worker(const Config& config, const WorkerOptions& options, std::vector<int> slots);
+  /// `ranks`: this worker's learner group's other ranks (spawn_group_ranks), null for a one-process worker.
+  Worker(const Config& config, const WorkerOptions& options, std::vector<int> slots, GroupRanks* ranks);
   void train();
   int finish();
 
  private:
   GPT initial_model();
   StartPoint join_group();
-  std::unique_ptr<GroupRanks> spawn_ranks();
   std::unique_ptr<InnerJob> make_job();
   void restore_optimizer();
   void refresh_model();
@@ -166,9 +166,8 @@ class Worker {
   const fs::path data_dir_;
   std::shared_ptr<TokenSplit> train_split_;
   std::unique_ptr<TokenSplit> val_split_;  // rank 0 only
-  const ParallelConfig parallel_;          // this worker's group (R = 1: one process)
-  const int ranks_threads_;                // BLAS threads per rank of a group
-  std::unique_ptr<GroupRanks> ranks_;      // a learner group: ranks 1 … R − 1, spawned first (they build meanwhile)
+  const ParallelConfig parallel_;  // this worker's group (R = 1: one process)
+  GroupRanks* const ranks_;        // a learner group: ranks 1 … R − 1 (owned by run_worker_group); else null
   GPT model_;  // Θ0; then θ: the one-process job's model, or a group's mirror (refresh_model before reading it)
   Collective group_;
   const int64_t S_;
@@ -196,7 +195,7 @@ class Worker {
   bool voted_stop_ = false;  // dp: the group agreed to stop after this step
 };
 
-Worker::Worker(const Config& config, const WorkerOptions& options, std::vector<int> slots)
+Worker::Worker(const Config& config, const WorkerOptions& options, std::vector<int> slots, GroupRanks* ranks)
     : config_(config),
       options_(options),
       mode_(config.diloco.mode),
@@ -218,9 +217,7 @@ Worker::Worker(const Config& config, const WorkerOptions& options, std::vector<i
       train_split_(std::make_shared<TokenSplit>(split_shards(data_dir_, "train"))),
       val_split_(rank_ == 0 ? std::make_unique<TokenSplit>(split_shards(data_dir_, "val")) : nullptr),
       parallel_(config.parallel_for(slot_)),
-      ranks_threads_(std::max<int>(1, (config.run.threads > 0 ? static_cast<int>(config.run.threads) : machine_cores()) /
-                                          static_cast<int>(parallel_.ranks()))),
-      ranks_(spawn_ranks()),
+      ranks_(ranks),
       model_(initial_model()),
       group_({options.store_file, rank_, W_, options.hostname, config.run.collective_timeout_s}),
       S_(config.data.streams > 0 ? config.data.streams : M_),
@@ -257,21 +254,6 @@ GPT Worker::initial_model() {
   return model;
 }
 
-// A learner group (R > 1 or bf16): its ranks 1 … R − 1, spawned before this rank builds its model. dp: each rank
-// also meets the same rank of every other worker at "<store>.rank_<r>" (a fresh store per generation).
-std::unique_ptr<GroupRanks> Worker::spawn_ranks() {
-  if (parallel_.ranks() == 1 && parallel_.precision == Precision::kFp32) return nullptr;
-  apply_thread_budget(thread_budget(ranks_threads_));
-  GroupOptions o;
-  if (mode_ == Mode::kDp) {
-    o.replica_store = options_.store_file;
-    o.replica_rank = rank_;
-    o.replicas = W_;
-  }
-  return std::make_unique<GroupRanks>(config_, slot_, options_.run_dir, o, ranks_threads_,
-                                      config_.run.collective_timeout_s);  // the workers' rendezvous comes first
-}
-
 // The inner job at the start step: the one-process GPT job over model_, or the group (rank 0 here) with Θ0 (or
 // the resumed weights) written onto every rank.
 std::unique_ptr<InnerJob> Worker::make_job() {
@@ -292,7 +274,7 @@ std::unique_ptr<InnerJob> Worker::make_job() {
   std::printf("[worker %d] a group of %lld ranks: %s\n", rank_, static_cast<long long>(parallel_.ranks()),
               engine->describe().c_str());
   auto job = std::make_unique<GroupInnerJob>(model_, layout_, config_.train, make_schedule(config_), std::move(stream),
-                                             std::move(engine), std::move(group), parallel_.timeout_s);
+                                             std::move(engine), std::move(group), group_timeout_s(config_, slot_));
   // Every fragment read before the first write: a write gathers the tensors it covers in part into the mirror
   // (model_), which would overwrite the other parts' Θ0 before they are read.
   const auto params = layout_parameters(model_, layout_);
@@ -312,6 +294,7 @@ void Worker::restore_optimizer() {
     if (!load_optimizer_state(*resumed_, gpt_job_->trainer().optimizer())) {
       throw InputError("checkpoint " + resumed_->dir.string() + " has no optimizer state: dp cannot resume from it");
     }
+    events_.emit("optimizer_restored", {{"step", resumed_->step}, {"from", resumed_->dir.string()}});
     return;
   }
   std::string why = "it has none";
@@ -319,6 +302,7 @@ void Worker::restore_optimizer() {
     throw InputError("checkpoint " + resumed_->dir.string() + " has no usable optimizer state of this learner group (" +
                      why + "): dp cannot resume from it");
   }
+  events_.emit("optimizer_restored", {{"step", resumed_->step}, {"from", (resumed_->dir / "group_state").string()}});
 }
 
 // A group's mirror takes the ranks' current parameters (every fragment gathered); one process: model_ is θ.
@@ -472,34 +456,21 @@ void Worker::train_step() {
                         {"skipped", r.skipped}, {"tokens", job_->cursor().tokens_served}});
 }
 
-// The inner step; a group in dp then votes on stopping over the workers (one process: inside the dp hook). A
-// CollectiveError is this worker's own failure when one of its ranks died of something else than a failed
-// collective (then it exits as failed, not as a casualty of a peer).
+// The inner step; a group in dp then votes on stopping over the workers (one process: inside the dp hook).
 InnerStep Worker::job_step() {
-  try {
-    const double replica_wait0 = group_.traffic().all_reduce.wait_s;
-    const InnerStep r = job_->step(step_);
-    // dp over groups: the engines' gradient all-reduces over the workers are time outside this group's compute
-    if (mode_ == Mode::kDp && !gpt_job_) wait_s_ += group_.traffic().all_reduce.wait_s - replica_wait0;
-    if (mode_ == Mode::kDp && !gpt_job_) {
-      const auto v0 = Clock::now();
-      auto votes = torch::full({1}, stop_votes_, torch::kFloat);
-      group_.allreduce_sum(votes);
-      stop_votes_ = votes.item<double>();
-      wait_s_ += seconds_since(v0);
-      ++syncs_;
-    }
-    return r;
-  } catch (const CollectiveError& e) {
-    for (int i = 0; ranks_ && i < 50; ++i) {  // a rank that was killed is reaped within a few ms
-      if (const std::string dead = ranks_->failed_rank(); !dead.empty()) {
-        throw InputError("this worker's learner group failed: " + dead + " (" + e.what() + "; see logs/learner_" +
-                         std::to_string(slot_) + "_rank_*.log)");
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    throw;
+  const double replica_wait0 = group_.traffic().all_reduce.wait_s;
+  const InnerStep r = job_->step(step_);
+  if (mode_ == Mode::kDp && !gpt_job_) {
+    // the engines' gradient all-reduces over the workers are time outside this group's compute
+    wait_s_ += group_.traffic().all_reduce.wait_s - replica_wait0;
+    const auto v0 = Clock::now();
+    auto votes = torch::full({1}, stop_votes_, torch::kFloat);
+    group_.allreduce_sum(votes);
+    stop_votes_ = votes.item<double>();
+    wait_s_ += seconds_since(v0);
+    ++syncs_;
   }
+  return r;
 }
 
 // Rank 0, after each step: the evaluation, the checkpoint and the status file when they are due.
@@ -547,6 +518,27 @@ int Worker::finish() {
   return 0;
 }
 
+// A learner group (R > 1 or bf16): its ranks 1 … R − 1, spawned before this rank builds its model, each with an
+// equal share of the worker's cores. dp: each rank also meets the same rank of every other worker at
+// "<store>.rank_<r>" (a fresh store per generation). Null for a one-process worker.
+std::unique_ptr<GroupRanks> spawn_group_ranks(const Config& config, const WorkerOptions& options,
+                                              const std::vector<int>& slots) {
+  const int slot = slots[options.rank];
+  const ParallelConfig& parallel = config.parallel_for(slot);
+  if (parallel.ranks() == 1 && parallel.precision == Precision::kFp32) return nullptr;
+  const int cores = config.run.threads > 0 ? static_cast<int>(config.run.threads) : machine_cores();
+  const int threads = std::max(1, cores / static_cast<int>(parallel.ranks()));
+  apply_thread_budget(thread_budget(threads));
+  GroupOptions o;
+  if (config.diloco.mode == Mode::kDp) {
+    o.replica_store = options.store_file;
+    o.replica_rank = options.rank;
+    o.replicas = static_cast<int>(slots.size());
+  }
+  return std::make_unique<GroupRanks>(config, slot, options.run_dir, o, threads,
+                                      config.run.collective_timeout_s);  // the workers' rendezvous comes first
+}
+
 int run_worker_group(const Config& config, const WorkerOptions& options) {
   std::vector<int> slots = group_slots(config, options);
   // From the start: a SIGTERM during the rendezvous or the checkpoint load is a stop vote at the first step.
@@ -554,9 +546,25 @@ int run_worker_group(const Config& config, const WorkerOptions& options) {
   std::signal(SIGINT, on_worker_signal);
   apply_thread_budget(thread_budget(static_cast<int>(config.run.threads)));
   fs::create_directories(options.run_dir / "events");
-  Worker worker(config, options, std::move(slots));
-  worker.train();
-  return worker.finish();
+  const std::unique_ptr<GroupRanks> ranks = spawn_group_ranks(config, options, slots);
+  const int slot = slots[options.rank];
+  try {
+    Worker worker(config, options, std::move(slots), ranks.get());
+    worker.train();
+    return worker.finish();
+  } catch (const CollectiveError& e) {
+    // At any point (start-up, a step, a checkpoint, the outer sync): this worker's own failure when one of its
+    // ranks was killed or failed by itself, else a casualty of a peer (run_worker returns kPeerFailedExit).
+    for (int i = 0; ranks && i < 50; ++i) {  // a rank that was killed is reaped within a few ms
+      if (const std::string dead = ranks->failed_rank(); !dead.empty()) {
+        std::fprintf(stderr, "[worker %d] its learner group failed: %s (%s; see logs/learner_%d_rank_*.log)\n",
+                     options.rank, dead.c_str(), e.what(), slot);
+        return kOwnGroupFailedExit;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    throw;
+  }
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// Entry point of a baseline's worker process (dp, diloco, streaming over c10d/Gloo).
+// Entry point of a baseline's worker process (dp, diloco, streaming over c10d/Gloo); a worker is one process or
+// the leader of a learner group of R ranks ([parallel], docs/parallel.md "Baselines over learner groups").
 #pragma once
 
 #include <filesystem>
@@ -6,6 +7,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "collective/worker_status.h"  // kPeerFailedExit, kOwnGroupFailedExit
 #include "core/config.h"
 
 namespace dloco {
@@ -24,16 +26,13 @@ struct WorkerOptions {
 /// Runs one worker of a baseline (diloco.mode = "dp", "diloco" or "streaming"; docs/protocol.md §11): joins the Gloo group
 /// (deadline run.collective_timeout_s), trains its share of the token budget in lock-step with the others and
 /// returns 0. Throws InputError on bad set-up; returns kPeerFailedExit when a peer dies or a collective passes its
-/// deadline (synchronous training cannot go on without every worker).
+/// deadline (synchronous training cannot go on without every worker), kOwnGroupFailedExit when one of this
+/// worker's own group ranks was killed or failed by itself (at any point: start-up, a step, a checkpoint).
 /// dp trains until the whole group's tokens reach train.total_tokens (W = world workers add W·B·T·accum tokens
 /// per step), starting from `resume_from` if given; rank 0 checkpoints the model, the AdamW state and every
 /// slot's data cursor every train.checkpoint_interval steps. SIGTERM on any rank stops every rank after the same
 /// step (the stop is voted in that step's all-reduce) and rank 0 checkpoints it: the elastic launcher's way to
 /// re-form the group without losing work.
 int run_worker(const Config& config, const WorkerOptions& options);
-
-/// Exit status of a worker whose collective failed because a peer died or passed its deadline (the launcher
-/// tells these casualties apart from the worker that failed first: only that one is held out of the group).
-inline constexpr int kPeerFailedExit = 3;
 
 }  // namespace dloco

@@ -272,6 +272,9 @@ TEST_F(Baselines, DpDilocoAndStreamingOverLearnerGroupsEndWhereOneProcessWorkers
   const std::vector<Case> cases = {
       {"dp", "dp", "ZeRO-2 × 2, both", "", "[parallel]\ndata = 2\nzero = 2\n"},
       {"dp", "dp", "TP = 2, both", "", "[parallel]\ntensor = 2\n"},
+      {"dp", "dp", "ZeRO-1 × 2, both", "", "[parallel]\ndata = 2\nzero = 1\n"},
+      {"dp", "dp", "DP = 2 (zero = 0), both", "", "[parallel]\ndata = 2\n"},
+      {"dp", "dp", "PP = 2 (1F1B, m = 2), both", "", "[parallel]\npipeline = 2\nmicro_batches = 2\n"},
       {"diloco", "diloco", "TP = 2 and ZeRO-2 × 2", "inner_steps = 4\n", "[parallel]\ntensor = 2\n[[parallel.learner]]\nid = 1\ntensor = 1\n"
                                                   "data = 2\nzero = 2\n"},
       {"streaming", "streaming", "PP = 2 (1F1B, m = 2) and DP = 2", "inner_steps = 4\nfragments = 2\noverlap = 1\n",
@@ -292,6 +295,18 @@ TEST_F(Baselines, DpDilocoAndStreamingOverLearnerGroupsEndWhereOneProcessWorkers
     std::printf("%s over learner groups (%s) vs one-process workers: max relative difference %.2e\n", c.mode,
                 c.label, diff);
     EXPECT_LT(diff, 1e-4) << c.mode << " over " << c.groups;  // measured 1.9e-7 … 8.0e-6
+    if (std::string(c.label).rfind("ZeRO", 0) == 0) {
+      // ZeRO's ranks all-reduce disjoint slices with the other worker: together the one process's gradient, so the
+      // worker's reported bytes (its leader's plus its rank's, report.json) match the one-process worker's
+      auto sent = [](const Config& cfg) {
+        const auto report = nlohmann::json::parse(std::ifstream(cfg.run_dir() / "report.json"));
+        return report["bytes"]["worker_0"]["sent"].get<double>();
+      };
+      const double ratio = sent(grouped) / sent(tiny_config(std::string("groups_ref_") + c.name, c.mode, c.diloco));
+      std::printf("  bytes sent by worker 0 vs the one-process worker: %.3f\n", ratio);
+      EXPECT_GT(ratio, 0.98);
+      EXPECT_LT(ratio, 1.05);
+    }
     // every rank of every group took part: each rank's event log says it joined and stopped
     for (int id = 0; id < 2; ++id) {
       for (int r = 1; r < grouped.parallel_for(id).ranks(); ++r) {
