@@ -5,9 +5,10 @@
 
 #include "apps/commands.h"
 #include "core/check.h"
-#include "learner/worker.h"
 #include "launcher/launcher.h"
 #include "learner/learner.h"
+#include "learner/worker.h"
+#include "model/stages.h"
 #include "syncer/syncer.h"
 #include "transport/grpc/grpc_transport.h"
 #include "train/run.h"
@@ -66,7 +67,7 @@ struct RoleFlags {
   int leader_pid = 0;
   bool no_spawn_ranks = false;
   std::string replica_store;  // a rank of a dp baseline's learner group: its replicas' rendezvous
-  int replica_rank = 0, replicas = 0;
+  int replica_rank = -1, replicas = 0;
 };
 
 // The config of --config, or (--resume) the run folder's saved one, named after the folder given.
@@ -199,6 +200,10 @@ void add_learner_and_evaluator_commands(CLI::App& app, RoleFlags& r) {
         g_exit_code = run_group_rank(c, GroupRankOptions{r.id, r.rank, run_dir, group, r.leader_pid});
         return;
       }
+      if (r.replicas != 0 || !r.replica_store.empty() || r.replica_rank != -1) {
+        throw InputError("--replicas, --replica-rank and --replica-store are for a rank (--rank ≥ 1) of a dp "
+                         "baseline's learner group, not for a learner's leader");
+      }
       if (r.syncer.empty()) throw InputError("--syncer host:port is required (except for --rank)");
       LearnerOptions o{r.syncer, r.id, run_dir};
       o.group = group;
@@ -219,9 +224,20 @@ void add_eval_command(CLI::App& app) {
   eval->add_option("--data", eval_data, "Prepared data folder (default: the checkpoint's data.dir)");
   eval->add_option("--tokens", eval_tokens, "Validation tokens to use (0 = all)");
   eval->add_option("--threads", eval_threads, "CPU threads (0 = all cores)");
+  static std::string eval_stages;
+  static StageSelection eval_sel;
+  eval->add_option("--stage-count", eval_sel.count, "SkipPipe: cut the blocks into S stages (default: one block each)");
+  eval->add_option("--stages", eval_stages, "SkipPipe: run only these stages, e.g. 0,2,4 (stage 0 always)");
+  eval->add_option("--skip-random", eval_sel.skip_random, "SkipPipe: skip this share of the stages, stage 0 plus a "
+                   "random sorted subset redrawn per batch (e.g. 0.5)");
+  eval->add_option("--seed", eval_sel.seed, "SkipPipe: seed of --skip-random's subsets");
   eval->callback([] {
+    // Any SkipPipe flag selects stages; the result then has both perplexities (docs/skippipe.md).
+    const bool staged = eval_sel.count > 0 || !eval_stages.empty() || eval_sel.skip_random > 0;
+    if (!eval_stages.empty() && eval_sel.skip_random > 0) throw InputError("give --stages or --skip-random, not both");
+    if (!eval_stages.empty()) eval_sel.stages = parse_stage_list(eval_stages);
     const auto r = evaluate_checkpoint(eval_ckpt, eval_data.empty() ? std::nullopt : std::optional(eval_data),
-                                       eval_tokens, eval_threads);
+                                       eval_tokens, eval_threads, staged ? &eval_sel : nullptr);
     std::printf("%s\n", r.dump(2).c_str());
   });
 }
@@ -240,9 +256,15 @@ void add_generate_command(CLI::App& app) {
   gen->add_option("--top-k", gen_top_k, "Sample among the k most likely tokens (0 = all)")->capture_default_str();
   gen->add_option("--seed", gen_seed, "Sampling seed")->capture_default_str();
   gen->add_option("--threads", gen_threads, "CPU threads (0 = all cores)");
+  static std::string gen_stages;
+  static StageSelection gen_sel;
+  gen->add_option("--stage-count", gen_sel.count, "SkipPipe: cut the blocks into S stages (default: one block each)");
+  gen->add_option("--stages", gen_stages, "SkipPipe: run only these stages, e.g. 0,2,4 (stage 0 always)");
   gen->callback([] {
+    const bool staged = gen_sel.count > 0 || !gen_stages.empty();
+    if (!gen_stages.empty()) gen_sel.stages = parse_stage_list(gen_stages);
     std::printf("%s\n", generate_from_checkpoint(gen_ckpt, gen_prompt, gen_tokens, gen_temperature, gen_top_k,
-                                                 gen_seed, gen_threads)
+                                                 gen_seed, gen_threads, staged ? &gen_sel : nullptr)
                             .c_str());
   });
 }

@@ -112,13 +112,23 @@ GPTImpl::GPTImpl(const ModelConfig& cfg) : cfg_(cfg) {
   }
 }
 
+void GPTImpl::set_active_blocks(std::vector<bool> active) {
+  if (!active.empty() && static_cast<int64_t>(active.size()) != cfg_.n_layer) {
+    throw InputError("an active-block mask of " + std::to_string(active.size()) + " entries for a model of " +
+                     std::to_string(cfg_.n_layer) + " blocks");
+  }
+  active_ = std::move(active);
+}
+
 torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
   const int64_t T = idx.size(1);
   DLOCO_CHECK_LE(T, cfg_.seq_len);
   auto cos = rope_cos_.narrow(0, 0, T), sin = rope_sin_.narrow(0, 0, T);
   auto causal = causal_.narrow(0, 0, T).narrow(1, 0, T);
   auto x = wte(idx);  // (B, T, C)
-  for (auto& block : *h) x = block->as<Block>()->forward(x, cos, sin, causal);
+  for (size_t i = 0; i < h->size(); ++i) {
+    if (active_.empty() || active_[i]) x = h[i]->as<Block>()->forward(x, cos, sin, causal);
+  }
   x = ln_f(x);
   return cfg_.tie_embeddings ? torch::matmul(x, wte->weight.t()) : lm_head(x);  // (B, T, V)
 }

@@ -97,6 +97,12 @@ class GPTImpl : public torch::nn::Module {
   torch::Tensor generate(torch::Tensor prompt, int64_t max_new_tokens, double temperature, int64_t top_k,
                          torch::Generator* generator = nullptr);
 
+  /// Skipped blocks (SkipPipe, docs/skippipe.md "Stages"): where `active[i]` is false, forward (and so loss and
+  /// generate) passes the residual stream around block i unchanged. Empty = every block (the default). Throws
+  /// InputError when the size is neither 0 nor model.n_layer.
+  void set_active_blocks(std::vector<bool> active);
+  const std::vector<bool>& active_blocks() const { return active_; }
+
   const ModelConfig& config() const { return cfg_; }
   /// True for the token embedding (and so the tied output head): merged with the plain weighted mean (§6).
   static bool is_embedding(const std::string& parameter_name) { return parameter_name == "wte.weight"; }
@@ -110,6 +116,7 @@ class GPTImpl : public torch::nn::Module {
   ModelConfig cfg_;
   torch::Tensor rope_cos_, rope_sin_;  // (T, hs/2) buffers
   torch::Tensor causal_;               // (T, T) float buffer: −inf where attention is masked, else 0
+  std::vector<bool> active_;           // set_active_blocks; empty = all
 };
 TORCH_MODULE(GPT);
 

@@ -6,6 +6,9 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
+#include <numeric>
+#include <random>
 #include <unistd.h>
 
 #include "core/atomic_file.h"
@@ -14,6 +17,7 @@
 #include "core/events.h"
 #include "data/stream.h"
 #include "data/tokenizer.h"
+#include "model/stages.h"
 #include "train/checkpoint.h"
 #include "train/run.h"
 #include "train/threads.h"
@@ -299,8 +303,70 @@ nlohmann::json run_local(const Config& config, const RunOptions& options) {
   return finish(run, prompt_ids, interrupted);
 }
 
+namespace {
+
+// The active-block mask of a fixed selection (empty: every block); throws InputError.
+std::vector<bool> fixed_stage_mask(const ModelConfig& m, const StageSelection& sel) {
+  const int64_t S = sel.count > 0 ? sel.count : m.n_layer;
+  if (sel.stages.empty()) return stage_blocks(m.n_layer, S, [&] {
+      std::vector<int64_t> all(static_cast<size_t>(S));
+      std::iota(all.begin(), all.end(), 0);
+      return all;
+    }());
+  return stage_blocks(m.n_layer, S, sel.stages);
+}
+
+// Mean token NLL of every validation sequence of T tokens (up to max_tokens) with the selected stages: (sequences).
+// A random selection draws its subset per batch of B sequences.
+nlohmann::json evaluate_stages(GPT& model, const TokenSplit& split, int64_t max_tokens, int64_t B,
+                               const StageSelection& sel) {
+  torch::NoGradGuard no_grad;
+  model->eval();
+  const ModelConfig& m = model->config();
+  const int64_t S = sel.count > 0 ? sel.count : m.n_layer, T = m.seq_len;
+  std::mt19937_64 rng(sel.seed);
+  if (sel.skip_random <= 0) model->set_active_blocks(fixed_stage_mask(m, sel));
+  int64_t usable = split.size() - 1;
+  if (max_tokens > 0) usable = std::min(usable, max_tokens);
+  const int64_t sequences = usable / T;
+  DLOCO_CHECK_GT(sequences, 0);
+  double nll_sum = 0, ppl_sum = 0;
+  std::map<std::string, int64_t> drawn;  // random subsets: how often each was drawn
+  for (int64_t first = 0; first < sequences; first += B) {
+    if (sel.skip_random > 0) {
+      const auto subset = random_stage_subset(S, sel.skip_random, rng);
+      model->set_active_blocks(stage_blocks(m.n_layer, S, subset));
+      std::string key;
+      for (int64_t s : subset) key += (key.empty() ? "" : ",") + std::to_string(s);
+      ++drawn[key];
+    }
+    const int64_t b = std::min(B, sequences - first);
+    auto window = torch::empty({b * T + 1}, torch::kLong);
+    split.copy(first * T, std::span<int64_t>(window.data_ptr<int64_t>(), static_cast<size_t>(window.numel())));
+    const auto x = window.narrow(0, 0, b * T).view({b, T}), y = window.narrow(0, 1, b * T).view({b, T});
+    const auto logp = torch::log_softmax(model->forward(x).to(torch::kFloat), -1);     // (b, T, V)
+    const auto nll = -logp.gather(2, y.unsqueeze(2)).squeeze(2).to(torch::kDouble).mean(1);  // (b)
+    nll_sum += nll.sum().item<double>();
+    ppl_sum += nll.exp().sum().item<double>();
+  }
+  model->set_active_blocks({});
+  const double loss = nll_sum / static_cast<double>(sequences);  // sequences of equal length: the mean token NLL
+  nlohmann::json out = {{"val_loss", loss}, {"val_perplexity", std::exp(loss)},
+                        {"val_perplexity_per_sequence", ppl_sum / static_cast<double>(sequences)},
+                        {"stage_count", S}, {"sequences", sequences}};
+  if (sel.skip_random > 0) {
+    out["skip_random"] = sel.skip_random;
+    out["subsets_drawn"] = drawn;
+  } else {
+    out["stages"] = sel.stages.empty() ? nlohmann::json("all") : nlohmann::json(sel.stages);
+  }
+  return out;
+}
+
+}  // namespace
+
 nlohmann::json evaluate_checkpoint(const fs::path& checkpoint, const std::optional<std::string>& data_dir,
-                                   int64_t max_tokens, int threads) {
+                                   int64_t max_tokens, int threads, const StageSelection* stages) {
   apply_thread_budget(thread_budget(threads));
   const auto ckpt = resolve_checkpoint(checkpoint);
   const Config c = checkpoint_config(ckpt);
@@ -311,13 +377,21 @@ nlohmann::json evaluate_checkpoint(const fs::path& checkpoint, const std::option
   }
   GPT model(c.model);
   load_model_weights(ckpt, model);
+  nlohmann::json out = {{"checkpoint", ckpt.dir.string()}, {"step", ckpt.step}, {"data", dir.string()}};
+  if (stages) {
+    (void)fixed_stage_mask(c.model, *stages);  // a bad selection fails before the evaluation
+    out.update(evaluate_stages(model, val, max_tokens, c.train.batch_size, *stages));
+    return out;
+  }
   const double loss = evaluate_loss(model, val, max_tokens, c.train.batch_size, torch::kCPU);
-  return {{"checkpoint", ckpt.dir.string()}, {"step", ckpt.step}, {"val_loss", loss},
-          {"val_perplexity", std::exp(loss)}, {"data", dir.string()}};
+  out["val_loss"] = loss;
+  out["val_perplexity"] = std::exp(loss);
+  return out;
 }
 
 std::string generate_from_checkpoint(const fs::path& checkpoint, const std::string& prompt, int64_t tokens,
-                                     double temperature, int64_t top_k, uint64_t seed, int threads) {
+                                     double temperature, int64_t top_k, uint64_t seed, int threads,
+                                     const StageSelection* stages) {
   apply_thread_budget(thread_budget(threads));
   const auto ckpt = resolve_checkpoint(checkpoint);
   const Config c = checkpoint_config(ckpt);
@@ -327,6 +401,10 @@ std::string generate_from_checkpoint(const fs::path& checkpoint, const std::stri
   }
   GPT model(c.model);
   load_model_weights(ckpt, model);
+  if (stages) {
+    if (stages->skip_random > 0) throw InputError("generate takes a fixed --stages subset, not --skip-random");
+    model->set_active_blocks(fixed_stage_mask(c.model, *stages));
+  }
   if (tokens < 1) throw InputError("--tokens must be ≥ 1");
   if (!(temperature > 0)) throw InputError("--temperature must be > 0");
   if (top_k < 0) throw InputError("--top-k must be ≥ 0 (0 = off)");

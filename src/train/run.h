@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -25,13 +26,27 @@ struct RunOptions {
 /// a run folder that exists without `resume`, an unknown device).
 nlohmann::json run_local(const Config& config, const RunOptions& options);
 
-/// Validation loss and perplexity of a checkpoint (a run folder or a checkpoint folder) on `data_dir`
-/// (default: the checkpoint's own data.dir) over `max_tokens` tokens (0 = all).
-nlohmann::json evaluate_checkpoint(const std::filesystem::path& checkpoint, const std::optional<std::string>& data_dir,
-                                   int64_t max_tokens, int threads);
+/// Which SkipPipe stages of the model run (model/stages.h; docs/skippipe.md "Inference with stages down").
+struct StageSelection {
+  int64_t count = 0;            // S: the model's blocks cut into S stages; 0 = model.n_layer (a block per stage)
+  std::vector<int64_t> stages;  // a fixed subset (increasing, with stage 0); empty = every stage
+  double skip_random = 0;       // > 0: stage 0 plus a random sorted subset of round(S·(1 − skip)) − 1 others, redrawn
+                                // per batch (replaces `stages`)
+  uint64_t seed = 1;            // of the random subsets
+};
 
-/// Text sampled from a checkpoint: `prompt` continued by `tokens` tokens (temperature, top-k, seed).
+/// Validation loss and perplexity of a checkpoint (a run folder or a checkpoint folder) on `data_dir`
+/// (default: the checkpoint's own data.dir) over `max_tokens` tokens (0 = all). With `stages`, only those stages
+/// run, and the result also has "val_perplexity_per_sequence" (the SkipPipe reference's definition: the mean over
+/// sequences of exp(mean token NLL), beside exp(mean loss)) and the stages used. Throws InputError on a bad
+/// selection (see stage_blocks, random_stage_subset) or bad --tokens.
+nlohmann::json evaluate_checkpoint(const std::filesystem::path& checkpoint, const std::optional<std::string>& data_dir,
+                                   int64_t max_tokens, int threads, const StageSelection* stages = nullptr);
+
+/// Text sampled from a checkpoint: `prompt` continued by `tokens` tokens (temperature, top-k, seed), with the
+/// fixed stage subset of `stages` when given (skip_random is refused: one sample has one path).
 std::string generate_from_checkpoint(const std::filesystem::path& checkpoint, const std::string& prompt,
-                                     int64_t tokens, double temperature, int64_t top_k, uint64_t seed, int threads);
+                                     int64_t tokens, double temperature, int64_t top_k, uint64_t seed, int threads,
+                                     const StageSelection* stages = nullptr);
 
 }  // namespace dloco

@@ -1,0 +1,27 @@
+// SkipPipe's stages of a GPT (docs/skippipe.md "Stages"; spec: ../shared/spec/skippipe.md "Structure"): the L
+// blocks cut into S stages of L/S consecutive blocks; stage 0 holds blocks [0, L/S) and also the embedding, the
+// final norm and the head, and is never skipped. A stage subset (stage 0 and some others, in increasing order)
+// becomes the model's active-block mask (GPTImpl::set_active_blocks): what inference with stages down runs.
+// Deliberately not here: paths that reorder stages, scheduling, the pipeline's processes.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace dloco {
+
+/// The active-block mask (n_layer entries) of the stage subset `stages` of S stages. Throws InputError unless
+/// S ≥ 1 divides n_layer and `stages` is sorted, without repeats, within [0, S) and contains stage 0.
+std::vector<bool> stage_blocks(int64_t n_layer, int64_t S, const std::vector<int64_t>& stages);
+
+/// Stage 0 plus a uniformly random sorted subset of stages 1 … S − 1: round(S·(1 − skip)) stages in all, at least
+/// stage 0 (the reference's evaluation: 4 of 6 at skip 1/3, 3 of 6 at skip 1/2). Throws InputError for skip
+/// outside [0, 1) or S < 1.
+std::vector<int64_t> random_stage_subset(int64_t S, double skip, std::mt19937_64& rng);
+
+/// "0,2,4" -> {0, 2, 4}. Throws InputError on anything but comma-separated non-negative integers.
+std::vector<int64_t> parse_stage_list(const std::string& text);
+
+}  // namespace dloco
