@@ -72,7 +72,9 @@ class ReferenceSim {
       }
     }
     // The iteration time: the latest backward end over the stage-0 nodes' received_sent.
-    for (int n : schedule_.placement[0]) result_.iteration_time_s = std::max(result_.iteration_time_s, nodes_[n].largest);
+    for (int n : schedule_.placement[0]) {
+      result_.iteration_time_s = std::max(result_.iteration_time_s, nodes_[n].largest);
+    }
     for (const RefNode& node : nodes_) {
       for (const RefMb& mb : node.received) result_.stranded += mb.processed ? 0 : 1;
     }
@@ -126,7 +128,7 @@ class ReferenceSim {
     receive(to, copy);
   }
 
-  bool send_one(int self, RefMb& mb, double& start, double& end);
+  void send_one(int self, RefMb& mb, double& start, double& end);
   void send(int self, int64_t bucket);
 
   const Setting& setting_;
@@ -137,8 +139,8 @@ class ReferenceSim {
 };
 
 // The body of com_sym.py's loop for one micro-batch copy that passed the bucket, busy-window, memory and
-// hold-back tests: processes it, sends the next copy, and returns [start, end] of the compute.
-bool ReferenceSim::send_one(int self, RefMb& mb, double& start, double& end) {
+// hold-back tests: processes it, sends the next copy, and sets [start, end] of the compute.
+void ReferenceSim::send_one(int self, RefMb& mb, double& start, double& end) {
   RefNode& node = nodes_[self];
   const MicroBatch& route = schedule_.micro_batches[mb.index];
   const int nxt = next_of(route, self);
@@ -183,7 +185,6 @@ bool ReferenceSim::send_one(int self, RefMb& mb, double& start, double& end) {
     result_.finish_s[mb.index] = end;
   }
   result_.busy_s[self] += end - start;
-  return true;
 }
 
 // ComNode.send(dl, nds, tmunit) for node `self` in time bucket `bucket`.

@@ -46,14 +46,15 @@ struct ReferenceQuirks {
                                       // that it sent forward has not come back
 };
 
-/// The exact event-driven model (file header). Throws InputError when the schedule deadlocks (every remaining
-/// forward waits for memory that only another waiting micro-batch could free), listing the stuck micro-batches.
+/// The exact event-driven model (file header; spec "Scheduling": collision awareness, memory C). Times in seconds.
+/// Throws InputError when the schedule deadlocks (every remaining forward waits for memory that only another
+/// waiting micro-batch could free), listing the stuck micro-batches.
 SimResult simulate_exact(const Setting& setting, const Schedule& schedule);
 
-/// The reference-compatible model: com_sym.py's ComNode.send / run_simulation ported line by line, with every
-/// micro-batch injected at its data node at inject_s (second FIFO key injected_receive_s). Micro-batches the
-/// reference would never finish are counted in `stranded`, as the reference silently does. InputError when a path
-/// is empty (the reference cannot run one).
+/// The reference-compatible model (spec "Reference numbers", the simulator's quirks): com_sym.py's ComNode.send
+/// and run_simulation ported step by step, every micro-batch injected at its data node at inject_s (second FIFO key
+/// injected_receive_s). Micro-batches the reference would never finish are counted in `stranded` (the reference
+/// drops them silently). Throws InputError when a path is empty (the reference cannot run one).
 SimResult simulate_reference(const Setting& setting, const Schedule& schedule, const ReferenceQuirks& quirks = {});
 
 /// Simulator mode on the command line.
