@@ -1,6 +1,7 @@
-// The exact SkipPipe simulator against hand cases (issue 13, "Tests"): one stage, two micro-batches colliding on
-// one node, memory full -> deferral, and a deadlock refused. Each timeline is worked out by hand in the comments;
-// F/H/B are forward, head + loss and backward, [a, b] the time a node runs an operation.
+// The SkipPipe simulators against hand cases (issue 13, "Tests"): the exact model on one stage, two micro-batches
+// colliding on one node, memory full -> deferral, and a deadlock refused; the reference-compatible model on the
+// same collision and deferral, where its busy windows and postponements show. Each timeline is worked out by hand
+// in the comments; F/H/B are forward, head + loss and backward, [a, b] the time a node runs an operation.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -125,6 +126,38 @@ TEST(SkipPipeExact, CrossedPathsWithOneSlotDeadlockAndAreRefused) {
                                                   {{"id", 1}, {"data_node", 1}, {"path", {3, 2}}, {"inject_s", 0}}}))
                 .completed,
             2);
+}
+
+TEST(SkipPipeReferenceHand, CollisionWithBusyWindows) {
+  // The reference on TwoMicroBatchesCollideOnOneNode (C = 2). After each compute a node stays busy 0.09 s (an
+  // injected micro-batch) or 0.13 s, and what arrives inside [start, end + window) is postponed to its end.
+  //   bucket 1, node 2: F_a [1.35, 2.35], window to 2.48: b (1.35) postponed to 2.48.
+  //   bucket 2: node 0 H_a [2.70, 2.95] -> 3.30; node 2 F_b [2.48, 3.48], window to 3.61: a's 3.30 -> 3.61.
+  //   bucket 3: node 1 H_b [3.83, 4.08] -> 4.43; node 2 B_a [3.61, 5.11], window to 5.24: b's 4.43 -> 5.24.
+  //   bucket 5: node 0 B_a [5.46, 6.96]; node 2 B_b [5.24, 6.74] -> 7.09.  bucket 7: node 1 B_b [7.09, 8.59].
+  // (com_sym.py itself, run on this case by hand, returns 8.59 too; and 10.23 on the next one.)
+  const Setting s = small_setting({1.0, 1.0, 1.0}, 2);
+  const SimResult r = simulate_reference(s, small_schedule(s, {{0, 1}, {2}}, kTwoOnOne));
+  EXPECT_NEAR(r.finish_s[0], 6.96, 1e-9);
+  EXPECT_NEAR(r.finish_s[1], 8.59, 1e-9);
+  EXPECT_NEAR(r.iteration_time_s, 8.59, 1e-9);
+  EXPECT_EQ(r.stranded, 0);
+}
+
+TEST(SkipPipeReferenceHand, MemoryFullRetriesThenWaitsForTheWindow) {
+  // The reference on MemoryFullDefersTheForward (C = 1).
+  //   bucket 1, node 2: F_a [1.35, 2.35] (memory 0), window to 2.48: b postponed to 2.48.
+  //   bucket 2: node 0 H_a [2.70, 2.95] -> 3.30; node 2 has no memory for b: retried +0.1 s per sweep,
+  //             2.58, 2.68, …, 3.08 (into bucket 3).
+  //   bucket 3: b retried to 3.18; B_a [3.30, 4.80] frees the slot, window to 4.93 (b at 3.18 < 3.30: not
+  //             postponed); next sweep b (3.18) is inside the window: moved to 4.93.
+  //   bucket 4: F_b [4.93, 5.93] -> 6.28.  bucket 5: node 0 B_a [5.15, 6.65].
+  //   bucket 6: node 1 H_b [6.28, 6.53] -> 6.88; node 2 B_b [6.88, 8.38] -> 8.73.  bucket 8: B_b [8.73, 10.23].
+  const Setting s = small_setting({1.0, 1.0, 1.0}, 1);
+  const SimResult r = simulate_reference(s, small_schedule(s, {{0, 1}, {2}}, kTwoOnOne));
+  EXPECT_NEAR(r.finish_s[0], 6.65, 1e-9);
+  EXPECT_NEAR(r.finish_s[1], 10.23, 1e-9);
+  EXPECT_NEAR(r.busy_s[2], 5.0, 1e-9);
 }
 
 }  // namespace
