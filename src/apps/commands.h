@@ -18,5 +18,7 @@ void add_compare_command(CLI::App& app);
 void add_chaos_command(CLI::App& app);
 /// `dloco sim goodput|bandwidth|...` (src/sim).
 void add_sim_commands(CLI::App& app);
+/// `dloco skippipe simulate` (src/pipeline): the SkipPipe iteration-time simulator.
+void add_skippipe_commands(CLI::App& app);
 
 }  // namespace dloco::apps

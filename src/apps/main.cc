@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   dloco::apps::add_compare_command(app);
   dloco::apps::add_chaos_command(app);
   dloco::apps::add_sim_commands(app);
+  dloco::apps::add_skippipe_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
