@@ -98,6 +98,7 @@ void run_train(const TrainFlags& f) {
   }
   if (config.diloco.mode != Mode::kLocal) {
     if (f.stop_after_steps > 0) throw InputError("--stop-after-steps applies to diloco.mode = \"local\" only");
+    check_data_fits_model(config);  // before any process starts (local mode checks it itself)
     const auto report = is_collective_mode(config.diloco.mode)
                             ? run_collective_launcher(config, options.resume, plan ? &*plan : nullptr)
                             : run_launcher(config, options.resume, *grpc_transport::make_transport(),
@@ -231,11 +232,17 @@ void add_eval_command(CLI::App& app) {
   eval->add_option("--skip-random", eval_sel.skip_random, "SkipPipe: skip this share of the stages, stage 0 plus a "
                    "random sorted subset redrawn per batch (e.g. 0.5)");
   eval->add_option("--seed", eval_sel.seed, "SkipPipe: seed of --skip-random's subsets");
-  eval->callback([] {
+  eval->callback([eval] {
     // Any SkipPipe flag selects stages; the result then has both perplexities (docs/skippipe.md).
-    const bool staged = eval_sel.count > 0 || !eval_stages.empty() || eval_sel.skip_random > 0;
-    if (!eval_stages.empty() && eval_sel.skip_random > 0) throw InputError("give --stages or --skip-random, not both");
-    if (!eval_stages.empty()) eval_sel.stages = parse_stage_list(eval_stages);
+    const bool given_count = eval->count("--stage-count") > 0, given_stages = eval->count("--stages") > 0,
+               given_skip = eval->count("--skip-random") > 0;
+    const bool staged = given_count || given_stages || given_skip;
+    if (given_count && eval_sel.count < 1) throw InputError("--stage-count must be ≥ 1");
+    if (given_skip && !(eval_sel.skip_random >= 0 && eval_sel.skip_random < 1)) {
+      throw InputError("--skip-random must be in [0, 1) (got " + std::to_string(eval_sel.skip_random) + ")");
+    }
+    if (given_stages && given_skip) throw InputError("give --stages or --skip-random, not both");
+    if (given_stages) eval_sel.stages = parse_stage_list(eval_stages);
     const auto r = evaluate_checkpoint(eval_ckpt, eval_data.empty() ? std::nullopt : std::optional(eval_data),
                                        eval_tokens, eval_threads, staged ? &eval_sel : nullptr);
     std::printf("%s\n", r.dump(2).c_str());
@@ -260,9 +267,11 @@ void add_generate_command(CLI::App& app) {
   static StageSelection gen_sel;
   gen->add_option("--stage-count", gen_sel.count, "SkipPipe: cut the blocks into S stages (default: one block each)");
   gen->add_option("--stages", gen_stages, "SkipPipe: run only these stages, e.g. 0,2,4 (stage 0 always)");
-  gen->callback([] {
-    const bool staged = gen_sel.count > 0 || !gen_stages.empty();
-    if (!gen_stages.empty()) gen_sel.stages = parse_stage_list(gen_stages);
+  gen->callback([gen] {
+    const bool given_count = gen->count("--stage-count") > 0, given_stages = gen->count("--stages") > 0;
+    const bool staged = given_count || given_stages;
+    if (given_count && gen_sel.count < 1) throw InputError("--stage-count must be ≥ 1");
+    if (given_stages) gen_sel.stages = parse_stage_list(gen_stages);
     std::printf("%s\n", generate_from_checkpoint(gen_ckpt, gen_prompt, gen_tokens, gen_temperature, gen_top_k,
                                                  gen_seed, gen_threads, staged ? &gen_sel : nullptr)
                             .c_str());

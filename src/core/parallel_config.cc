@@ -20,8 +20,9 @@ void validate_group(const Config& c, const ParallelConfig& g, const std::string&
   require(g.micro_batches >= 1 && g.chunks >= 1, key + ".micro_batches/chunks", "must be ≥ 1");
   require(g.timeout_s > 0, key + ".timeout_s", "must be > 0");
   require(g.zero == 0 || (g.tensor == 1 && g.pipeline == 1), key + ".zero",
-          "= " + std::to_string(g.zero) + " with tensor = " + std::to_string(g.tensor) + " or pipeline = " +
-              std::to_string(g.pipeline) + " is not wired yet: ZeRO runs in purely data-parallel groups; with "
+          "= " + std::to_string(g.zero) + " with " +
+              (g.tensor > 1 ? "tensor = " + std::to_string(g.tensor) : "pipeline = " + std::to_string(g.pipeline)) +
+              " is not wired yet: ZeRO runs in purely data-parallel groups; with "
               "tensor or pipeline parallelism use zero = 0 (replicated AdamW across the data-parallel replicas)");
   require(g.precision == Precision::kFp32 || (g.tensor == 1 && g.pipeline == 1 && g.zero == 0), key + ".precision",
           "= \"bf16\" runs in one-process and data-parallel learners without ZeRO for now (tensor = pipeline = 1, "

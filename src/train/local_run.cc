@@ -365,6 +365,13 @@ nlohmann::json evaluate_stages(GPT& model, const TokenSplit& split, int64_t max_
 
 }  // namespace
 
+void check_data_fits_model(const Config& config) {
+  const fs::path data_dir(config.data.dir);
+  Tokenizer tok(data_dir / "tokenizer.model");
+  check_vocab(config.model, tok, config.data.dir);
+  check_split_vocab(TokenSplit(split_shards(data_dir, "train")), tok, config.data.dir);
+}
+
 nlohmann::json evaluate_checkpoint(const fs::path& checkpoint, const std::optional<std::string>& data_dir,
                                    int64_t max_tokens, int threads, const StageSelection* stages) {
   apply_thread_budget(thread_budget(threads));

@@ -26,6 +26,11 @@ struct RunOptions {
 /// a run folder that exists without `resume`, an unknown device).
 nlohmann::json run_local(const Config& config, const RunOptions& options);
 
+/// The prepared data in config.data.dir fits the model: its tokenizer's vocabulary at most model.vocab_size and the
+/// train shards declare the tokenizer's vocabulary. Every mode checks it before any process starts (a model whose
+/// vocabulary is too small fails later with LibTorch's "index out of range"). Throws InputError saying what to change.
+void check_data_fits_model(const Config& config);
+
 /// Which SkipPipe stages of the model run (model/stages.h; docs/skippipe.md "Inference with stages down").
 struct StageSelection {
   int64_t count = 0;            // S: the model's blocks cut into S stages; 0 = model.n_layer (a block per stage)
