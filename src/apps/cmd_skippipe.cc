@@ -1,4 +1,4 @@
-// `dloco skippipe ...`: SkipPipe on the command line (../shared/spec/skippipe.md, issue 13).
+// `dloco skippipe ...`: SkipPipe on the command line (docs/skippipe.md, issue 13).
 //   dloco skippipe simulate --setting FILE --schedule FILE [--mode exact|reference] [--format table|json]
 //     the iteration time of one schedule on one setting, and each node's busy time and visits.
 // Flags -> files -> run happens here; the formats and the simulators live in src/pipeline. Bad input throws

@@ -1,4 +1,4 @@
-// SkipPipe's stages of a GPT (docs/skippipe.md "Stages"; spec: ../shared/spec/skippipe.md "Structure"): the L
+// SkipPipe's stages of a GPT (docs/skippipe.md "Structure" and "Stages"): the L
 // blocks cut into S stages of L/S consecutive blocks; stage 0 holds blocks [0, L/S) and also the embedding, the
 // final norm and the head, and is never skipped. A stage subset (stage 0 and some others, in increasing order)
 // becomes the model's active-block mask (GPTImpl::set_active_blocks): what inference with stages down runs.

@@ -1,4 +1,4 @@
-// A SkipPipe schedule (../shared/spec/skippipe.md, "Structure"): the placement (stage -> nodes) and one path per
+// A SkipPipe schedule (docs/skippipe.md, "Structure"): the placement (stage -> nodes) and one path per
 // micro-batch (its data node in stage 0, then the nodes of the non-zero stages it visits, in visiting order; the
 // loss runs back at the data node and the backward retraces the path). The reference's four stored schedules are
 // configs/skippipe/{full_pipeline,dtfm_skip,skippipe_no_collision,skippipe}.json.

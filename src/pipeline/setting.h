@@ -1,4 +1,4 @@
-// The SkipPipe setting (../shared/spec/skippipe.md, "Reference numbers"): the nodes, the region each sits in, the
+// The SkipPipe setting (docs/skippipe.md, "Reference numbers"): the nodes, the region each sits in, the
 // link table between regions, the bytes one micro-batch hop carries, per-node forward time and the activation
 // memory capacity C. It is what a schedule runs on; the reference setting is configs/skippipe/reference_setting.json
 // (transcribed from gensyn-ai/skippipe by tools/skippipe_transcribe.py).

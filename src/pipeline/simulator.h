@@ -1,4 +1,4 @@
-// The SkipPipe iteration-time simulator (../shared/spec/skippipe.md, "Scheduling" and "Reference numbers"): how
+// The SkipPipe iteration-time simulator (docs/skippipe.md, "Scheduling" and "Reference numbers"): how
 // long one training iteration of a schedule takes on a setting — from the first injection to the time the last
 // micro-batch's backward finishes at its data node — and how busy each node is. Two models:
 //   exact      an event-driven model: each node runs one operation at a time, first come first served among the
