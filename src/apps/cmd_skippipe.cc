@@ -1,11 +1,17 @@
 // `dloco skippipe ...`: SkipPipe on the command line (docs/skippipe.md, issue 13).
 //   dloco skippipe simulate --setting FILE --schedule FILE [--mode exact|reference] [--format table|json]
 //     the iteration time of one schedule on one setting, and each node's busy time and visits.
-// Flags -> files -> run happens here; the formats and the simulators live in src/pipeline. Bad input throws
-// InputError (exit 2). Deliberately not here yet: `dloco skippipe schedule` (part 2 of the issue).
+//   dloco skippipe schedule --setting FILE [--placement FILE | --stages S] [--method skippipe|full|oblivious] ...
+//     --out FILE: a schedule (docs/skippipe.md, "Scheduler") that `simulate` reads, with its time in both
+//     simulator modes, the visits per stage and the search's wall time printed.
+// Flags -> files -> run happens here; the formats, the simulators and the scheduler live in src/pipeline. Bad input
+// throws InputError (exit 2). Deliberately not here: any scheduling logic.
 #include <charconv>
+#include <fstream>
+#include <sstream>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -13,7 +19,9 @@
 
 #include "apps/commands.h"
 #include "core/check.h"
+#include "pipeline/json_fields.h"
 #include "pipeline/schedule.h"
+#include "pipeline/scheduler.h"
 #include "pipeline/setting.h"
 #include "pipeline/simulator.h"
 
@@ -99,12 +107,130 @@ void add_simulate(CLI::App& skippipe) {
   });
 }
 
+struct ScheduleArgs {
+  std::string setting, placement, out;
+  std::string method = "skippipe";
+  std::string score = "exact";
+  std::string format = "table";
+  SchedulerOptions options;
+};
+
+// The placement of a JSON file: its "placement" field (a schedule file or {"placement": ...}) or a bare array.
+std::vector<std::vector<int>> load_placement(const std::string& path) {
+  const nlohmann::json j = read_json_file(path);
+  const nlohmann::json& arr = j.is_object() && j.contains("placement") ? j["placement"] : j;
+  if (!arr.is_array()) throw InputError(path + ": expected a \"placement\" field or an array of stages");
+  std::vector<std::vector<int>> placement;
+  for (size_t s = 0; s < arr.size(); ++s) {
+    const std::string at = path + ": placement[" + std::to_string(s) + "]";
+    if (!arr[s].is_array()) throw InputError(at + ": expected an array of node ids");
+    placement.emplace_back();
+    for (size_t k = 0; k < arr[s].size(); ++k) {
+      placement.back().push_back(static_cast<int>(json_integer(arr[s][k], at + "[" + std::to_string(k) + "]", 0,
+                                                               std::numeric_limits<int>::max())));
+    }
+  }
+  return placement;
+}
+
+// The command line that reproduces the file (recorded in its notes): every option that shapes the result.
+std::string command_line(const ScheduleArgs& a) {
+  const SchedulerOptions& o = a.options;
+  std::ostringstream c;
+  c << "dloco skippipe schedule --setting " << a.setting;
+  if (a.placement.empty()) c << " --stages " << o.stages << " --placement-iterations " << o.placement_iterations;
+  else c << " --placement " << a.placement;
+  c << " --method " << a.method << " --skip " << shortest(o.skip) << " --micro-batches-per-data-node "
+    << o.micro_batches_per_data_node << " --data-nodes " << o.data_nodes << " --memory " << o.memory << " --swaps "
+    << o.max_swaps << " --seed " << o.seed << " --iterations " << o.iterations << " --score " << a.score
+    << " --out " << a.out;
+  if (o.budget_s > 0) c << " --budget-s " << shortest(o.budget_s) << " (a wall-time cap: rerun may differ if it bit)";
+  return c.str();
+}
+
+void print_schedule_report(const ScheduleArgs& a, const SchedulerResult& r) {
+  const std::vector<int64_t> visits = visits_per_stage(r.schedule);
+  if (a.format == "json") {
+    nlohmann::json j = {{"method", a.method}, {"out", a.out}, {"micro_batches", r.schedule.micro_batches.size()},
+                        {"reference_s", r.reference_s}, {"exact_s", r.exact_s}, {"visits_per_stage", visits},
+                        {"routes_per_data_node", r.groups_per_data_node}, {"moves", r.iterations_run},
+                        {"improvements", r.improvements}, {"wall_s", r.wall_s}};
+    std::cout << j.dump(1) << "\n";
+    return;
+  }
+  std::printf("[skippipe] %s: %zu micro-batches, %zu stages -> %s\n", a.method.c_str(),
+              r.schedule.micro_batches.size(), r.schedule.placement.size(), a.out.c_str());
+  std::printf("iteration time: reference mode %s s, exact mode %s s\n", shortest(r.reference_s).c_str(),
+              shortest(r.exact_s).c_str());
+  std::printf("visits per stage:");
+  for (int64_t v : visits) std::printf(" %lld", static_cast<long long>(v));
+  std::printf("\nroutes per data node %lld, moves %lld (%lld improvements), search wall time %.2f s\n",
+              static_cast<long long>(r.groups_per_data_node), static_cast<long long>(r.iterations_run),
+              static_cast<long long>(r.improvements), r.wall_s);
+}
+
+void run_schedule(ScheduleArgs& a) {
+  if (a.format != "table" && a.format != "json") throw InputError("--format \"" + a.format + "\": expected table or json");
+  a.options.score_mode = parse_sim_mode(a.score);
+  const Setting setting = load_setting(a.setting);
+  if (!a.placement.empty()) a.options.placement = load_placement(a.placement);
+  if (a.placement.empty() && a.options.stages < 2) throw InputError("give --placement FILE or --stages S (S >= 2)");
+  SchedulerResult r;
+  if (a.method == "skippipe") {
+    r = schedule_skippipe(setting, a.options);
+  } else if (a.method == "oblivious") {
+    r = schedule_oblivious(setting, a.options);
+  } else if (a.method == "full") {
+    r = schedule_full_pipeline(setting, a.options);
+  } else {
+    throw InputError("--method \"" + a.method + "\": expected skippipe, full or oblivious");
+  }
+  SchedulerOptions rules = a.options;
+  if (a.method == "full") rules.skip = 0.0;
+  const std::string broken = check_schedule_rules(r.schedule, setting, rules);
+  DLOCO_CHECK(broken.empty());  // the scheduler keeps its own rules
+  const std::vector<std::string> notes = {
+      "produced by: " + command_line(a),
+      "times with this setting's simulators: reference mode " + shortest(r.reference_s) + " s, exact mode " +
+          shortest(r.exact_s) + " s (memory C = " +
+          std::to_string(a.options.memory > 0 ? a.options.memory : setting.memory_capacity) + ")"};
+  std::ofstream out(a.out);
+  if (!out) throw InputError("--out " + a.out + ": cannot open for writing");
+  out << schedule_to_json(r.schedule, notes).dump(1) << "\n";
+  if (!out) throw InputError("--out " + a.out + ": write failed");
+  print_schedule_report(a, r);
+}
+
+void add_schedule(CLI::App& skippipe) {
+  auto a = std::make_shared<ScheduleArgs>();
+  SchedulerOptions& o = a->options;
+  CLI::App* sub = skippipe.add_subcommand("schedule", "find a SkipPipe schedule (or a baseline) for a setting");
+  sub->add_option("--setting", a->setting, "setting file (e.g. configs/skippipe/reference_setting.json)")->required();
+  sub->add_option("--placement", a->placement, "placement: a schedule file's \"placement\" or a bare array");
+  sub->add_option("--stages", o.stages, "S, to search a placement when none is given");
+  sub->add_option("--method", a->method, "skippipe (collision-aware search), full (full pipeline) or oblivious");
+  sub->add_option("--skip", o.skip, "skip ratio k: a path visits round(S·(1 − k)) stages incl. stage 0 (1/3)");
+  sub->add_option("--micro-batches-per-data-node", o.micro_batches_per_data_node, "N per data node (6)");
+  sub->add_option("--data-nodes", o.data_nodes, "use the first D nodes of stage 0 (0: all)");
+  sub->add_option("--memory", o.memory, "C: routes per node at most, and the simulators' memory (0: the setting's)");
+  sub->add_option("--swaps", o.max_swaps, "adjacent-stage swaps (inversions) allowed per path (0)");
+  sub->add_option("--seed", o.seed, "random seed of the search (1)");
+  sub->add_option("--iterations", o.iterations, "local-search moves (4000); the result depends only on this");
+  sub->add_option("--budget-s", o.budget_s, "stop the search after this much wall time too (0: no cap)");
+  sub->add_option("--placement-iterations", o.placement_iterations, "placement-search moves without --placement");
+  sub->add_option("--score", a->score, "simulator that scores candidates: exact (default) or reference");
+  sub->add_option("--out", a->out, "schedule file to write")->required();
+  sub->add_option("--format", a->format, "table or json");
+  sub->callback([a] { run_schedule(*a); });
+}
+
 }  // namespace
 
 void add_skippipe_commands(CLI::App& app) {
   CLI::App* skippipe = app.add_subcommand("skippipe", "SkipPipe: pipelines that skip and reorder stages");
   skippipe->require_subcommand(1);
   add_simulate(*skippipe);
+  add_schedule(*skippipe);
 }
 
 }  // namespace dloco::apps
