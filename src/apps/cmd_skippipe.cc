@@ -215,7 +215,7 @@ void add_schedule(CLI::App& skippipe) {
   sub->add_option("--memory", o.memory, "C: routes per node at most, and the simulators' memory (0: the setting's)");
   sub->add_option("--swaps", o.max_swaps, "adjacent-stage swaps (inversions) allowed per path (0)");
   sub->add_option("--seed", o.seed, "random seed of the search (1)");
-  sub->add_option("--iterations", o.iterations, "local-search moves (4000); the result depends only on this");
+  sub->add_option("--iterations", o.iterations, "annealing moves (20000); the result depends only on this");
   sub->add_option("--budget-s", o.budget_s, "stop the search after this much wall time too (0: no cap)");
   sub->add_option("--placement-iterations", o.placement_iterations, "placement-search moves without --placement");
   sub->add_option("--score", a->score, "simulator that scores candidates: exact (default) or reference");

@@ -31,8 +31,7 @@ uint64_t draw_below(std::mt19937_64& rng, uint64_t n) {
 
 namespace {
 
-constexpr double kT0 = 1.0;    // annealing's starting temperature (s of makespan)
-constexpr double kT1 = 0.005;  // its final temperature (s)
+constexpr double kT1 = 0.005;  // annealing's final temperature (s of makespan)
 
 int64_t routes_through(const Plan& plan, int node) {
   int64_t count = 0;
@@ -143,7 +142,7 @@ bool propose(const Problem& p, Plan& plan, std::mt19937_64& rng) {
 }  // namespace
 
 Plan local_search(const Problem& p, Plan plan, std::mt19937_64& rng, int64_t iterations, double budget_s,
-                  int64_t& moves, int64_t& improvements) {
+                  double start_temperature_s, int64_t& moves, int64_t& improvements) {
   const auto start = std::chrono::steady_clock::now();
   Score current = score_plan(p, plan), best = current;
   Plan best_plan = plan;
@@ -156,9 +155,10 @@ Plan local_search(const Problem& p, Plan plan, std::mt19937_64& rng, int64_t ite
     if (!propose(p, candidate, rng)) continue;
     ++moves;
     const Score s = score_plan(p, candidate);
-    // Annealing: T falls geometrically from kT0 to kT1 over the iterations; a worse candidate is taken with
-    // probability exp(−Δ/T), Δ = the makespan's increase (s). u is drawn from 53 random bits, by hand.
-    const double t = kT0 * std::pow(kT1 / kT0, static_cast<double>(it) / static_cast<double>(iterations));
+    // Annealing: T falls geometrically from start_temperature_s to kT1 over the iterations; a worse candidate is
+    // taken with probability exp(−Δ/T), Δ = the makespan's increase (s). u is drawn from 53 random bits, by hand.
+    const double t0 = std::max(start_temperature_s, kT1);
+    const double t = t0 * std::pow(kT1 / t0, static_cast<double>(it) / static_cast<double>(iterations));
     const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53;
     const double delta = s.makespan_s - current.makespan_s;
     if (!s.no_worse_than(current) && !(std::isfinite(delta) && u < std::exp(-delta / t))) continue;

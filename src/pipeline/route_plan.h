@@ -73,10 +73,11 @@ Schedule to_schedule(const Problem& p, const Plan& plan, const std::string& meth
 /// The plan's score in the problem's score mode; a deadlocking plan scores +infinity.
 Score score_plan(const Problem& p, const Plan& plan);
 
-/// Local search from `plan` (scheduler.h's moves), at most `iterations` moves and, when budget_s > 0, at most that
-/// much wall time. Returns the best plan; counts moves and strict improvements.
+/// Simulated annealing from `plan` (local_search.cc's moves) in the problem's score mode, the temperature falling
+/// from start_temperature_s (s of makespan) to 0.005 s, at most `iterations` moves and, when budget_s > 0, at most
+/// that much wall time. Returns the best plan seen; counts moves and strict improvements of the best.
 Plan local_search(const Problem& p, Plan plan, std::mt19937_64& rng, int64_t iterations, double budget_s,
-                  int64_t& moves, int64_t& improvements);
+                  double start_temperature_s, int64_t& moves, int64_t& improvements);
 
 /// The scheduler's answer for a finished plan: its schedule and both simulators' times; wall_s from `t0`.
 SchedulerResult finish_result(const Problem& p, const Plan& plan, const std::string& method,

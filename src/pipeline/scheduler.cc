@@ -17,6 +17,9 @@ namespace dloco::pipeline {
 
 namespace {
 
+constexpr double kStartTemperatureS = 0.3;   // annealing in the exact model starts here (s of makespan)
+constexpr double kPolishTemperatureS = 0.2;  // the reference-mode polish starts cooler: it refines, not explores
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -58,7 +61,16 @@ SchedulerResult schedule_skippipe(const Setting& setting, const SchedulerOptions
   for (size_t i = 0; i < group_counts.size(); ++i) {
     Problem p = make_problem(setting, o, placement, group_counts[i]);
     const int64_t its = share + (i == 0 ? o.iterations % static_cast<int64_t>(group_counts.size()) : 0);
-    Plan plan = local_search(p, greedy_plan(p), rng, its, budget, moves, improvements);
+    // The exact model searches; with --score reference, the second half polishes in the reference model from the
+    // exact model's best, at a lower temperature.
+    const bool polish = o.score_mode == SimMode::kReference;
+    p.score_mode = SimMode::kExact;
+    Plan plan = local_search(p, greedy_plan(p), rng, polish ? its / 2 : its, polish ? budget / 2 : budget,
+                             kStartTemperatureS, moves, improvements);
+    p.score_mode = o.score_mode;
+    if (polish) {
+      plan = local_search(p, plan, rng, its - its / 2, budget / 2, kPolishTemperatureS, moves, improvements);
+    }
     const Score s = score_plan(p, plan);
     if (!best_p || s.better_than(best)) best_p = std::move(p), best_plan = std::move(plan), best = s;
   }

@@ -11,9 +11,12 @@
 //   * collision awareness: candidates are scored by the exact simulator (queues, memory C), so two micro-batches
 //     that would meet on one node are charged the wait.
 // The search: a network-aware greedy construction (per group, the cheapest feasible route by dynamic programming
-// over the stages, with a load penalty), then a local search whose moves keep every constraint — another replica
-// for one hop, two groups exchanging a stage (and their nodes there), an adjacent swap when allowed, a shifted
-// injection time — accepting a move when the simulated (makespan, sum of finish times) does not get worse.
+// over the stages, with a load penalty, the data node with the most expensive best route first), then simulated
+// annealing whose moves keep every constraint — another replica for one hop, two groups exchanging a stage (and
+// their nodes there), an adjacent swap when allowed, a shifted injection time, two micro-batches exchanging routes —
+// scored by the simulated (makespan, sum of finish times); with score_mode = reference, the second half of the moves
+// polishes in the reference model. Micro-batch ids are 0 … M − 1 (distinct modulo 100 while M ≤ 100, so the
+// reference model's id-based hold-back never fires: docs/skippipe.md, "Scheduler").
 // Deterministic: std::mt19937_64 and integer draws by rejection (no std:: distributions), no unordered containers,
 // no clock in any decision — a seconds budget only cuts the iteration count short.
 // Also here: the baselines from the same code (the full pipeline and the network-oblivious skip schedule) and a
@@ -42,10 +45,10 @@ struct SchedulerOptions {
   int64_t memory = 0;                   // C: routes per node at most (0: the setting's memory_capacity)
   int64_t max_swaps = 0;                // inversions of the stage order allowed per path (0: increasing order)
   uint64_t seed = 1;                    // the search's random seed
-  int64_t iterations = 4000;            // local-search moves, over all group sizes tried
+  int64_t iterations = 20000;           // annealing moves, over all route groupings tried
   double budget_s = 0.0;                // > 0: stop early after this much wall time (CLI only: results then
                                         // depend on machine speed); 0: iterations alone decide
-  int64_t placement_iterations = 300;   // placement-search moves when no placement is given
+  int64_t placement_iterations = 1000;  // placement-search moves when no placement is given
   SimMode score_mode = SimMode::kExact;  // the simulator that scores candidates (both are reported)
   std::optional<std::vector<std::vector<int>>> placement;  // stage -> nodes; none: searched
 };
