@@ -37,14 +37,14 @@ SchedulerOptions reference_options(int64_t iterations, uint64_t seed) {
 
 // A hand setting: data nodes 0, 1 and stages 1..3 of two replicas each, one near (region A) and one far (B):
 // stage 1 = {2, 3}, stage 2 = {4, 5}, stage 3 = {6, 7}, B = the odd inner nodes. A hop within A costs
-// 0.01 + 200 / 1e6 + 0.05 = 0.0602 s, a hop to or from B 1.0 + 0.2 + 0.05 = 1.25 s; w = 1 s; C = 3.
+// 0.01 + 200 / 1e6 + 0.05 = 0.0602 s, a hop to or from B 10 + 0.2 + 0.05 = 10.25 s; w = 1 s; C = 3.
 Setting hand_setting() {
   nlohmann::json nodes = nlohmann::json::array();
   for (int n = 0; n < 8; ++n) nodes.push_back({{"region", n >= 2 && n % 2 == 1 ? "B" : "A"}, {"forward_s", 1.0}});
   const nlohmann::json j = {
       {"format", "dloco-skippipe-setting"}, {"version", 1}, {"source", "hand case"}, {"regions", {"A", "B"}},
       {"nodes", nodes},
-      {"links", {{{"regions", {"A", "B"}}, {"latency_s", 1.0}, {"bandwidth_bytes_per_s", 1000.0}}}},
+      {"links", {{{"regions", {"A", "B"}}, {"latency_s", 10.0}, {"bandwidth_bytes_per_s", 1000.0}}}},
       {"default_link", {{"latency_s", 0.01}, {"bandwidth_bytes_per_s", 1e6}}}, {"hop_overhead_s", 0.05},
       {"bytes_per_hop", 200}, {"memory_capacity", 3}, {"backward_factor", 1.5}, {"head_factor", 0.25}};
   return parse_setting(j, "hand");
@@ -160,12 +160,49 @@ TEST(SkipPipeScheduler, BeatsTheNetworkObliviousScheduleOnAHandSetting) {
                 random.reference_s);
   }
   EXPECT_GT(strictly, 0);
-  // Each stage needs 4 route visits and a near node carries at most C = 3 routes: at least one far visit per stage.
+  // Each stage needs 4 route visits (G = 3 routes per data node, one micro-batch each) and the scheduler puts at most
+  // C = 3 routes on a node: at least one far visit per stage.
   int64_t far = 0;
   for (const MicroBatch& mb : ours.schedule.micro_batches) {
     for (int node : mb.path) far += node % 2;
   }
   EXPECT_GE(far, 3);
+  // And the near nodes are used to the full: C = 3 routes each, so that only the 3 forced far visits remain.
+  EXPECT_EQ(far, 3);
+}
+
+// Data node 0 in region A and one node per stage, in B, C and D; the links A-B and C-D cost 5 s, every other pair
+// 0.05 + 200 / 1e6 + 0.05 s. The increasing path 0 -> 1 -> 2 -> 3 -> 0 pays both slow links; the path with one
+// adjacent swap, 0 -> 2 -> 1 -> 3 -> 0, pays neither.
+Setting swap_setting() {
+  nlohmann::json nodes = nlohmann::json::array();
+  for (const char* region : {"A", "B", "C", "D"}) nodes.push_back({{"region", region}, {"forward_s", 1.0}});
+  const nlohmann::json j = {
+      {"format", "dloco-skippipe-setting"}, {"version", 1}, {"source", "hand case"},
+      {"regions", {"A", "B", "C", "D"}}, {"nodes", nodes},
+      {"links", {{{"regions", {"A", "B"}}, {"latency_s", 5.0}, {"bandwidth_bytes_per_s", 1e6}},
+                 {{"regions", {"C", "D"}}, {"latency_s", 5.0}, {"bandwidth_bytes_per_s", 1e6}}}},
+      {"default_link", {{"latency_s", 0.05}, {"bandwidth_bytes_per_s", 1e6}}}, {"hop_overhead_s", 0.05},
+      {"bytes_per_hop", 200}, {"memory_capacity", 3}, {"backward_factor", 1.5}, {"head_factor", 0.25}};
+  return parse_setting(j, "swaps");
+}
+
+TEST(SkipPipeScheduler, AdjacentSwapsOnlyWhenAllowed) {
+  const Setting s = swap_setting();
+  SchedulerOptions o;
+  o.placement = std::vector<std::vector<int>>{{0}, {1}, {2}, {3}};
+  o.skip = 0.0;  // every stage, so only the order can change
+  o.micro_batches_per_data_node = 2;
+  o.iterations = 300;
+  const SchedulerResult in_order = schedule_skippipe(s, o);
+  expect_rules(in_order.schedule, 3, 3, 0, 2);
+  for (const MicroBatch& mb : in_order.schedule.micro_batches) EXPECT_EQ(mb.path, (std::vector<int>{1, 2, 3}));
+  o.max_swaps = 1;
+  const SchedulerResult swapped = schedule_skippipe(s, o);
+  expect_rules(swapped.schedule, 3, 3, 1, 2);
+  for (const MicroBatch& mb : swapped.schedule.micro_batches) EXPECT_EQ(mb.path, (std::vector<int>{2, 1, 3}));
+  // Both slow links, there and back: 4 x (5 − 0.05) s = 19.8 s saved on the one chain that bounds the makespan.
+  EXPECT_NEAR(in_order.exact_s - swapped.exact_s, 19.8, 1e-9);
 }
 
 TEST(SkipPipeScheduler, FullPipelineVisitsEveryStageAndMatchesTheReferenceBaseline) {
