@@ -237,6 +237,31 @@ TEST(SkipPipeScheduler, SearchedPlacementHasTheReferenceShapeAndIsDeterministic)
   EXPECT_EQ(nodes.size(), 20u);
 }
 
+TEST(SkipPipeScheduler, ShippedSchedulesKeepTheRulesAndTheirTimes) {
+  // configs/skippipe/dloco_schedule*.json, written by `dloco skippipe schedule` (the command line is in each file's
+  // notes): the committed placement with one swap allowed, without swaps, and a searched placement without swaps.
+  struct Case {
+    const char* file;
+    int64_t swaps;
+    double reference_s;
+  };
+  for (const Case& c : {Case{"dloco_schedule.json", 1, 33.05379002209655},
+                        Case{"dloco_schedule_no_swaps.json", 0, 34.89137697386478},
+                        Case{"dloco_schedule_placed.json", 0, 24.67255226834752}}) {
+    SCOPED_TRACE(c.file);
+    const Schedule s = load_schedule(kDir + c.file, reference_setting());
+    SchedulerOptions o;
+    o.max_swaps = c.swaps;
+    EXPECT_EQ(check_schedule_rules(s, reference_setting(), o), "");
+    expect_rules(s, 3, 3, c.swaps, 18);
+    EXPECT_NEAR(simulate_reference(reference_setting(), s).iteration_time_s, c.reference_s, 1e-9);
+  }
+  // Below the reference's own SkipPipe schedule (33.31379002209655 s) in its own simulator.
+  EXPECT_LT(simulate_reference(reference_setting(), load_schedule(kDir + "dloco_schedule.json", reference_setting()))
+                .iteration_time_s,
+            33.31379002209655);
+}
+
 TEST(SkipPipeScheduler, WrittenScheduleReadsBackWithTheSameTimes) {
   const SchedulerResult r = schedule_skippipe(hand_setting(), hand_options());
   const Schedule back = parse_schedule(schedule_to_json(r.schedule, {"note"}), "written", hand_setting());
