@@ -170,7 +170,9 @@ void print_schedule_report(const ScheduleArgs& a, const SchedulerResult& r) {
 }
 
 void run_schedule(ScheduleArgs& a) {
-  if (a.format != "table" && a.format != "json") throw InputError("--format \"" + a.format + "\": expected table or json");
+  if (a.format != "table" && a.format != "json") {
+    throw InputError("--format \"" + a.format + "\": expected table or json");
+  }
   a.options.score_mode = parse_sim_mode(a.score);
   const Setting setting = load_setting(a.setting);
   if (!a.placement.empty()) a.options.placement = load_placement(a.placement);

@@ -27,7 +27,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 std::string describe(const Problem& p, const SchedulerOptions& o, const std::string& what) {
   return what + ": " + std::to_string(p.stages) + " stages, " + std::to_string(p.per_path + 1) +
          " per path (stage 0 included), " + std::to_string(p.data_nodes.size()) + " data nodes x " +
-         std::to_string(p.per_data_node) + " micro-batches, " + std::to_string(p.groups) + " routes per data node, C = " +
+         std::to_string(p.per_data_node) + " micro-batches, " + std::to_string(p.groups) +
+         " routes per data node, C = " +
          std::to_string(p.memory) + ", swaps <= " + std::to_string(p.max_swaps) + ", seed " + std::to_string(o.seed);
 }
 

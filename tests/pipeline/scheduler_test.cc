@@ -213,7 +213,9 @@ TEST(SkipPipeScheduler, FullPipelineVisitsEveryStageAndMatchesTheReferenceBaseli
   ASSERT_EQ(r.schedule.micro_batches.size(), 27u);
   for (const MicroBatch& mb : r.schedule.micro_batches) {
     ASSERT_EQ(mb.path.size(), 5u);
-    for (size_t k = 0; k < mb.path.size(); ++k) EXPECT_EQ(r.schedule.stage_of_node[mb.path[k]], static_cast<int>(k + 1));
+    for (size_t k = 0; k < mb.path.size(); ++k) {
+      EXPECT_EQ(r.schedule.stage_of_node[mb.path[k]], static_cast<int>(k + 1));
+    }
   }
   EXPECT_EQ(visits_per_stage(r.schedule), (std::vector<int64_t>{27, 27, 27, 27, 27, 27}));
   EXPECT_NEAR(r.reference_s, 79.93971963540922, 1e-9);  // the stored full-pipeline time
