@@ -117,4 +117,8 @@ std::string parallel_learners_toml(const Config& c);
 /// Checks [parallel] and every [[parallel.learner]] against the model, batch and mode; throws InputError.
 void validate_parallel(const Config& c);
 
+/// Checks [skippipe] (stages divide the model, a path keeps stage 0 and another, equal visits per non-zero stage
+/// per step, one-process fp32 learners only); throws InputError naming the key.
+void validate_skippipe(const Config& c);
+
 }  // namespace dloco::config_detail
