@@ -35,7 +35,8 @@ inline std::string where(const std::string& source, const toml::node& node) {
   const auto& src = node.source();
   std::ostringstream os;
   os << source;
-  if (src.begin.line > 0) os << ":" << src.begin.line;
+  // An override is parsed as a two-line table of its own: its line number would only confuse.
+  if (src.begin.line > 0 && source.rfind("override '", 0) != 0) os << ":" << src.begin.line;
   return os.str();
 }
 
