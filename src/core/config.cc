@@ -84,6 +84,9 @@ void for_each_field(C& c, F&& f) {
   f("run", "slowdown", c.run.slowdown);
   f("run", "collective_timeout_s", c.run.collective_timeout_s);
   f("run", "recovery", c.run.recovery);
+  f("skippipe", "stages", c.skippipe.stages);
+  f("skippipe", "skip", c.skippipe.skip);
+  f("skippipe", "full_depth_every", c.skippipe.full_depth_every);
   for_each_parallel_field(c.parallel, [&](const char* k, auto& field) { f("parallel", k, field); });
 }
 
@@ -101,7 +104,7 @@ void apply_table(Config& c, const toml::table& root, const std::string& source) 
     const std::string section(name.str());
     if (!sections.count(section)) {
       throw InputError(where(source, node) + ": unknown section [" + section +
-                       "] (known: model, data, train, diloco, run, parallel)");
+                       "] (known: model, data, train, diloco, run, skippipe, parallel)");
     }
     if (!node.is_table()) throw InputError(where(source, node) + ": '" + section + "' must be a table");
   }
@@ -244,6 +247,7 @@ void Config::validate() const {
               "\"; decoupled learners are restarted on their own)");
   for (int id = 0; id < d.learners; ++id) (void)slowdown_factor(run, id, d.learners);  // throws on a bad list
   validate_parallel(*this);
+  validate_skippipe(*this);
 }
 
 const ParallelConfig& Config::parallel_for(int64_t id) const {

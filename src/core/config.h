@@ -238,6 +238,17 @@ struct ParallelConfig {
   bool operator==(const ParallelConfig&) const = default;
 };
 
+/// SkipPipe training inside a one-process learner (docs/skippipe.md "Training with skips"): every micro-batch of a
+/// step runs stage 0 and a subset of the other stages (its path), each non-zero stage is visited by the same number
+/// of the step's micro-batches, and a stage's gradients are averaged over the micro-batches that visited it.
+/// stages = 0 (the default) trains the full depth as before.
+struct SkipConfig {
+  int64_t stages = 0;              // S: the model's blocks cut into S stages of model.n_layer / S; 0 = off
+  double skip = 0.0;               // k: a path visits round(S·(1 − k)) stages, stage 0 included
+  int64_t full_depth_every = 0;    // every n-th step runs every stage for every micro-batch; 0 = never
+  bool operator==(const SkipConfig&) const = default;
+};
+
 /// A learner whose group differs from [parallel]: `[[parallel.learner]]` tables in the file, each with an `id`
 /// and the keys it changes (it starts from the [parallel] section as the file wrote it).
 struct ParallelLearner {
@@ -252,6 +263,7 @@ struct Config {
   TrainConfig train;
   DilocoConfig diloco;
   RunSettings run;
+  SkipConfig skippipe;
   ParallelConfig parallel;                       // every learner's group, unless listed below
   std::vector<ParallelLearner> parallel_learners;  // per-learner groups
 

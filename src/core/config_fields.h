@@ -35,7 +35,8 @@ inline std::string where(const std::string& source, const toml::node& node) {
   const auto& src = node.source();
   std::ostringstream os;
   os << source;
-  if (src.begin.line > 0) os << ":" << src.begin.line;
+  // An override is parsed as a two-line table of its own: its line number would only confuse.
+  if (src.begin.line > 0 && source.rfind("override '", 0) != 0) os << ":" << src.begin.line;
   return os.str();
 }
 
@@ -116,5 +117,9 @@ std::string parallel_learners_toml(const Config& c);
 
 /// Checks [parallel] and every [[parallel.learner]] against the model, batch and mode; throws InputError.
 void validate_parallel(const Config& c);
+
+/// Checks [skippipe] (stages divide the model, a path keeps stage 0 and another, equal visits per non-zero stage
+/// per step, one-process fp32 learners only); throws InputError naming the key.
+void validate_skippipe(const Config& c);
 
 }  // namespace dloco::config_detail

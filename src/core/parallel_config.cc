@@ -1,6 +1,8 @@
 // The [parallel] section and its [[parallel.learner]] tables: parsing, TOML output and the checks against the
 // model, the batch and the mode (docs/parallel.md "Configuring a group"). What a group does not support yet is
 // refused here with the reason, never silently run as something else.
+#include <cmath>
+#include <numeric>
 #include <set>
 
 #include "core/config_fields.h"
@@ -113,6 +115,40 @@ void validate_parallel(const Config& c) {
             "every learner needs the same group (drop the [[parallel.learner]] tables, or use diloco, streaming or "
             "decoupled)");
   }
+}
+
+void validate_skippipe(const Config& c) {
+  const SkipConfig& k = c.skippipe;
+  require(k.stages >= 0, "skippipe.stages", "(S) must be ≥ 0 (0 = off)");
+  require(k.full_depth_every >= 0, "skippipe.full_depth_every", "must be ≥ 0 (0 = never)");
+  if (k.stages == 0) {
+    require(k.skip == 0 && k.full_depth_every == 0, "skippipe.skip/full_depth_every",
+            "need skippipe.stages (S ≥ 2): without stages every micro-batch runs the full depth");
+    return;
+  }
+  require(k.stages >= 2 && c.model.n_layer % k.stages == 0, "skippipe.stages",
+          "(S = " + std::to_string(k.stages) + ") must be ≥ 2 and divide model.n_layer (" +
+              std::to_string(c.model.n_layer) + "): each stage holds n_layer / S blocks");
+  require(k.skip >= 0 && k.skip < 1, "skippipe.skip", "(k) must be in [0, 1)");
+  const int64_t keep = std::llround(static_cast<double>(k.stages) * (1 - k.skip));
+  require(keep >= 2, "skippipe.skip",
+          "(k = " + std::to_string(k.skip) + ") leaves a path of round(S·(1 − k)) = " + std::to_string(keep) +
+              " stage(s): a path must visit stage 0 and at least one other stage");
+  // Every non-zero stage gets the same number of the step's micro-batches (docs/skippipe.md "Scheduling" 1).
+  const int64_t visits = c.train.grad_accum * (keep - 1), others = k.stages - 1;
+  const int64_t step = others / std::gcd(keep - 1, others);
+  require(visits % others == 0, "train.grad_accum",
+          "(" + std::to_string(c.train.grad_accum) + " micro-batches per step) gives " + std::to_string(visits) +
+              " visits of the " + std::to_string(others) + " non-zero stages (" + std::to_string(keep - 1) +
+              " per path): SkipPipe needs every stage visited equally, so train.grad_accum must be a multiple of " +
+              std::to_string(step));
+  auto one_process = [&](const ParallelConfig& g, const std::string& key) {
+    require(g.ranks() == 1 && g.precision == Precision::kFp32, key,
+            "is a group (or bf16): skippipe training runs in one-process fp32 learners for now (the multi-process "
+            "pipeline is docs/skippipe.md \"What is not built yet\")");
+  };
+  one_process(c.parallel, "parallel");
+  for (const auto& l : c.parallel_learners) one_process(l.parallel, "parallel.learner[id = " + std::to_string(l.id) + "]");
 }
 
 }  // namespace dloco::config_detail

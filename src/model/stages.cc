@@ -44,6 +44,41 @@ std::vector<int64_t> random_stage_subset(int64_t S, double skip, std::mt19937_64
   return others;
 }
 
+std::vector<std::vector<int64_t>> balanced_stage_paths(int64_t S, double skip, int64_t G, std::mt19937_64& rng) {
+  if (S < 2) throw InputError("balanced paths need S ≥ 2 stages (got " + std::to_string(S) + ")");
+  if (G < 1) throw InputError("balanced paths need at least one micro-batch (got " + std::to_string(G) + ")");
+  if (!(skip >= 0 && skip < 1)) throw InputError("the skip ratio must be in [0, 1) (got " + std::to_string(skip) + ")");
+  const int64_t others = std::max<int64_t>(1, std::llround(static_cast<double>(S) * (1 - skip))) - 1;
+  if ((G * others) % (S - 1) != 0) {
+    throw InputError(std::to_string(G) + " micro-batches × " + std::to_string(others) + " non-zero stages per path "
+                     "cannot visit each of the " + std::to_string(S - 1) + " non-zero stages equally");
+  }
+  // Taking the `others` least-visited stages keeps every pair of counts within 1 of each other; the total is a
+  // multiple of S − 1, so at the end every count is equal.
+  std::vector<int64_t> visits(static_cast<size_t>(S), 0);
+  std::vector<std::vector<int64_t>> paths;
+  paths.reserve(static_cast<size_t>(G));
+  for (int64_t m = 0; m < G; ++m) {
+    std::vector<std::pair<uint64_t, int64_t>> order;  // (random priority, stage): ties in visits broken at random
+    for (int64_t s = 1; s < S; ++s) order.emplace_back(rng(), s);
+    std::sort(order.begin(), order.end(), [&](const auto& a, const auto& b) {
+      const int64_t va = visits[static_cast<size_t>(a.second)], vb = visits[static_cast<size_t>(b.second)];
+      return va != vb ? va < vb : a < b;
+    });
+    std::vector<int64_t> path{0};
+    for (int64_t i = 0; i < others; ++i) path.push_back(order[static_cast<size_t>(i)].second);
+    std::sort(path.begin(), path.end());
+    for (size_t i = 1; i < path.size(); ++i) ++visits[static_cast<size_t>(path[i])];
+    paths.push_back(std::move(path));
+  }
+  return paths;
+}
+
+int64_t stage_of_block(int64_t block, int64_t n_layer, int64_t S) {
+  DLOCO_CHECK(S >= 1 && n_layer % S == 0 && block >= 0 && block < n_layer);
+  return block / (n_layer / S);
+}
+
 std::vector<int64_t> parse_stage_list(const std::string& text) {
   std::vector<int64_t> out;
   size_t start = 0;

@@ -278,6 +278,7 @@ nlohmann::json run_local(const Config& config, const RunOptions& options) {
   Config single = config;
   single.diloco.learners = 1;
   InnerTrainer trainer(model, config.train, make_schedule(single), device);
+  trainer.set_skip(config.skippipe, config.run.seed);
 
   EventLog events(run_dir / "events.jsonl", Role::kLearner, 0);
   std::printf("[local] run %s: %lld parameters (formula %lld), %s, %s, device %s, threads torch %d + BLAS %d\n",
@@ -285,6 +286,12 @@ nlohmann::json run_local(const Config& config, const RunOptions& options) {
               static_cast<long long>(gpt_parameter_count(config.model)), blas_description().c_str(),
               allocator_description().c_str(),
               config.run.device.c_str(), budget.torch_threads, budget.blas_threads);
+  if (config.skippipe.stages > 0) {
+    const auto& k = config.skippipe;
+    std::printf("[local] skippipe: %lld stages, skip %.2f (paths of %lld stages), full depth every %lld steps%s\n",
+                static_cast<long long>(k.stages), k.skip, static_cast<long long>(std::llround(k.stages * (1 - k.skip))),
+                static_cast<long long>(k.full_depth_every), k.full_depth_every == 0 ? " (never)" : "");
+  }
   LocalRun run{.config = config, .options = options, .run_dir = run_dir, .data_dir = data_dir, .started = started,
                .device = device, .tok = tok, .val_split = val_split, .model = model, .trainer = trainer,
                .events = events};

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "model/stages.h"
 
 namespace dloco {
 
@@ -22,8 +23,26 @@ StepResult InnerTrainer::step(DataStream& stream, int64_t step) {
 
   model_->train();
   optimizer_->zero_grad();
+  last_paths_.clear();
+  const bool full_depth = skip_.full_depth_every > 0 && (step + 1) % skip_.full_depth_every == 0;
+  if (skip_.stages > 0 && !full_depth) {
+    // splitmix64 of (seed, step): the paths depend on nothing else, so a resumed run draws the same ones.
+    uint64_t z = skip_seed_ + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(step + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    std::mt19937_64 rng(z ^ (z >> 31));
+    last_paths_ = path_source_ ? path_source_(step) : balanced_stage_paths(skip_.stages, skip_.skip, train_.grad_accum, rng);
+    DLOCO_CHECK_EQ(static_cast<int64_t>(last_paths_.size()), train_.grad_accum);
+  }
+  struct FullDepthAgain {  // also when a micro-batch throws
+    GPT& model;
+    ~FullDepthAgain() { model->set_active_blocks({}); }
+  } full_depth_again{model_};
   double loss_sum = 0;
   for (int64_t micro = 0; micro < train_.grad_accum; ++micro) {
+    if (!last_paths_.empty()) {
+      model_->set_active_blocks(stage_blocks(model_->config().n_layer, skip_.stages, last_paths_[micro]));
+    }
     stream.next(std::span<int64_t>(window_.data_ptr<int64_t>(), static_cast<size_t>(window_.numel())));
     auto on_device = window_.to(device_);
     auto x = on_device.narrow(0, 0, B * T).view({B, T});  // (B, T) inputs
@@ -34,6 +53,7 @@ StepResult InnerTrainer::step(DataStream& stream, int64_t step) {
     r.tokens += B * T;
   }
   r.loss = loss_sum / static_cast<double>(train_.grad_accum);
+  if (!last_paths_.empty()) average_stage_gradients(last_paths_);
   if (gradient_hook_) r.loss = gradient_hook_(r.loss);
 
   const double max_norm = train_.grad_clip > 0 ? train_.grad_clip : std::numeric_limits<double>::infinity();
@@ -45,6 +65,40 @@ StepResult InnerTrainer::step(DataStream& stream, int64_t step) {
   }
   optimizer_->step();
   return r;
+}
+
+void InnerTrainer::set_skip(const SkipConfig& skip, uint64_t seed) {
+  skip_ = skip;
+  skip_seed_ = seed;
+  param_stage_.clear();
+  if (skip.stages == 0) return;
+  const int64_t L = model_->config().n_layer;
+  DLOCO_CHECK(skip.stages >= 2 && L % skip.stages == 0);
+  for (const auto& item : model_->named_parameters()) {
+    int64_t stage = 0;  // embedding, final norm, head: stage 0
+    const std::string& name = item.key();
+    if (name.rfind("h.", 0) == 0) stage = stage_of_block(std::stoll(name.substr(2, name.find('.', 2) - 2)), L, skip.stages);
+    param_stage_.push_back(stage);
+  }
+}
+
+void InnerTrainer::average_stage_gradients(const std::vector<std::vector<int64_t>>& paths) {
+  std::vector<int64_t> visits(static_cast<size_t>(skip_.stages), 0);
+  for (const auto& path : paths) {
+    for (int64_t s : path) ++visits[static_cast<size_t>(s)];
+  }
+  const auto params = model_->parameters();
+  DLOCO_CHECK_EQ(params.size(), param_stage_.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int64_t n = visits[static_cast<size_t>(param_stage_[i])];
+    auto& grad = params[i].mutable_grad();
+    if (n == 0) {  // only a path source can leave a stage out: no gradient, so AdamW leaves it (and its decay) alone
+      grad = torch::Tensor();
+      continue;
+    }
+    // Each micro-batch's loss was divided by grad_accum: G/n turns the sum over the visitors into their mean.
+    if (n != train_.grad_accum && grad.defined()) grad.mul_(static_cast<double>(train_.grad_accum) / n);
+  }
 }
 
 std::unique_ptr<torch::optim::AdamW> make_inner_adamw(const std::vector<torch::Tensor>& params,

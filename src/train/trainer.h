@@ -42,6 +42,22 @@ class InnerTrainer {
   using GradientHook = std::function<double(double loss)>;
   void set_gradient_hook(GradientHook hook) { gradient_hook_ = std::move(hook); }
 
+  /// SkipPipe training (docs/skippipe.md "Training with skips"; skip.stages = 0 turns it off): in every step,
+  /// micro-batch m runs stage 0 and the other stages of its path (balanced_stage_paths, drawn from `seed` and the
+  /// step, so a resumed run draws the same paths), the gradients of stage s's parameters are averaged over the n_s
+  /// micro-batches that visited it (stage 0's, as before, over all grad_accum), then the hook, the global clip
+  /// and AdamW run as before. Every skip.full_depth_every-th step (step + 1 a multiple of it) runs the full depth.
+  /// The model runs the full depth again when step returns (evaluation, fragments, checkpoints see every block).
+  /// The config must have passed Config::validate (S divides n_layer; equal visits possible for grad_accum).
+  void set_skip(const SkipConfig& skip, uint64_t seed);
+  /// Paths from elsewhere (a SkipPipe schedule's stage sequences; the multi-process pipeline's reference): called
+  /// once per skip step with the step, it returns grad_accum paths, each stage 0 then non-zero stages in increasing
+  /// order. Replaces the balanced random draw. A stage no path visits gets no gradient (AdamW skips it that step).
+  using PathSource = std::function<std::vector<std::vector<int64_t>>(int64_t step)>;
+  void set_path_source(PathSource source) { path_source_ = std::move(source); }
+  /// The paths of the last step (one per micro-batch; empty when it ran the full depth).
+  const std::vector<std::vector<int64_t>>& last_paths() const { return last_paths_; }
+
   GPT& model() { return model_; }
   torch::optim::AdamW& optimizer() { return *optimizer_; }
   const LrSchedule& schedule() const { return schedule_; }
@@ -54,6 +70,14 @@ class InnerTrainer {
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   torch::Tensor window_;  // (B·T + 1) int64, reused every micro-batch
   GradientHook gradient_hook_;
+  SkipConfig skip_;
+  uint64_t skip_seed_ = 0;
+  std::vector<int64_t> param_stage_;  // per model_->parameters() entry: its stage under skip_ (0 outside blocks)
+  std::vector<std::vector<int64_t>> last_paths_;
+  PathSource path_source_;
+
+  // Scales each stage's accumulated gradients (already divided by grad_accum) to the mean over its visitors.
+  void average_stage_gradients(const std::vector<std::vector<int64_t>>& paths);
 };
 
 /// torch::optim::AdamW with train/trainer.cc's recipe (train.lr, betas, eps; weight decay on tensors of dim ≥ 2

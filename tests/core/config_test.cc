@@ -79,6 +79,8 @@ TEST(Config, PresetThenKeysThenOverrides) {
   EXPECT_EQ(c.run.name, "bare_word");
   EXPECT_EQ(c.train.total_tokens, 2000000);
   EXPECT_NE(error_of("", {"lr=1"}).find("section.key=value"), std::string::npos);
+  // The override is named, without the line number of the two-line table it is parsed as.
+  EXPECT_EQ(error_of("", {"train.lr=abc"}), "override 'train.lr=abc': 'train.lr' must be a number");
 }
 
 TEST(Config, TomlRoundTrip) {

@@ -94,5 +94,29 @@ TEST(ParallelConfig, RefusalsNameTheKeyAndWhy) {
             std::string::npos);
 }
 
+TEST(SkipConfig, OffByDefaultRoundTripsAndRefusalsNameTheKey) {
+  const std::string six = "[model]\npreset = \"tiny\"\nn_layer = 6\n";
+  EXPECT_EQ(parse_config(six).skippipe.stages, 0);
+  const Config c = parse_config(six + "[train]\ngrad_accum = 5\n[skippipe]\nstages = 6\nskip = 0.34\nfull_depth_every = 10\n");
+  EXPECT_EQ(c.skippipe, (SkipConfig{6, 0.34, 10}));
+  EXPECT_EQ(parse_config(to_toml(c)).skippipe, c.skippipe);
+  EXPECT_EQ(to_json(c)["skippipe"]["stages"], 6);
+  // 4 micro-batches × 3 non-zero stages per path = 12 visits cannot cover 5 stages equally; 5 can.
+  EXPECT_NE(error_of(six + "[train]\ngrad_accum = 4\n[skippipe]\nstages = 6\nskip = 0.34\n")
+                .find("train.grad_accum must be a multiple of 5"),
+            std::string::npos);
+  EXPECT_NE(error_of(six + "[skippipe]\nstages = 4\n").find("skippipe.stages (S = 4) must be ≥ 2 and divide"),
+            std::string::npos);
+  EXPECT_NE(error_of(six + "[skippipe]\nskip = 0.5\n").find("need skippipe.stages"), std::string::npos);
+  EXPECT_NE(error_of(six + "[skippipe]\nstages = 6\nskip = 0.9\n").find("at least one other stage"),
+            std::string::npos);
+  EXPECT_NE(error_of(six + "[skippipe]\nstages = 6\nskip = 1\n").find("skippipe.skip (k) must be in [0, 1)"),
+            std::string::npos);
+  const std::string group = error_of(six + "[diloco]\nmode = \"decoupled\"\n[train]\nbatch_size = 4\ngrad_accum = 5\n[skippipe]\nstages = 6\nskip = 0.34\n"
+                                           "[parallel]\ndata = 2\n");
+  EXPECT_NE(group.find("one-process fp32 learners"), std::string::npos) << group;
+  EXPECT_EQ(error_of(six + "[skippipe]\nstages = 3\n"), "") << "skip 0: every path is the full depth";
+}
+
 }  // namespace
 }  // namespace dloco

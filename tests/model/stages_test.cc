@@ -3,6 +3,7 @@
 // and a model with stages skipped equals, bitwise, the smaller model holding only the kept blocks built by hand.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <set>
@@ -89,6 +90,32 @@ TEST(Stages, SkippedBlocksEqualTheSmallerModelBuiltByHand) {
   full->set_active_blocks({});
   EXPECT_TRUE(torch::equal(full->forward(idx), all_blocks)) << "an empty mask runs every block again";
   EXPECT_THROW(full->set_active_blocks(std::vector<bool>(3, true)), InputError);
+}
+
+TEST(Stages, BalancedPathsVisitEveryNonZeroStageEquallyAndFollowTheSeed) {
+  // The reference's setting: 6 stages, skip 1/3 -> paths of 4 stages; 5 micro-batches × 3 = 15 visits, 3 per stage.
+  for (uint64_t seed : {1u, 2u, 3u}) {
+    std::mt19937_64 rng(seed);
+    const auto paths = balanced_stage_paths(6, 1.0 / 3, 5, rng);
+    ASSERT_EQ(paths.size(), 5u);
+    std::vector<int> visits(6, 0);
+    for (const auto& p : paths) {
+      ASSERT_EQ(p.size(), 4u);
+      EXPECT_EQ(p.front(), 0);
+      EXPECT_TRUE(std::is_sorted(p.begin(), p.end()));
+      EXPECT_EQ(std::set<int64_t>(p.begin(), p.end()).size(), p.size());
+      for (int64_t s : p) ++visits[static_cast<size_t>(s)];
+    }
+    EXPECT_EQ(visits, (std::vector<int>{5, 3, 3, 3, 3, 3}));
+  }
+  std::mt19937_64 a(7), b(7), c(8);
+  const auto pa = balanced_stage_paths(6, 0.5, 10, a);  // 3 stages per path: 10 × 2 = 20 visits, 4 per stage
+  EXPECT_EQ(pa, balanced_stage_paths(6, 0.5, 10, b));
+  EXPECT_NE(pa, balanced_stage_paths(6, 0.5, 10, c)) << "another seed draws other paths";
+  std::mt19937_64 rng(1);
+  EXPECT_THROW(balanced_stage_paths(6, 1.0 / 3, 4, rng), InputError) << "12 visits over 5 stages";
+  EXPECT_THROW(balanced_stage_paths(1, 0, 4, rng), InputError);
+  EXPECT_EQ(stage_of_block(5, 6, 3), 2);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "core/safetensors.h"
 #include "data/shards.h"
+#include "model/stages.h"
 #include "train/checkpoint.h"
 #include "train/run.h"
 #include "train/trainer.h"
@@ -150,36 +151,170 @@ TEST_F(TrainTest, LocalRunResumesExactly) {
                          " --vocab-size 400 --threads 1 >/dev/null 2>&1")
                             .c_str()),
             0);
-  auto config_for = [&](const std::string& name) {
+  // skip: 4 blocks in 4 stages, skip 0.5 (paths of stage 0 + one other), 3 micro-batches per step: 8 steps.
+  auto config_for = [&](const std::string& name, bool skip) {
+    const std::string skippipe = skip ? "[skippipe]\nstages = 4\nskip = 0.5\n" : "";
     return parse_config("[model]\npreset = \"tiny\"\nvocab_size = 400\n[train]\nbatch_size = 4\ntotal_tokens = 3072\n"
                         "eval_interval = 0\ncheckpoint_interval = 0\nlog_interval = 100\n[diloco]\nmode = \"local\"\n"
-                        "[run]\nthreads = 1\n",
+                        "[run]\nthreads = 1\n" + skippipe,
                         {"run.name=" + name, "run.out_dir=\"" + dir_.string() + "\"",
-                         "data.dir=\"" + (dir_ / "data").string() + "\""});
+                         "data.dir=\"" + (dir_ / "data").string() + "\"", std::string("model.n_layer=") + (skip ? "4" : "2"),
+                         std::string("train.grad_accum=") + (skip ? "3" : "1")});
   };
-  const auto whole = run_local(config_for("whole"), {});
-  EXPECT_EQ(whole["status"], "finished");
-  EXPECT_EQ(whole["steps"], 24);
+  for (bool skip : {false, true}) {
+    SCOPED_TRACE(skip ? "with skippipe" : "full depth");
+    const std::string tag = skip ? "_skip" : "";
+    const int64_t steps = skip ? 8 : 24;
+    const auto whole = run_local(config_for("whole" + tag, skip), {});
+    EXPECT_EQ(whole["status"], "finished");
+    EXPECT_EQ(whole["steps"], steps);
 
-  RunOptions first_half;
-  first_half.stop_after_steps = 10;
-  const auto part = run_local(config_for("split"), first_half);
-  EXPECT_EQ(part["status"], "stopped");
-  EXPECT_EQ(part["steps"], 10);
-  RunOptions resume;
-  resume.resume = true;
-  const auto rest = run_local(config_for("split"), resume);
-  EXPECT_EQ(rest["steps"], 24);
-  EXPECT_EQ(rest["tokens_trained"], whole["tokens_trained"]);
-  EXPECT_DOUBLE_EQ(rest["final_val_loss"].get<double>(), whole["final_val_loss"].get<double>());
+    RunOptions first_half;
+    first_half.stop_after_steps = steps / 2 - 1;
+    const auto part = run_local(config_for("split" + tag, skip), first_half);
+    EXPECT_EQ(part["status"], "stopped");
+    EXPECT_EQ(part["steps"], steps / 2 - 1);
+    RunOptions resume;
+    resume.resume = true;
+    const auto rest = run_local(config_for("split" + tag, skip), resume);
+    EXPECT_EQ(rest["steps"], steps);
+    EXPECT_EQ(rest["tokens_trained"], whole["tokens_trained"]);
+    EXPECT_DOUBLE_EQ(rest["final_val_loss"].get<double>(), whole["final_val_loss"].get<double>());
 
-  const auto a = read_safetensors(resolve_checkpoint(dir_ / "whole").dir / "model.safetensors");
-  const auto b = read_safetensors(resolve_checkpoint(dir_ / "split").dir / "model.safetensors");
-  ASSERT_EQ(a.tensors.size(), b.tensors.size());
-  for (size_t i = 0; i < a.tensors.size(); ++i) EXPECT_EQ(a.tensors[i].data, b.tensors[i].data) << a.tensors[i].name;
+    // A skip run's paths are drawn from the seed and the step: the resumed run drew the same ones.
+    const auto a = read_safetensors(resolve_checkpoint(dir_ / ("whole" + tag)).dir / "model.safetensors");
+    const auto b = read_safetensors(resolve_checkpoint(dir_ / ("split" + tag)).dir / "model.safetensors");
+    ASSERT_EQ(a.tensors.size(), b.tensors.size());
+    for (size_t i = 0; i < a.tensors.size(); ++i) EXPECT_EQ(a.tensors[i].data, b.tensors[i].data) << a.tensors[i].name;
+  }
 
   // Starting again over an existing run folder is refused instead of overwriting it.
-  EXPECT_THROW(run_local(config_for("whole"), {}), InputError);
+  EXPECT_THROW(run_local(config_for("whole", false), {}), InputError);
+}
+
+// A GPT of 4 blocks for the SkipPipe steps (tiny otherwise).
+ModelConfig four_blocks() {
+  ModelConfig m = model_preset("tiny");
+  m.n_layer = 4;
+  return m;
+}
+
+void copy_parameters(GPT& from, GPT& to) {
+  torch::NoGradGuard no_grad;
+  auto a = from->parameters(), b = to->parameters();
+  for (size_t i = 0; i < a.size(); ++i) b[i].copy_(a[i]);
+}
+
+TEST_F(TrainTest, SkipStepWithoutSkippingIsTheFullDepthStepBitwise) {
+  auto split = pattern_split(20000);
+  torch::manual_seed(3);
+  GPT plain(four_blocks()), staged(four_blocks());
+  copy_parameters(plain, staged);
+  TrainConfig t = tiny_train();
+  t.grad_accum = 3;
+  InnerTrainer a(plain, t, LrSchedule{}, torch::kCPU), b(staged, t, LrSchedule{}, torch::kCPU);
+  b.set_skip(SkipConfig{4, 0.0, 0}, 11);  // 4 stages, skip 0: every path is 0, 1, 2, 3
+  DataStream sa(split, 0, 1, 4, 32, StreamCursor{}), sb(split, 0, 1, 4, 32, StreamCursor{});
+  for (int step = 0; step < 3; ++step) {
+    EXPECT_EQ(a.step(sa, step).loss, b.step(sb, step).loss);
+    ASSERT_EQ(b.last_paths().size(), 3u);
+    EXPECT_EQ(b.last_paths()[0], (std::vector<int64_t>{0, 1, 2, 3}));
+  }
+  auto pa = plain->parameters(), pb = staged->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i])) << i;
+}
+
+// The gradients a skip step hands to the hook (before the clip) equal, per stage, the mean over the micro-batches
+// whose paths visited it of each micro-batch's own gradient, computed here one micro-batch at a time by hand.
+TEST_F(TrainTest, SkipStepAveragesEachStageOverTheMicroBatchesThatVisitedIt) {
+  auto split = pattern_split(20000);
+  torch::manual_seed(5);
+  GPT model(four_blocks()), by_hand(four_blocks());
+  copy_parameters(model, by_hand);
+  TrainConfig t = tiny_train();
+  t.grad_accum = 6;  // 4 stages, skip 0.5: paths of 2 stages, 6 visits over stages 1–3: each visited twice
+  InnerTrainer trainer(model, t, LrSchedule{}, torch::kCPU);
+  trainer.set_skip(SkipConfig{4, 0.5, 0}, 99);
+  std::vector<torch::Tensor> seen;
+  double loss_seen = 0;
+  trainer.set_gradient_hook([&](double loss) {
+    for (auto& p : model->parameters()) seen.push_back(p.grad().clone());
+    loss_seen = loss;
+    return loss;
+  });
+  DataStream stream(split, 0, 1, 4, 32, StreamCursor{}), replay(split, 0, 1, 4, 32, StreamCursor{});
+  trainer.step(stream, 0);
+  const auto paths = trainer.last_paths();
+  ASSERT_EQ(paths.size(), 6u);
+  EXPECT_TRUE(model->active_blocks().empty()) << "the model runs the full depth again after the step";
+
+  auto params = by_hand->parameters();
+  auto named = by_hand->named_parameters();
+  std::vector<torch::Tensor> sum;
+  for (auto& p : params) sum.push_back(torch::zeros_like(p));
+  std::vector<int> visits(4, 0);
+  double loss_sum = 0;
+  std::vector<int64_t> window(4 * 32 + 1);
+  for (const auto& path : paths) {
+    for (int64_t s : path) ++visits[static_cast<size_t>(s)];
+    replay.next(std::span<int64_t>(window));
+    auto w = torch::tensor(window);
+    by_hand->set_active_blocks(stage_blocks(4, 4, path));
+    for (auto& p : params) p.mutable_grad() = torch::Tensor();
+    auto loss = by_hand->loss(w.narrow(0, 0, 128).view({4, 32}), w.narrow(0, 1, 128).view({4, 32}));
+    loss.backward();
+    loss_sum += loss.item<double>();
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (params[i].grad().defined()) sum[i] += params[i].grad();
+    }
+  }
+  EXPECT_EQ(visits, (std::vector<int>{6, 2, 2, 2}));
+  EXPECT_NEAR(loss_seen, loss_sum / 6, 1e-5);
+  ASSERT_EQ(seen.size(), params.size());
+  size_t i = 0;
+  for (const auto& item : named) {
+    const std::string& name = item.key();
+    const int64_t stage = name.rfind("h.", 0) == 0 ? std::stoll(name.substr(2, 1)) : 0;  // 4 blocks, one per stage
+    const auto expected = sum[i] / visits[static_cast<size_t>(stage)];
+    // fp32: the trainer sums losses / 6 then rescales by 6 / 2; by hand sums and divides by 2 (~1e-7 relative).
+    EXPECT_TRUE(torch::allclose(seen[i], expected, 1e-4, 1e-6)) << name << " max diff "
+        << (seen[i] - expected).abs().max().item<double>();
+    ++i;
+  }
+}
+
+TEST_F(TrainTest, FullDepthEveryNthStepRunsEveryStage) {
+  auto split = pattern_split(20000);
+  GPT model(four_blocks());
+  TrainConfig t = tiny_train();
+  t.grad_accum = 3;
+  InnerTrainer trainer(model, t, LrSchedule{}, torch::kCPU);
+  trainer.set_skip(SkipConfig{4, 0.5, 3}, 1);
+  DataStream stream(split, 0, 1, 4, 32, StreamCursor{});
+  std::vector<size_t> path_counts;
+  for (int step = 0; step < 6; ++step) {
+    trainer.step(stream, step);
+    path_counts.push_back(trainer.last_paths().size());
+  }
+  EXPECT_EQ(path_counts, (std::vector<size_t>{3, 3, 0, 3, 3, 0})) << "steps 2 and 5 (the 3rd and 6th) run full depth";
+}
+
+TEST_F(TrainTest, PathsFromASourceAndAStageNoPathVisitsIsLeftAlone) {
+  auto split = pattern_split(20000);
+  GPT model(four_blocks());
+  TrainConfig t = tiny_train();
+  t.grad_accum = 2;
+  InnerTrainer trainer(model, t, LrSchedule{}, torch::kCPU);
+  trainer.set_skip(SkipConfig{4, 0.5, 0}, 1);
+  trainer.set_path_source([](int64_t) { return std::vector<std::vector<int64_t>>{{0, 1}, {0, 2}}; });  // never 3
+  auto named = model->named_parameters();
+  const auto block3 = named["h.3.attn.qkv.weight"].detach().clone();
+  const auto block2 = named["h.2.attn.qkv.weight"].detach().clone();
+  DataStream stream(split, 0, 1, 4, 32, StreamCursor{});
+  trainer.step(stream, 0);
+  EXPECT_EQ(trainer.last_paths(), (std::vector<std::vector<int64_t>>{{0, 1}, {0, 2}}));
+  EXPECT_TRUE(torch::equal(named["h.3.attn.qkv.weight"], block3)) << "no gradient, no decay: untouched";
+  EXPECT_FALSE(torch::equal(named["h.2.attn.qkv.weight"], block2));
 }
 
 }  // namespace
