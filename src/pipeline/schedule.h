@@ -12,7 +12,7 @@
 //     data_node      a stage-0 node: it embeds, runs the head + loss and the last backward
 //     path           nodes of distinct non-zero stages, in visiting order (any order of stages: swaps allowed)
 //     inject_s       when the micro-batch is ready at its data node (s ≥ 0)
-// Deliberately not here: how a schedule is found (part 2), the equal-visits rule (a scheduler's constraint; the
+// Deliberately not here: how a schedule is found (scheduler.h), the equal-visits rule (a scheduler's constraint; the
 // counts are exposed by visits_per_stage / visits_per_node for tests and reports).
 #pragma once
 

@@ -10,7 +10,7 @@
 //              nodes costs Setting::hop_s. Ties in arrival time go to the earlier micro-batch in the schedule.
 //   reference  the reference simulator's model (gensyn-ai/skippipe, schedulers/com_sym.py), quirks included, so the
 //              four stored times are reproduced to ~1e-15 (ReferenceQuirks lists them).
-// Deliberately not here: link contention (hops never wait for each other), the scheduler (part 2), wall clocks.
+// Deliberately not here: link contention (hops never wait for each other), the scheduler (scheduler.h), wall clocks.
 #pragma once
 
 #include <cstdint>
