@@ -56,6 +56,7 @@ std::vector<std::vector<int>> search_placement(const Setting& setting, const Sch
 }
 
 SchedulerResult schedule_full_pipeline(const Setting& setting, const SchedulerOptions& o) {
+  check_scheduler_options(o);
   const auto t0 = std::chrono::steady_clock::now();
   if (!o.placement) throw InputError("--method full needs --placement (the full pipeline's stages and replicas)");
   SchedulerOptions full = o;

@@ -14,6 +14,7 @@
 #include <numeric>
 
 #include "core/check.h"
+#include "core/stages_per_path.h"
 
 namespace dloco::pipeline {
 
@@ -77,7 +78,7 @@ void check_placement(const Setting& setting, const std::vector<std::vector<int>>
 
 int64_t path_stage_count(int64_t stages, double skip) {
   if (!(skip >= 0.0 && skip < 1.0)) throw InputError("--skip " + std::to_string(skip) + ": expected 0 <= k < 1");
-  const int64_t p = std::llround(static_cast<double>(stages) * (1.0 - skip));
+  const int64_t p = stages_per_path(stages, skip);
   if (p < 2) {
     throw InputError("--skip " + std::to_string(skip) + " with " + str(stages) + " stages leaves round(S·(1 − k)) = " +
                      str(p) + " stages per path: no non-zero stage to visit (lower the skip ratio)");
@@ -339,7 +340,10 @@ Score score_plan(const Problem& p, const Plan& plan) {
     const SimResult r = simulate(p.score_mode, p.setting, s);
     if (r.stranded > 0) return {kInf, kInf};
     return {r.iteration_time_s, std::accumulate(r.finish_s.begin(), r.finish_s.end(), 0.0)};
-  } catch (const InputError&) {  // a deadlock: never a candidate
+  } catch (const InputError& e) {
+    // A deadlock (simulate_exact's only refusal of a well-formed schedule) is never a candidate; anything else is a
+    // bug in the plan and must not be hidden as "no deadlock-free schedule found".
+    if (std::string(e.what()).find("deadlocks in the exact model") == std::string::npos) throw;
     return {kInf, kInf};
   }
 }

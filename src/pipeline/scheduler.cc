@@ -47,9 +47,26 @@ SchedulerResult finish_result(const Problem& p, const Plan& plan, const std::str
   return r;
 }
 
+void check_scheduler_options(const SchedulerOptions& o) {
+  auto at_least = [](int64_t value, int64_t low, const char* flag) {
+    if (value < low) throw InputError(std::string(flag) + " " + std::to_string(value) + ": expected >= " + std::to_string(low));
+  };
+  at_least(o.iterations, 0, "--iterations");
+  at_least(o.memory, 0, "--memory");
+  at_least(o.max_swaps, 0, "--swaps");
+  at_least(o.data_nodes, 0, "--data-nodes");
+  at_least(o.placement_iterations, 0, "--placement-iterations");
+  at_least(o.micro_batches_per_data_node, 1, "--micro-batches-per-data-node");
+  if (!(o.budget_s >= 0)) throw InputError("--budget-s " + std::to_string(o.budget_s) + ": expected >= 0 (0 = no cap)");
+  if (o.placement && o.stages != 0 && o.stages != static_cast<int>(o.placement->size())) {
+    throw InputError("--stages " + std::to_string(o.stages) + " with a placement of " +
+                     std::to_string(o.placement->size()) + " stages: give one or the other");
+  }
+}
+
 SchedulerResult schedule_skippipe(const Setting& setting, const SchedulerOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
-  if (o.iterations < 0) throw InputError("--iterations " + std::to_string(o.iterations) + ": expected >= 0");
+  check_scheduler_options(o);
   const std::vector<std::vector<int>> placement = o.placement ? *o.placement : search_placement(setting, o);
   const std::vector<int64_t> group_counts = feasible_group_counts(setting, o, placement);
   std::mt19937_64 rng(o.seed);
@@ -89,6 +106,7 @@ SchedulerResult schedule_skippipe(const Setting& setting, const SchedulerOptions
 }
 
 SchedulerResult schedule_oblivious(const Setting& setting, const SchedulerOptions& o) {
+  check_scheduler_options(o);
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<std::vector<int>> placement = o.placement ? *o.placement : search_placement(setting, o);
   const std::vector<int64_t> group_counts = feasible_group_counts(setting, o, placement);

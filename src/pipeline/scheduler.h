@@ -64,6 +64,10 @@ struct SchedulerResult {
   double wall_s = 0.0;               // search wall time (report only; never used in a decision)
 };
 
+/// Refuses option values no search can honour (negative counts, swaps, memory or budget; --stages disagreeing with
+/// the placement) with an InputError naming the flag. Every entry point below calls it first.
+void check_scheduler_options(const SchedulerOptions& options);
+
 /// Stages per path including stage 0: round(S·(1 − k)). InputError when it leaves no non-zero stage or k is not in
 /// [0, 1).
 int64_t path_stage_count(int64_t stages, double skip);

@@ -140,6 +140,16 @@ TEST(SkipPipeScheduler, ImpossibleArithmeticIsRefusedWithTheReason) {
   h = hand_options();
   h.micro_batches_per_data_node = 2;  // 2 x 2 x 2 = 8 visits over 3 stages
   EXPECT_NE(message(hand_setting(), h).find("8 visits do not divide evenly"), std::string::npos);
+  // Values no search can honour are refused with the flag named (a negative swap count used to fail an internal check).
+  h = hand_options();
+  h.max_swaps = -1;
+  EXPECT_EQ(message(hand_setting(), h), "--swaps -1: expected >= 0");
+  h = hand_options();
+  h.memory = -3;
+  EXPECT_EQ(message(hand_setting(), h), "--memory -3: expected >= 0");
+  h = hand_options();
+  h.budget_s = -1;
+  EXPECT_NE(message(hand_setting(), h).find("--budget-s"), std::string::npos);
 }
 
 TEST(SkipPipeScheduler, BeatsTheNetworkObliviousScheduleOnAHandSetting) {
@@ -257,6 +267,18 @@ TEST(SkipPipeScheduler, ShippedSchedulesKeepTheRulesAndTheirTimes) {
     EXPECT_EQ(check_schedule_rules(s, reference_setting(), o), "");
     expect_rules(s, 3, 3, c.swaps, 18);
     EXPECT_NEAR(simulate_reference(reference_setting(), s).iteration_time_s, c.reference_s, 1e-9);
+    // The transcribed NL–London link (0.000237 GB/s, ~132 s a hop) is used by no shipped schedule: the costliest
+    // hop of each is the path's real network, a few seconds at most.
+    double worst_hop_s = 0;
+    for (const auto& mb : s.micro_batches) {
+      int at = mb.data_node;
+      for (int node : mb.path) {
+        worst_hop_s = std::max(worst_hop_s, reference_setting().hop_s(at, node));
+        at = node;
+      }
+      worst_hop_s = std::max(worst_hop_s, reference_setting().hop_s(at, mb.data_node));
+    }
+    EXPECT_LT(worst_hop_s, 10.0);
   }
   // Below the reference's own SkipPipe schedule (33.31379002209655 s) in its own simulator.
   EXPECT_LT(simulate_reference(reference_setting(), load_schedule(kDir + "dloco_schedule.json", reference_setting()))
