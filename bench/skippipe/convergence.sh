@@ -16,6 +16,7 @@ mkdir -p "$OUT"
 train() {  # name, extra --set flags
   local name=$1; shift
   if [[ "${REUSE:-0}" == 1 && -f "$OUT/$name/report.json" ]]; then return; fi
+  echo "training $name (log: $OUT/$name.log)" >&2
   rm -rf "${OUT:?}/$name"
   "$DLOCO" train --config configs/skippipe-train.toml --set "run.out_dir=\"$OUT\"" --set run.name=$name "$@" \
     > "$OUT/$name.log" 2>&1
@@ -24,7 +25,7 @@ train skip33
 train noskip --set skippipe.skip=0
 
 eval_json() {  # run, extra flags -> "loss ppl ppl_per_sequence"
-  "$DLOCO" eval "$OUT/$1" --stage-count 6 "${@:2}" --seed "$SEED" 2>/dev/null |
+  "$DLOCO" eval "$OUT/$1" --stage-count 6 "${@:2}" --seed "$SEED" 2>"$OUT/eval.err" |
     /usr/bin/python3 -c 'import json,sys; j=json.load(sys.stdin); print(j["val_loss"], j["val_perplexity"], j["val_perplexity_per_sequence"])'
 }
 declare -A R

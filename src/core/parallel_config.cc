@@ -6,6 +6,7 @@
 #include <set>
 
 #include "core/config_fields.h"
+#include "core/stages_per_path.h"
 
 namespace dloco::config_detail {
 
@@ -130,7 +131,7 @@ void validate_skippipe(const Config& c) {
           "(S = " + std::to_string(k.stages) + ") must be ≥ 2 and divide model.n_layer (" +
               std::to_string(c.model.n_layer) + "): each stage holds n_layer / S blocks");
   require(k.skip >= 0 && k.skip < 1, "skippipe.skip", "(k) must be in [0, 1)");
-  const int64_t keep = std::llround(static_cast<double>(k.stages) * (1 - k.skip));
+  const int64_t keep = stages_per_path(k.stages, k.skip);
   require(keep >= 2, "skippipe.skip",
           "(k = " + std::to_string(k.skip) + ") leaves a path of round(S·(1 − k)) = " + std::to_string(keep) +
               " stage(s): a path must visit stage 0 and at least one other stage");

@@ -224,8 +224,9 @@ std::unique_ptr<InnerJob> make_inner_job(const Config& config, int id, const fs:
                                          GPT model, const FragmentLayout& layout, torch::Device device,
                                          DataStream stream, EventLog& events) {
   if (!ranks) {
-    auto job = std::make_unique<GptInnerJob>(model, layout, config.train, make_schedule(config), device, std::move(stream));
-    job->trainer().set_skip(config.skippipe, config.run.seed + 7919 * static_cast<uint64_t>(id + 1));  // own paths
+    auto job =
+        std::make_unique<GptInnerJob>(model, layout, config.train, make_schedule(config), device, std::move(stream));
+    job->trainer().set_skip(config.skippipe, skip_path_seed(config.run.seed, id));
     return job;
   }
   const ParallelConfig& parallel = config.parallel_for(id);

@@ -261,7 +261,7 @@ std::unique_ptr<InnerJob> Worker::make_job() {
   if (!ranks_) {
     auto job = std::make_unique<GptInnerJob>(model_, layout_, config_.train, make_schedule(config_), device_,
                                              std::move(stream));
-    job->trainer().set_skip(config_.skippipe, config_.run.seed + 7919 * static_cast<uint64_t>(slot_ + 1));
+    job->trainer().set_skip(config_.skippipe, skip_path_seed(config_.run.seed, slot_));
     gpt_job_ = job.get();
     return job;
   }

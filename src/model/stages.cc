@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "core/check.h"
+#include "core/stages_per_path.h"
 
 namespace dloco {
 
@@ -34,7 +35,7 @@ std::vector<bool> stage_blocks(int64_t n_layer, int64_t S, const std::vector<int
 std::vector<int64_t> random_stage_subset(int64_t S, double skip, std::mt19937_64& rng) {
   if (S < 1) throw InputError("the stage count must be ≥ 1 (got " + std::to_string(S) + ")");
   if (!(skip >= 0 && skip < 1)) throw InputError("the skip ratio must be in [0, 1) (got " + std::to_string(skip) + ")");
-  const int64_t keep = std::max<int64_t>(1, std::llround(static_cast<double>(S) * (1 - skip)));
+  const int64_t keep = std::max<int64_t>(1, stages_per_path(S, skip));
   std::vector<int64_t> others(static_cast<size_t>(S - 1));
   std::iota(others.begin(), others.end(), 1);
   std::shuffle(others.begin(), others.end(), rng);
@@ -48,7 +49,7 @@ std::vector<std::vector<int64_t>> balanced_stage_paths(int64_t S, double skip, i
   if (S < 2) throw InputError("balanced paths need S ≥ 2 stages (got " + std::to_string(S) + ")");
   if (G < 1) throw InputError("balanced paths need at least one micro-batch (got " + std::to_string(G) + ")");
   if (!(skip >= 0 && skip < 1)) throw InputError("the skip ratio must be in [0, 1) (got " + std::to_string(skip) + ")");
-  const int64_t others = std::max<int64_t>(1, std::llround(static_cast<double>(S) * (1 - skip))) - 1;
+  const int64_t others = std::max<int64_t>(1, stages_per_path(S, skip)) - 1;
   if ((G * others) % (S - 1) != 0) {
     throw InputError(std::to_string(G) + " micro-batches × " + std::to_string(others) + " non-zero stages per path "
                      "cannot visit each of the " + std::to_string(S - 1) + " non-zero stages equally");

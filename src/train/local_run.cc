@@ -11,6 +11,7 @@
 #include <random>
 #include <unistd.h>
 
+#include "core/stages_per_path.h"
 #include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/console.h"
@@ -278,7 +279,7 @@ nlohmann::json run_local(const Config& config, const RunOptions& options) {
   Config single = config;
   single.diloco.learners = 1;
   InnerTrainer trainer(model, config.train, make_schedule(single), device);
-  trainer.set_skip(config.skippipe, config.run.seed);
+  trainer.set_skip(config.skippipe, skip_path_seed(config.run.seed, 0));
 
   EventLog events(run_dir / "events.jsonl", Role::kLearner, 0);
   std::printf("[local] run %s: %lld parameters (formula %lld), %s, %s, device %s, threads torch %d + BLAS %d\n",
@@ -289,7 +290,7 @@ nlohmann::json run_local(const Config& config, const RunOptions& options) {
   if (config.skippipe.stages > 0) {
     const auto& k = config.skippipe;
     std::printf("[local] skippipe: %lld stages, skip %.2f (paths of %lld stages), full depth every %lld steps%s\n",
-                static_cast<long long>(k.stages), k.skip, static_cast<long long>(std::llround(k.stages * (1 - k.skip))),
+                static_cast<long long>(k.stages), k.skip, static_cast<long long>(stages_per_path(k.stages, k.skip)),
                 static_cast<long long>(k.full_depth_every), k.full_depth_every == 0 ? " (never)" : "");
   }
   LocalRun run{.config = config, .options = options, .run_dir = run_dir, .data_dir = data_dir, .started = started,

@@ -2,6 +2,7 @@
 #include "train/trainer.h"
 
 #include <cmath>
+#include <map>
 
 #include "core/check.h"
 #include "model/stages.h"
@@ -24,6 +25,7 @@ StepResult InnerTrainer::step(DataStream& stream, int64_t step) {
   model_->train();
   optimizer_->zero_grad();
   last_paths_.clear();
+  std::vector<std::vector<bool>> masks;  // per micro-batch: its path's active blocks
   const bool full_depth = skip_.full_depth_every > 0 && (step + 1) % skip_.full_depth_every == 0;
   if (skip_.stages > 0 && !full_depth) {
     // splitmix64 of (seed, step): the paths depend on nothing else, so a resumed run draws the same ones.
@@ -31,8 +33,11 @@ StepResult InnerTrainer::step(DataStream& stream, int64_t step) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     std::mt19937_64 rng(z ^ (z >> 31));
-    last_paths_ = path_source_ ? path_source_(step) : balanced_stage_paths(skip_.stages, skip_.skip, train_.grad_accum, rng);
+    last_paths_ =
+        path_source_ ? path_source_(step) : balanced_stage_paths(skip_.stages, skip_.skip, train_.grad_accum, rng);
     DLOCO_CHECK_EQ(static_cast<int64_t>(last_paths_.size()), train_.grad_accum);
+    // Every mask before the first micro-batch: a bad path throws (InputError) before the stream or a gradient moves.
+    for (const auto& path : last_paths_) masks.push_back(stage_blocks(model_->config().n_layer, skip_.stages, path));
   }
   struct FullDepthAgain {  // also when a micro-batch throws
     GPT& model;
@@ -40,9 +45,7 @@ StepResult InnerTrainer::step(DataStream& stream, int64_t step) {
   } full_depth_again{model_};
   double loss_sum = 0;
   for (int64_t micro = 0; micro < train_.grad_accum; ++micro) {
-    if (!last_paths_.empty()) {
-      model_->set_active_blocks(stage_blocks(model_->config().n_layer, skip_.stages, last_paths_[micro]));
-    }
+    if (!masks.empty()) model_->set_active_blocks(masks[static_cast<size_t>(micro)]);
     stream.next(std::span<int64_t>(window_.data_ptr<int64_t>(), static_cast<size_t>(window_.numel())));
     auto on_device = window_.to(device_);
     auto x = on_device.narrow(0, 0, B * T).view({B, T});  // (B, T) inputs
@@ -74,12 +77,18 @@ void InnerTrainer::set_skip(const SkipConfig& skip, uint64_t seed) {
   if (skip.stages == 0) return;
   const int64_t L = model_->config().n_layer;
   DLOCO_CHECK(skip.stages >= 2 && L % skip.stages == 0);
-  for (const auto& item : model_->named_parameters()) {
-    int64_t stage = 0;  // embedding, final norm, head: stage 0
-    const std::string& name = item.key();
-    if (name.rfind("h.", 0) == 0) stage = stage_of_block(std::stoll(name.substr(2, name.find('.', 2) - 2)), L, skip.stages);
-    param_stage_.push_back(stage);
+  // By module, not by name: block i's tensors are the parameters of model_->h[i]; everything else is stage 0's.
+  std::map<const void*, int64_t> stage_of;
+  for (int64_t i = 0; i < L; ++i) {
+    for (const auto& p : model_->h[i]->parameters()) stage_of[p.unsafeGetTensorImpl()] = stage_of_block(i, L, skip.stages);
   }
+  std::vector<int64_t> owned(static_cast<size_t>(skip.stages), 0);
+  for (const auto& p : model_->parameters()) {
+    const auto it = stage_of.find(p.unsafeGetTensorImpl());
+    param_stage_.push_back(it == stage_of.end() ? 0 : it->second);
+    ++owned[static_cast<size_t>(param_stage_.back())];
+  }
+  for (int64_t s = 0; s < skip.stages; ++s) DLOCO_CHECK_GT(owned[static_cast<size_t>(s)], 0);
 }
 
 void InnerTrainer::average_stage_gradients(const std::vector<std::vector<int64_t>>& paths) {

@@ -52,7 +52,9 @@ class InnerTrainer {
   void set_skip(const SkipConfig& skip, uint64_t seed);
   /// Paths from elsewhere (a SkipPipe schedule's stage sequences; the multi-process pipeline's reference): called
   /// once per skip step with the step, it returns grad_accum paths, each stage 0 then non-zero stages in increasing
-  /// order. Replaces the balanced random draw. A stage no path visits gets no gradient (AdamW skips it that step).
+  /// order. Replaces the balanced random draw. A stage no path visits gets no gradient (AdamW skips it that step;
+  /// under the dp baseline's gradient hook it would be averaged as zeros, so dp keeps the balanced draw). Every path is
+  /// checked (stage_blocks) before the first micro-batch runs: InputError, nothing consumed.
   using PathSource = std::function<std::vector<std::vector<int64_t>>(int64_t step)>;
   void set_path_source(PathSource source) { path_source_ = std::move(source); }
   /// The paths of the last step (one per micro-batch; empty when it ran the full depth).
@@ -79,6 +81,10 @@ class InnerTrainer {
   // Scales each stage's accumulated gradients (already divided by grad_accum) to the mean over its visitors.
   void average_stage_gradients(const std::vector<std::vector<int64_t>>& paths);
 };
+
+/// The seed of learner (or worker) `id`'s SkipPipe paths (InnerTrainer::set_skip): run.seed + 7919·id, so the
+/// one-process local run and learner 0 of a decoupled run draw the same paths, and every other learner its own.
+inline uint64_t skip_path_seed(uint64_t run_seed, int64_t id) { return run_seed + 7919 * static_cast<uint64_t>(id); }
 
 /// torch::optim::AdamW with train/trainer.cc's recipe (train.lr, betas, eps; weight decay on tensors of dim ≥ 2
 /// only, never on norm gains) over `params`: shared by the one-process learner and the ranks of a learner group.
