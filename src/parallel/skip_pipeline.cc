@@ -2,8 +2,12 @@
 // Dimension letters: b micro-batch size, T sequence length, C d_model, V vocabulary, L blocks, S stages.
 #include "parallel/skip_pipeline.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <span>
+#include <thread>
+#include <tuple>
 
 #include "core/check.h"
 #include "train/trainer.h"
@@ -40,12 +44,15 @@ Hop hop_at(const pipeline::MicroBatch& mb, int node) {
 struct SkipPipeNode::InFlight {
   torch::Tensor input;   // (b, T, C) received leaf whose gradient the backward sends back; undefined at a data node
   torch::Tensor output;  // (b, T, C) this node's output, attached to its graph
-  torch::Tensor window;  // (b·T + 1) int64 tokens at a data node
 };
 
+// With link emulation (scale > 0) each message to another node is followed by a (1) int64 time stamp (steady
+// clock, ns; one clock for every process of one machine) under the same tag, and the receiver holds the message
+// until stamp + scale · Setting::hop_s(src, dst): the arrival time of the simulator's hop, with no link contention.
 class SkipPipeNode::Links {
  public:
-  explicit Links(Collective& group) : group_(group) {}
+  Links(Collective& group, const pipeline::Setting& setting, double scale)
+      : group_(group), setting_(setting), scale_(scale) {}
   ~Links() {
     // Only after a CollectiveError (finish() ran otherwise): the group is unusable, the sends are abandoned.
     in_flight_.clear();
@@ -61,6 +68,11 @@ class SkipPipeNode::Links {
     in_flight_.push_back(group_.isend(data, dst, tag));
     keep_.push_back(data);
     bytes_ += static_cast<int64_t>(data.numel() * data.element_size());
+    if (scale_ > 0) {
+      auto stamp = torch::tensor({now_ns()}, torch::kLong);  // (1)
+      in_flight_.push_back(group_.isend(stamp, dst, tag));
+      keep_.push_back(stamp);
+    }
   }
   /// Receives a (b, T, C) tensor from `src` under `tag`, blocking up to the group's deadline.
   torch::Tensor recv(int src, int tag, at::IntArrayRef shape) {
@@ -73,6 +85,19 @@ class SkipPipeNode::Links {
     }
     auto t = torch::empty(shape);
     group_.recv(t, src, tag);
+    if (scale_ > 0) {
+      auto stamp = torch::empty({1}, torch::kLong);  // (1)
+      group_.recv(stamp, src, tag);
+      const auto due = std::chrono::steady_clock::time_point(std::chrono::nanoseconds(stamp.item<int64_t>())) +
+                       std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::duration<double>(scale_ * setting_.hop_s(src, group_.rank())));
+      const auto now = std::chrono::steady_clock::now();
+      if (due > now) {
+        held_s_ += std::chrono::duration<double>(due - now).count();
+        std::this_thread::sleep_until(due);
+      }
+      ++delayed_;
+    }
     return t;
   }
   /// Waits for every send of the iteration.
@@ -83,9 +108,20 @@ class SkipPipeNode::Links {
     DLOCO_CHECK(mailbox_.empty());
   }
   int64_t bytes() const { return bytes_; }
+  double held_s() const { return held_s_; }
+  int delayed() const { return delayed_; }
 
  private:
+  static int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+
   Collective& group_;
+  const pipeline::Setting& setting_;
+  double scale_ = 0;  // link emulation: 0 = off
+  double held_s_ = 0;  // seconds this node waited for emulated links
+  int delayed_ = 0;    // messages received over an emulated link
   std::map<int, torch::Tensor> mailbox_;
   std::vector<Collective::Pending> in_flight_;
   std::vector<torch::Tensor> keep_;  // the sent tensors, alive until finish()
@@ -94,7 +130,12 @@ class SkipPipeNode::Links {
 
 SkipPipeNode::SkipPipeNode(GPT& full, const pipeline::Setting& setting, const pipeline::Schedule& schedule,
                            Collective& group, const TrainConfig& train, LrSchedule lr_schedule)
-    : cfg_(full->config()), train_(train), lr_schedule_(lr_schedule), schedule_(schedule), group_(group) {
+    : cfg_(full->config()),
+      train_(train),
+      lr_schedule_(lr_schedule),
+      setting_(setting),
+      schedule_(schedule),
+      group_(group) {
   const int N = static_cast<int>(setting.node_count());
   if (group.world() != N || static_cast<int>(schedule.stage_of_node.size()) != N) {
     throw InputError("SkipPipe: the group has " + std::to_string(group.world()) + " ranks, the setting " +
@@ -140,6 +181,13 @@ SkipPipeNode::SkipPipeNode(GPT& full, const pipeline::Setting& setting, const pi
 
 SkipPipeNode::~SkipPipeNode() = default;
 
+void SkipPipeNode::set_link_time_scale(double scale) {
+  if (!(scale >= 0) || !std::isfinite(scale)) {
+    throw InputError("SkipPipe: link time scale " + std::to_string(scale) + " must be finite and >= 0");
+  }
+  link_time_scale_ = scale;
+}
+
 std::map<std::string, torch::Tensor> SkipPipeNode::named_parameters() const {
   std::map<std::string, torch::Tensor> out;
   for (const auto& [i, block] : blocks_) {
@@ -167,7 +215,6 @@ void SkipPipeNode::forward(Links& links, int mb, const torch::Tensor& window) {
   const Hop hop = hop_at(micro, node_);
   auto state = std::make_unique<InFlight>();
   if (node_ == micro.data_node) {
-    state->window = window;
     auto idx = window.narrow(0, 0, b * T).view({b, T});              // (b, T) inputs
     state->output = run_blocks(torch::embedding(wte_, idx));          // (b, T, C), as nn::Embedding
   } else {
@@ -212,6 +259,7 @@ SkipIterationStats SkipPipeNode::run_iteration(DataStream* stream, int64_t step)
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(stats.lr);
   }
   optimizer_->zero_grad();
+  held_.clear();  // empty unless the last iteration ended in an error
   // 1. This data node's windows: micro-batch i (schedule order) is window i of the stream; the others' skipped.
   const int64_t window_size = train_.batch_size * cfg_.seq_len + 1;
   std::map<int, torch::Tensor> windows;  // micro-batch -> (b·T + 1) int64
@@ -230,7 +278,7 @@ SkipIterationStats SkipPipeNode::run_iteration(DataStream* stream, int64_t step)
     windows.emplace(static_cast<int>(i), window);
   }
   // 2. This node's operations in the simulator's order (file header: deadlock-free, at most C graphs held).
-  Links links(group_);
+  Links links(group_, setting_, link_time_scale_);
   double loss_sum = 0;
   for (const pipeline::SimOp& op : ops_) {
     const bool mine = node_ == mbs[static_cast<size_t>(op.micro_batch)].data_node;
@@ -252,6 +300,8 @@ SkipIterationStats SkipPipeNode::run_iteration(DataStream* stream, int64_t step)
   links.finish();
   DLOCO_CHECK(held_.empty());
   stats.bytes_sent = links.bytes();
+  stats.link_wait_s = links.held_s();
+  stats.delayed_messages = links.delayed();
   // 3. The replicas' average, the global norm, the clip, the guard, AdamW.
   const int64_t before = replicas_ ? replicas_->traffic().all_reduce.bytes : 0;
   std::tie(stats.grad_norm, stats.loss) = reduce_gradients(loss_sum);

@@ -18,9 +18,11 @@
 //      Replicas of a stage then hold bitwise identical parameters.
 // Messages between nodes go by (peer, tag), tag = 2·i + direction (i the micro-batch's schedule index, direction 0
 // for activations, 1 for their gradients); an operation on the node itself goes through a local mailbox.
-// Deliberately not here: emulated link delays (every message leaves at once), re-routing around a dead node (a
-// CollectiveError ends the iteration; the group is unusable afterwards), reordered stage orders beyond what the
-// schedule's paths say, activation checkpointing, bf16, the scheduler.
+// Emulated links (optional, set_link_time_scale): a message is held at its receiver until the simulator's hop time
+// (latency + bytes/bandwidth + overhead, scaled) after it was sent; the sender goes on computing at once.
+// Deliberately not here: link contention and rate limits (hops are independent, as in the simulator), real network
+// emulation (tc netem), re-routing around a dead node (a CollectiveError ends the iteration; the group is unusable
+// afterwards), stage orders other than the schedule's paths, activation checkpointing, bf16, the scheduler.
 // Dimension letters: b micro-batch size (train.batch_size), T sequence length, C d_model, V vocabulary.
 #pragma once
 
@@ -53,6 +55,8 @@ struct SkipIterationStats {
   int peak_held = 0;            // most micro-batches whose autograd graphs this node held at once (≤ C)
   int64_t bytes_sent = 0;       // point-to-point bytes (activations and gradients) this node sent
   int64_t allreduce_bytes = 0;  // bytes this node put on the wire in the stage all-reduce (ring count)
+  double link_wait_s = 0;       // seconds this node's receives were held for emulated links (0 without)
+  int delayed_messages = 0;     // messages this node received over an emulated link
 };
 
 /// One node of a SkipPipe pipeline (see the file header). Thread-compatible; one per rank.
@@ -60,8 +64,9 @@ class SkipPipeNode {
  public:
   /// Copies this node's stage from `full` (every node must start from the same GPT) and derives its operation
   /// order from simulate_exact(setting, schedule). `group` is the all-nodes Collective: world = the setting's node
-  /// count, rank = this node's id; it must outlive the node. Forms the stage's replica sub-Collective (name
-  /// "skippipe_stage_<s>") when the stage has more than one node, so all nodes construct concurrently.
+  /// count, rank = this node's id; it, `setting` and `schedule` must outlive the node. Forms the stage's replica
+  /// sub-Collective (name "skippipe_stage_<s>") when the stage has more than one node, so all nodes construct
+  /// concurrently.
   /// Stages S = schedule.placement.size() must divide model.n_layer; stage s holds blocks [s·L/S, (s+1)·L/S).
   /// Throws InputError when the group does not match the setting, a node is unplaced, S does not divide L, or the
   /// schedule deadlocks in the exact model; CollectiveError when the replicas do not join.
@@ -76,6 +81,13 @@ class SkipPipeNode {
   /// first window; it advances by one window per micro-batch of the schedule. Throws InputError when a data node
   /// gets no stream, CollectiveError when a peer fails or a deadline passes (the group is unusable afterwards).
   SkipIterationStats run_iteration(DataStream* stream, int64_t step);
+
+  /// Emulated links (file header): each message from node x to node y reaches y no earlier than
+  /// scale · Setting::hop_s(x, y) seconds after x sent it (the sender stamps it with the steady clock, the receiver
+  /// holds it until then; hops are independent, as in the simulator). 0 (the default) = off. Every node of the
+  /// pipeline must be given the same scale before an iteration (the stamps are extra messages). One machine only
+  /// (one steady clock). Throws InputError for a negative or non-finite scale.
+  void set_link_time_scale(double scale);
 
   int node() const { return node_; }
   int stage() const { return stage_; }
@@ -98,6 +110,7 @@ class SkipPipeNode {
   ModelConfig cfg_;
   TrainConfig train_;
   LrSchedule lr_schedule_;
+  const pipeline::Setting& setting_;
   const pipeline::Schedule& schedule_;
   Collective& group_;
   std::unique_ptr<Collective> replicas_;  // the stage's replicas (null when the stage has one node)
@@ -105,6 +118,7 @@ class SkipPipeNode {
   int64_t stage_visits_ = 0;              // micro-batches that visit this stage per iteration (stage 0: all)
   bool stage_leader_ = false;             // first node of its stage: counts the stage in the global norm
   std::vector<pipeline::SimOp> ops_;
+  double link_time_scale_ = 0;
   std::vector<std::pair<int, Block>> blocks_;  // (global block index, block)
   torch::Tensor wte_;                          // (V, C) stage 0
   RMSNorm ln_f_{nullptr};                      // gain (C) stage 0

@@ -2,18 +2,21 @@
 // (one FileStore) on a hand-written 3-stage schedule — stage 0 with data nodes 0 and 1, stage 1 with replicas 2
 // and 3, stage 2 with node 4 alone — whose 6 micro-batches skip some stages (stage 1 visited 4 times, stage 2
 // 3 times, one micro-batch only stage 0), against InnerTrainer with set_skip + set_path_source on the same stage
-// paths, the same windows and the same lr schedule. Checked after one and after two iterations:
-//   every node's parameters equal the reference model's to kParamTol = 1e-5 absolute (the pipeline sums each
-//   stage's micro-batch gradients in another order and divides once by the visits where the reference divides by
-//   grad_accum and rescales, so the gradients agree to fp32 rounding, not bitwise; AdamW divides by √v, which
-//   turns a relative rounding error of a gradient into the same relative error of an lr-sized step: 1e-3 · 1e-6,
-//   far below the bound; measured in the log line);
-//   the loss and the global grad norm equal the reference's to 1e-5 relative;
-//   replicas of a stage are bitwise identical (one all-reduce, the same division, clip and AdamW on each);
-//   no node held more than C = 2 micro-batches' graphs, and some node held C (the memory limit was exercised).
+// paths, the same windows and the same lr schedule, the clip active. Checked after one and after two iterations:
+//   the gradients AdamW stepped on (averaged, clipped) equal the reference's to kGradTol of each tensor's largest
+//   |gradient| (the pipeline sums a stage's micro-batch gradients in another order and divides once by the visits,
+//   where the reference divides by grad_accum and rescales: fp32 rounding, not bitwise; measured 7.7e-7, and
+//   3.5e-5 in iteration 2, whose gradients are taken at parameters that already differ as below);
+//   every node's parameters equal the reference's to kParamTol = 1e-5 absolute (measured 2.8e-6: AdamW's first
+//   step is lr·g/(|g| + ε), so where a gradient is about ε = 1e-8 its rounding moves the step by lr·(rounding)/ε);
+//   the loss and the global grad norm equal the reference's to 1e-5 relative; replicas of a stage are bitwise
+//   identical (one all-reduce, the same division, clip and AdamW on each); no node held more than C = 2
+//   micro-batches' graphs and some node held C (the memory limit was exercised); the micro-batches per node.
+// Also: a group that does not match the setting is refused.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <random>
 #include <thread>
@@ -94,9 +97,18 @@ Params grads_of(const Params& p) {
   return out;
 }
 
+// What the 5 nodes did over kIterations iterations.
+struct NodesRun {
+  std::vector<std::string> errors;                    // (node) "" when it finished
+  std::vector<std::vector<SkipIterationStats>> stats;  // (node, iteration)
+  std::vector<std::vector<Params>> params, grads;      // (node, iteration) after each step
+  double seconds = 0;                                  // wall time of the iterations (printed, never asserted)
+};
+
 class SkipPipelineTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    torch::set_num_threads(1);
     dir_ = fs::temp_directory_path() / ("dloco_skippipe_" + std::to_string(::getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
@@ -105,35 +117,70 @@ class SkipPipelineTest : public ::testing::Test {
     for (auto& t : tokens) t = static_cast<int32_t>(rng() % 512);
     write_shard(dir_ / "train_000.bin", tokens, 512);
     split_ = std::make_shared<TokenSplit>(std::vector<fs::path>{dir_ / "train_000.bin"});
+    cfg_ = model_preset("tiny");
+    cfg_.n_layer = 3;
+    train_.batch_size = kB;
+    train_.grad_accum = 6;
+    train_.lr = 1e-3;
+    train_.grad_clip = 0.2;  // below the first steps' norms (asserted), so the clip's rule is compared too
+    torch::manual_seed(42);
+    start_ = GPT(cfg_);
   }
   void TearDown() override { fs::remove_all(dir_); }
 
+  // The nodes as threads over one FileStore, each from start_, data nodes reading their own stream.
+  NodesRun run_nodes(double link_time_scale, const std::string& store_name) {
+    NodesRun run;
+    run.errors.resize(kNodes);
+    run.stats.resize(kNodes);
+    run.params.resize(kNodes);
+    run.grads.resize(kNodes);
+    const auto began = std::chrono::steady_clock::now();
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < kNodes; ++r) {
+      ranks.emplace_back([&, r] {
+        try {
+          Collective group({dir_ / store_name, r, kNodes, "127.0.0.1", 60});
+          SkipPipeNode node(start_, setting_, schedule_, group, train_, lr_);
+          node.set_link_time_scale(link_time_scale);
+          DataStream stream(split_, 0, 1, kB, kT, StreamCursor{});
+          for (int s = 0; s < kIterations; ++s) {
+            run.stats[r].push_back(node.run_iteration(node.stage() == 0 ? &stream : nullptr, s));
+            run.params[r].push_back(cloned(node.named_parameters()));
+            run.grads[r].push_back(grads_of(node.named_parameters()));
+          }
+        } catch (const std::exception& e) {
+          run.errors[r] = e.what();
+        }
+      });
+    }
+    for (auto& t : ranks) t.join();
+    run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+    return run;
+  }
+
   fs::path dir_;
   std::shared_ptr<TokenSplit> split_;
+  ModelConfig cfg_;
+  TrainConfig train_;
+  const LrSchedule lr_{1e-3, 1, 10, 0.1};  // a different lr at each step
+  const pipeline::Setting setting_ = hand_setting();
+  const pipeline::Schedule schedule_ = hand_schedule(setting_);
+  GPT start_{nullptr};
 };
 
 TEST_F(SkipPipelineTest, NodesMatchOneProcessAndReplicasAreBitwiseEqual) {
-  torch::set_num_threads(1);
-  ModelConfig cfg = model_preset("tiny");
-  cfg.n_layer = 3;
-  TrainConfig train;
-  train.batch_size = kB;
-  train.grad_accum = 6;
-  train.lr = 1e-3;
-  train.grad_clip = 0.2;  // below the first steps' norms (asserted), so the clip's rule is compared too
-  const LrSchedule lr{1e-3, 1, 10, 0.1};  // a different lr at each step
-  const auto setting = hand_setting();
-  const auto schedule = hand_schedule(setting);
-
-  torch::manual_seed(42);
-  GPT start(cfg), reference(cfg);
+  const TrainConfig& train = train_;
+  const auto& setting = setting_;
+  const auto& schedule = schedule_;
+  GPT reference(cfg_);
   {
     torch::NoGradGuard no_grad;
-    auto a = start->parameters(), b = reference->parameters();
+    auto a = start_->parameters(), b = reference->parameters();
     for (size_t i = 0; i < a.size(); ++i) b[i].copy_(a[i]);
   }
   // The one-process reference: the schedule's stage paths, the same stream, one step per iteration.
-  InnerTrainer trainer(reference, train, lr, torch::kCPU);
+  InnerTrainer trainer(reference, train, lr_, torch::kCPU);
   trainer.set_skip(SkipConfig{3, 0.0, 0}, 1);
   trainer.set_path_source([&](int64_t) { return stage_paths(schedule); });
   DataStream ref_stream(split_, 0, 1, kB, kT, StreamCursor{});
@@ -149,30 +196,11 @@ TEST_F(SkipPipelineTest, NodesMatchOneProcessAndReplicasAreBitwiseEqual) {
     ref_grads.push_back(named_grads);
   }
 
-  const fs::path store = dir_ / "store";
-  std::vector<std::string> errors(kNodes);
-  std::vector<std::vector<SkipIterationStats>> stats(kNodes);
-  std::vector<std::vector<Params>> params(kNodes), grads(kNodes);  // (node, iteration)
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < kNodes; ++r) {
-    ranks.emplace_back([&, r] {
-      try {
-        Collective group({store, r, kNodes, "127.0.0.1", 60});
-        SkipPipeNode node(start, setting, schedule, group, train, lr);
-        DataStream stream(split_, 0, 1, kB, kT, StreamCursor{});
-        for (int s = 0; s < kIterations; ++s) {
-          stats[r].push_back(node.run_iteration(node.stage() == 0 ? &stream : nullptr, s));
-          params[r].push_back(cloned(node.named_parameters()));
-          grads[r].push_back(grads_of(node.named_parameters()));
-        }
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : ranks) t.join();
-  for (int r = 0; r < kNodes; ++r) ASSERT_EQ(errors[r], "") << "node " << r;
-
+  const NodesRun run = run_nodes(0, "store");
+  for (int r = 0; r < kNodes; ++r) ASSERT_EQ(run.errors[r], "") << "node " << r;
+  const auto& stats = run.stats;
+  const auto& params = run.params;
+  const auto& grads = run.grads;
   for (int s = 0; s < kIterations; ++s) {
     SCOPED_TRACE("iteration " + std::to_string(s + 1));
     EXPECT_GT(ref_steps[s].grad_norm, train.grad_clip) << "the clip acts";
@@ -220,6 +248,49 @@ TEST_F(SkipPipelineTest, NodesMatchOneProcessAndReplicasAreBitwiseEqual) {
   for (int r = 0; r < kNodes; ++r) EXPECT_EQ(stats[r][0].micro_batches, served[r]) << "node " << r;
   EXPECT_GT(stats[2][0].allreduce_bytes, 0);
   EXPECT_EQ(stats[4][0].allreduce_bytes, 0) << "a stage of one node all-reduces nothing";
+}
+
+// Emulated links change when messages arrive, never what is computed (every node's order is fixed): bitwise the
+// same parameters as without, and every message between two nodes went over an emulated link. At scale 0.05 a
+// hop costs 0.05 · 0.166 s = 8.3 ms; the wall times are printed beside the simulator's, not asserted.
+TEST_F(SkipPipelineTest, EmulatedLinksDelayMessagesButChangeNoNumber) {
+  const NodesRun plain = run_nodes(0, "plain");
+  const NodesRun slow = run_nodes(0.05, "slow");
+  int delayed = 0, remote_receives = 0;
+  double held = 0;
+  for (int r = 0; r < kNodes; ++r) {
+    ASSERT_EQ(plain.errors[r], "") << "node " << r;
+    ASSERT_EQ(slow.errors[r], "") << "node " << r;
+    for (int s = 0; s < kIterations; ++s) {
+      for (const auto& [name, t] : plain.params[r][s]) {
+        EXPECT_TRUE(torch::equal(t, slow.params[r][s].at(name))) << "node " << r << " " << name;
+      }
+      EXPECT_EQ(plain.stats[r][s].delayed_messages, 0);
+      delayed += slow.stats[r][s].delayed_messages;
+      held += slow.stats[r][s].link_wait_s;
+    }
+  }
+  // Per iteration, messages between distinct nodes: 2 per hop of each micro-batch's round trip (path length + 1
+  // hops forward, as many back) for the 5 micro-batches with a non-empty path: (2 + 2 + 3 + 3 + 2) · 2 = 24.
+  for (const auto& m : schedule_.micro_batches) {
+    if (!m.path.empty()) remote_receives += 2 * (static_cast<int>(m.path.size()) + 1);
+  }
+  EXPECT_EQ(remote_receives, 24);
+  EXPECT_EQ(delayed, kIterations * remote_receives);
+  const double simulated = pipeline::simulate_exact(setting_, schedule_).iteration_time_s;
+  std::printf("[skippipe test] %d iterations: %.3f s without link emulation, %.3f s at scale 0.05 (receives held "
+              "%.3f s in all); the exact simulator: %.3f s per iteration at w = 1 s\n",
+              kIterations, plain.seconds, slow.seconds, held, simulated);
+}
+
+TEST_F(SkipPipelineTest, AGroupThatDoesNotMatchTheSettingIsRefused) {
+  Collective alone({dir_ / "alone", 0, 1, "127.0.0.1", 10});
+  try {
+    SkipPipeNode node(start_, setting_, schedule_, alone, TrainConfig{}, LrSchedule{});
+    FAIL() << "accepted a group of 1 rank for 5 nodes";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("one rank per node"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
