@@ -12,7 +12,10 @@
 //   the loss and the global grad norm equal the reference's to 1e-5 relative; replicas of a stage are bitwise
 //   identical (one all-reduce, the same division, clip and AdamW on each); no node held more than C = 2
 //   micro-batches' graphs and some node held C (the memory limit was exercised); the micro-batches per node.
-// Also: a group that does not match the setting is refused.
+// A second schedule (6 blocks, untied head) never visits stage 2 and loads stage 1's replicas 3 : 1: the same
+// assertions, stage 2 gets no gradient and keeps its parameters, and a per-replica mean (which the equal loads of
+// the first schedule cannot tell from the mean over visits) fails it.
+// Emulated links: bitwise the same numbers as without, every remote message delayed. A mismatched group is refused.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -57,20 +60,27 @@ pipeline::Setting hand_setting() {
   return pipeline::parse_setting(j, "hand");
 }
 
-// Stage 1 = nodes {2, 3}, stage 2 = node 4; visits: stage 1 four (node 2: 0, 3; node 3: 2, 5), stage 2 three.
-pipeline::Schedule hand_schedule(const pipeline::Setting& setting) {
-  const auto mb = [](int id, int data, std::vector<int> path) {
-    return nlohmann::json{{"id", id}, {"data_node", data}, {"path", path}, {"inject_s", 0}};
-  };
-  const nlohmann::json j = {
-      {"format", "dloco-skippipe-schedule"},
-      {"version", 1},
-      {"source", "hand case"},
-      {"method", "hand"},
-      {"placement", {{0, 1}, {2, 3}, {4}}},
-      {"micro_batches", {mb(0, 0, {2}), mb(1, 1, {4}), mb(2, 0, {3, 4}), mb(3, 1, {2, 4}), mb(4, 0, {}),
-                         mb(5, 1, {3})}}};
+// One micro-batch of a hand schedule: its id, data node and path.
+struct HandMicroBatch {
+  int id = 0, data_node = 0;
+  std::vector<int> path;
+};
+
+// Placement {0, 1} | {2, 3} | {4} with the given micro-batches, all injected at 0.
+pipeline::Schedule make_schedule(const pipeline::Setting& setting, const std::vector<HandMicroBatch>& mbs) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& m : mbs) {
+    list.push_back({{"id", m.id}, {"data_node", m.data_node}, {"path", m.path}, {"inject_s", 0}});
+  }
+  const nlohmann::json j = {{"format", "dloco-skippipe-schedule"}, {"version", 1},
+                            {"source", "hand case"},              {"method", "hand"},
+                            {"placement", {{0, 1}, {2, 3}, {4}}}, {"micro_batches", list}};
   return pipeline::parse_schedule(j, "hand", setting);
+}
+
+// Visits: stage 1 four (node 2: micro-batches 0, 3; node 3: 2, 5), stage 2 three (node 4: 1, 2, 3); 4 only stage 0.
+pipeline::Schedule hand_schedule(const pipeline::Setting& setting) {
+  return make_schedule(setting, {{0, 0, {2}}, {1, 1, {4}}, {2, 0, {3, 4}}, {3, 1, {2, 4}}, {4, 0, {}}, {5, 1, {3}}});
 }
 
 // The schedule's stage sequences, as InnerTrainer's path source wants them (stage 0, then increasing stages).
@@ -90,10 +100,10 @@ Params cloned(const Params& p) {
   for (const auto& [name, t] : p) out[name] = t.detach().clone();
   return out;
 }
-// The gradients AdamW stepped on (left in .grad after the step: averaged and clipped).
+// The gradients AdamW stepped on (left in .grad after the step: averaged and clipped); undefined where none.
 Params grads_of(const Params& p) {
   Params out;
-  for (const auto& [name, t] : p) out[name] = t.grad().clone();
+  for (const auto& [name, t] : p) out[name] = t.grad().defined() ? t.grad().clone() : torch::Tensor();
   return out;
 }
 
@@ -164,90 +174,119 @@ class SkipPipelineTest : public ::testing::Test {
   ModelConfig cfg_;
   TrainConfig train_;
   const LrSchedule lr_{1e-3, 1, 10, 0.1};  // a different lr at each step
+  void expect_nodes_match_one_process(const NodesRun& run);
+
   const pipeline::Setting setting_ = hand_setting();
-  const pipeline::Schedule schedule_ = hand_schedule(setting_);
+  pipeline::Schedule schedule_ = hand_schedule(setting_);
   GPT start_{nullptr};
 };
 
-TEST_F(SkipPipelineTest, NodesMatchOneProcessAndReplicasAreBitwiseEqual) {
-  const TrainConfig& train = train_;
-  const auto& setting = setting_;
-  const auto& schedule = schedule_;
+// The one-process reference: InnerTrainer from start_ on the schedule's stage paths and the same stream.
+struct ReferenceRun {
+  std::vector<StepResult> steps;      // (iteration)
+  std::vector<Params> params, grads;  // (iteration) after each step; a grad undefined where no path visited
+};
+
+// One model with the schedule's paths, then every node's run checked against it (the file header's assertions).
+void SkipPipelineTest::expect_nodes_match_one_process(const NodesRun& run) {
   GPT reference(cfg_);
   {
     torch::NoGradGuard no_grad;
     auto a = start_->parameters(), b = reference->parameters();
     for (size_t i = 0; i < a.size(); ++i) b[i].copy_(a[i]);
   }
-  // The one-process reference: the schedule's stage paths, the same stream, one step per iteration.
-  InnerTrainer trainer(reference, train, lr_, torch::kCPU);
+  InnerTrainer trainer(reference, train_, lr_, torch::kCPU);
   trainer.set_skip(SkipConfig{3, 0.0, 0}, 1);
-  trainer.set_path_source([&](int64_t) { return stage_paths(schedule); });
+  trainer.set_path_source([&](int64_t) { return stage_paths(schedule_); });
   DataStream ref_stream(split_, 0, 1, kB, kT, StreamCursor{});
-  std::vector<StepResult> ref_steps;
-  std::vector<Params> ref_params, ref_grads;
+  ReferenceRun ref;
   for (int s = 0; s < kIterations; ++s) {
-    ref_steps.push_back(trainer.step(ref_stream, s));
-    Params named;
-    for (const auto& q : reference->named_parameters()) named[q.key()] = q.value().detach().clone();
-    ref_params.push_back(named);
-    Params named_grads;
-    for (const auto& q : reference->named_parameters()) named_grads[q.key()] = q.value().grad().clone();
-    ref_grads.push_back(named_grads);
+    ref.steps.push_back(trainer.step(ref_stream, s));
+    Params named, named_grads;
+    for (const auto& q : reference->named_parameters()) {
+      named[q.key()] = q.value().detach().clone();
+      named_grads[q.key()] = q.value().grad().defined() ? q.value().grad().clone() : torch::Tensor();
+    }
+    ref.params.push_back(named);
+    ref.grads.push_back(named_grads);
   }
-
-  const NodesRun run = run_nodes(0, "store");
-  for (int r = 0; r < kNodes; ++r) ASSERT_EQ(run.errors[r], "") << "node " << r;
-  const auto& stats = run.stats;
-  const auto& params = run.params;
-  const auto& grads = run.grads;
   for (int s = 0; s < kIterations; ++s) {
     SCOPED_TRACE("iteration " + std::to_string(s + 1));
-    EXPECT_GT(ref_steps[s].grad_norm, train.grad_clip) << "the clip acts";
+    EXPECT_GT(ref.steps[s].grad_norm, train_.grad_clip) << "the clip acts";
     double worst = 0, worst_grad = 0;
     std::string worst_name;
     size_t covered = 0;
     for (int r = 0; r < kNodes; ++r) {
-      const auto& st = stats[r][s];
+      const auto& st = run.stats[r][s];
       EXPECT_FALSE(st.skipped);
-      EXPECT_NEAR(st.loss, ref_steps[s].loss, kScalarTol * ref_steps[s].loss) << "node " << r;
-      EXPECT_NEAR(st.grad_norm, ref_steps[s].grad_norm, kScalarTol * ref_steps[s].grad_norm) << "node " << r;
-      EXPECT_DOUBLE_EQ(st.lr, ref_steps[s].lr);
-      for (const auto& [name, t] : params[r][s]) {
-        const double diff = (t - ref_params[s].at(name)).abs().max().item<double>();
+      EXPECT_NEAR(st.loss, ref.steps[s].loss, kScalarTol * ref.steps[s].loss) << "node " << r;
+      EXPECT_NEAR(st.grad_norm, ref.steps[s].grad_norm, kScalarTol * ref.steps[s].grad_norm) << "node " << r;
+      EXPECT_DOUBLE_EQ(st.lr, ref.steps[s].lr);
+      for (const auto& [name, t] : run.params[r][s]) {
+        const double diff = (t - ref.params[s].at(name)).abs().max().item<double>();
         EXPECT_LE(diff, kParamTol) << "node " << r << " " << name;
-        const auto& want = ref_grads[s].at(name);
-        const double rel =
-            (grads[r][s].at(name) - want).abs().max().item<double>() / want.abs().max().item<double>();
-        EXPECT_LE(rel, kGradTol[s]) << "node " << r << " " << name << " gradient";
-        worst_grad = std::max(worst_grad, rel);
         if (diff > worst) worst_name = name;
         worst = std::max(worst, diff);
+        const auto& want = ref.grads[s].at(name);
+        const auto& got = run.grads[r][s].at(name);
+        ASSERT_EQ(got.defined(), want.defined()) << "node " << r << " " << name << ": a gradient where none is due";
+        if (!want.defined()) continue;
+        const double rel = (got - want).abs().max().item<double>() / want.abs().max().item<double>();
+        EXPECT_LE(rel, kGradTol[s]) << "node " << r << " " << name << " gradient";
+        worst_grad = std::max(worst_grad, rel);
       }
-      if (r == 0 || r == 2 || r == 4) covered += params[r][s].size();
+      if (r == 0 || r == 2 || r == 4) covered += run.params[r][s].size();
     }
-    EXPECT_EQ(covered, ref_params[s].size()) << "stages 0, 1, 2 hold every parameter once";
+    EXPECT_EQ(covered, ref.params[s].size()) << "stages 0, 1, 2 hold every parameter once";
     for (const auto& [a, b] : {std::pair{0, 1}, std::pair{2, 3}}) {
-      for (const auto& [name, t] : params[a][s]) {
-        EXPECT_TRUE(torch::equal(t, params[b][s].at(name))) << "replicas " << a << ", " << b << ": " << name;
+      for (const auto& [name, t] : run.params[a][s]) {
+        EXPECT_TRUE(torch::equal(t, run.params[b][s].at(name))) << "replicas " << a << ", " << b << ": " << name;
       }
     }
     std::printf("[skippipe test] iteration %d: loss %.6f (reference %.6f), grad norm %.6f (reference %.6f), "
                 "worst |param - reference| %.3g (%s), worst gradient error %.3g of the tensor's max\n",
-                s + 1, stats[0][s].loss, ref_steps[s].loss, stats[0][s].grad_norm, ref_steps[s].grad_norm, worst,
-                worst_name.c_str(), worst_grad);
+                s + 1, run.stats[0][s].loss, ref.steps[s].loss, run.stats[0][s].grad_norm, ref.steps[s].grad_norm,
+                worst, worst_name.c_str(), worst_grad);
   }
   int peak = 0;
   for (int r = 0; r < kNodes; ++r) {
-    EXPECT_LE(stats[r][0].peak_held, setting.memory_capacity) << "node " << r;
-    peak = std::max(peak, stats[r][0].peak_held);
+    EXPECT_LE(run.stats[r][0].peak_held, setting_.memory_capacity) << "node " << r;
+    peak = std::max(peak, run.stats[r][0].peak_held);
   }
-  EXPECT_EQ(peak, setting.memory_capacity) << "some node's memory was full";
+  EXPECT_EQ(peak, setting_.memory_capacity) << "some node's memory was full";
+}
+
+TEST_F(SkipPipelineTest, NodesMatchOneProcessAndReplicasAreBitwiseEqual) {
+  const NodesRun run = run_nodes(0, "store");
+  for (int r = 0; r < kNodes; ++r) ASSERT_EQ(run.errors[r], "") << "node " << r;
+  expect_nodes_match_one_process(run);
   // Micro-batches per node: data nodes 3 each; node 2: 0, 3; node 3: 2, 5; node 4: 1, 2, 3.
   const std::vector<int> served{3, 3, 2, 2, 3};
-  for (int r = 0; r < kNodes; ++r) EXPECT_EQ(stats[r][0].micro_batches, served[r]) << "node " << r;
-  EXPECT_GT(stats[2][0].allreduce_bytes, 0);
-  EXPECT_EQ(stats[4][0].allreduce_bytes, 0) << "a stage of one node all-reduces nothing";
+  for (int r = 0; r < kNodes; ++r) EXPECT_EQ(run.stats[r][0].micro_batches, served[r]) << "node " << r;
+  EXPECT_GT(run.stats[2][0].allreduce_bytes, 0);
+  EXPECT_EQ(run.stats[4][0].allreduce_bytes, 0) << "a stage of one node all-reduces nothing";
+}
+
+// 6 blocks (2 per stage), untied head, and a schedule that never visits stage 2 and loads stage 1's replicas
+// unevenly (node 2: three micro-batches, node 3: one): stage 2 gets no gradient and keeps its parameters, as in the
+// one-process reference, and stage 1 is still averaged over its 4 visits, not per replica.
+TEST_F(SkipPipelineTest, UnevenReplicasAndAStageNoPathVisits) {
+  cfg_.n_layer = 6;
+  cfg_.tie_embeddings = false;
+  torch::manual_seed(43);
+  start_ = GPT(cfg_);
+  schedule_ = make_schedule(setting_, {{0, 0, {2}}, {1, 1, {2}}, {2, 0, {}}, {3, 1, {3}}, {4, 0, {2}}, {5, 1, {}}});
+  const NodesRun run = run_nodes(0, "uneven");
+  for (int r = 0; r < kNodes; ++r) EXPECT_EQ(run.errors[r], "") << "node " << r;
+  for (int r = 0; r < kNodes; ++r) ASSERT_EQ(run.errors[r], "") << "node " << r;
+  expect_nodes_match_one_process(run);
+  EXPECT_EQ(run.stats[2][0].micro_batches, 3);
+  EXPECT_EQ(run.stats[3][0].micro_batches, 1);
+  EXPECT_EQ(run.stats[4][0].micro_batches, 0);
+  auto before = start_->named_parameters();
+  for (const auto& [name, t] : run.params[4][kIterations - 1]) {
+    EXPECT_TRUE(torch::equal(t, before[name])) << name << " changed although no path visits stage 2";
+  }
 }
 
 // Emulated links change when messages arrive, never what is computed (every node's order is fixed): bitwise the
