@@ -15,11 +15,15 @@
 // A second schedule (6 blocks, untied head) never visits stage 2 and loads stage 1's replicas 3 : 1: the same
 // assertions, stage 2 gets no gradient and keeps its parameters, and a per-replica mean (which the equal loads of
 // the first schedule cannot tell from the mean over visits) fails it.
+// The reference setting (20 nodes, 6 stages, C = 3): its stored full pipeline matches one process the same way
+// (stage replicas of 5 and 3 nodes), and its stored SkipPipe schedule, with swapped stage orders the one-process
+// reference cannot run, completes without deadlock within C graphs per node, replicas bitwise equal.
 // Emulated links: bitwise the same numbers as without, every remote message delayed. A mismatched group is refused.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <random>
 #include <thread>
@@ -141,16 +145,17 @@ class SkipPipelineTest : public ::testing::Test {
   // The nodes as threads over one FileStore, each from start_, data nodes reading their own stream.
   NodesRun run_nodes(double link_time_scale, const std::string& store_name) {
     NodesRun run;
-    run.errors.resize(kNodes);
-    run.stats.resize(kNodes);
-    run.params.resize(kNodes);
-    run.grads.resize(kNodes);
+    const int N = static_cast<int>(setting_.node_count());
+    run.errors.resize(N);
+    run.stats.resize(N);
+    run.params.resize(N);
+    run.grads.resize(N);
     const auto began = std::chrono::steady_clock::now();
     std::vector<std::thread> ranks;
-    for (int r = 0; r < kNodes; ++r) {
+    for (int r = 0; r < N; ++r) {
       ranks.emplace_back([&, r] {
         try {
-          Collective group({dir_ / store_name, r, kNodes, "127.0.0.1", 60});
+          Collective group({dir_ / store_name, r, N, "127.0.0.1", 60});
           SkipPipeNode node(start_, setting_, schedule_, group, train_, lr_);
           node.set_link_time_scale(link_time_scale);
           DataStream stream(split_, 0, 1, kB, kT, StreamCursor{});
@@ -175,8 +180,19 @@ class SkipPipelineTest : public ::testing::Test {
   TrainConfig train_;
   const LrSchedule lr_{1e-3, 1, 10, 0.1};  // a different lr at each step
   void expect_nodes_match_one_process(const NodesRun& run);
+  // Every node of a stage holds the same parameters as the stage's first node, bitwise, after iteration s.
+  void expect_replicas_bitwise_equal(const NodesRun& run, int s) const {
+    for (const auto& replicas : schedule_.placement) {
+      for (int other : replicas) {
+        for (const auto& [name, t] : run.params[replicas.front()][s]) {
+          EXPECT_TRUE(torch::equal(t, run.params[other][s].at(name)))
+              << "replicas " << replicas.front() << ", " << other << ": " << name;
+        }
+      }
+    }
+  }
 
-  const pipeline::Setting setting_ = hand_setting();
+  pipeline::Setting setting_ = hand_setting();
   pipeline::Schedule schedule_ = hand_schedule(setting_);
   GPT start_{nullptr};
 };
@@ -196,7 +212,8 @@ void SkipPipelineTest::expect_nodes_match_one_process(const NodesRun& run) {
     for (size_t i = 0; i < a.size(); ++i) b[i].copy_(a[i]);
   }
   InnerTrainer trainer(reference, train_, lr_, torch::kCPU);
-  trainer.set_skip(SkipConfig{3, 0.0, 0}, 1);
+  const auto& placement = schedule_.placement;
+  trainer.set_skip(SkipConfig{static_cast<int64_t>(placement.size()), 0.0, 0}, 1);
   trainer.set_path_source([&](int64_t) { return stage_paths(schedule_); });
   DataStream ref_stream(split_, 0, 1, kB, kT, StreamCursor{});
   ReferenceRun ref;
@@ -216,7 +233,7 @@ void SkipPipelineTest::expect_nodes_match_one_process(const NodesRun& run) {
     double worst = 0, worst_grad = 0;
     std::string worst_name;
     size_t covered = 0;
-    for (int r = 0; r < kNodes; ++r) {
+    for (int r = 0; r < static_cast<int>(run.stats.size()); ++r) {
       const auto& st = run.stats[r][s];
       EXPECT_FALSE(st.skipped);
       EXPECT_NEAR(st.loss, ref.steps[s].loss, kScalarTol * ref.steps[s].loss) << "node " << r;
@@ -235,21 +252,17 @@ void SkipPipelineTest::expect_nodes_match_one_process(const NodesRun& run) {
         EXPECT_LE(rel, kGradTol[s]) << "node " << r << " " << name << " gradient";
         worst_grad = std::max(worst_grad, rel);
       }
-      if (r == 0 || r == 2 || r == 4) covered += run.params[r][s].size();
     }
-    EXPECT_EQ(covered, ref.params[s].size()) << "stages 0, 1, 2 hold every parameter once";
-    for (const auto& [a, b] : {std::pair{0, 1}, std::pair{2, 3}}) {
-      for (const auto& [name, t] : run.params[a][s]) {
-        EXPECT_TRUE(torch::equal(t, run.params[b][s].at(name))) << "replicas " << a << ", " << b << ": " << name;
-      }
-    }
+    for (const auto& replicas : placement) covered += run.params[replicas.front()][s].size();
+    EXPECT_EQ(covered, ref.params[s].size()) << "the stages hold every parameter once";
+    expect_replicas_bitwise_equal(run, s);
     std::printf("[skippipe test] iteration %d: loss %.6f (reference %.6f), grad norm %.6f (reference %.6f), "
                 "worst |param - reference| %.3g (%s), worst gradient error %.3g of the tensor's max\n",
                 s + 1, run.stats[0][s].loss, ref.steps[s].loss, run.stats[0][s].grad_norm, ref.steps[s].grad_norm,
                 worst, worst_name.c_str(), worst_grad);
   }
   int peak = 0;
-  for (int r = 0; r < kNodes; ++r) {
+  for (int r = 0; r < static_cast<int>(run.stats.size()); ++r) {
     EXPECT_LE(run.stats[r][0].peak_held, setting_.memory_capacity) << "node " << r;
     peak = std::max(peak, run.stats[r][0].peak_held);
   }
@@ -287,6 +300,49 @@ TEST_F(SkipPipelineTest, UnevenReplicasAndAStageNoPathVisits) {
   for (const auto& [name, t] : run.params[4][kIterations - 1]) {
     EXPECT_TRUE(torch::equal(t, before[name])) << name << " changed although no path visits stage 2";
   }
+}
+
+// The reference setting (20 nodes in 12 regions, 6 stages of [5, 3, 3, 3, 3, 3] nodes, C = 3) with two of its stored
+// schedules (configs/skippipe/), a 6-block model (one block per stage): the full pipeline (27 micro-batches through
+// every stage) against one process, and SkipPipe's own schedule (30 micro-batches on 4 of 6 stages, 18 of them in a
+// swapped stage order, which the one-process reference cannot run): it completes in the simulator's order without
+// deadlock, every node within C graphs, the loss finite and every stage's replicas bitwise equal.
+const std::string kReference = std::string(DLOCO_SOURCE_DIR) + "/configs/skippipe/";
+
+TEST_F(SkipPipelineTest, TheReferenceFullPipelineOn20NodesMatchesOneProcess) {
+  cfg_.n_layer = 6;
+  torch::manual_seed(44);
+  start_ = GPT(cfg_);
+  setting_ = pipeline::load_setting(kReference + "reference_setting.json");
+  schedule_ = pipeline::load_schedule(kReference + "full_pipeline.json", setting_);
+  train_.grad_accum = static_cast<int64_t>(schedule_.micro_batches.size());
+  const NodesRun run = run_nodes(0, "full");
+  for (size_t r = 0; r < run.errors.size(); ++r) ASSERT_EQ(run.errors[r], "") << "node " << r;
+  expect_nodes_match_one_process(run);
+}
+
+TEST_F(SkipPipelineTest, TheReferenceSkipPipeScheduleWithSwapsRunsOn20Nodes) {
+  cfg_.n_layer = 6;
+  torch::manual_seed(45);
+  start_ = GPT(cfg_);
+  setting_ = pipeline::load_setting(kReference + "reference_setting.json");
+  schedule_ = pipeline::load_schedule(kReference + "skippipe.json", setting_);
+  const NodesRun run = run_nodes(0, "swaps");
+  for (size_t r = 0; r < run.errors.size(); ++r) ASSERT_EQ(run.errors[r], "") << "node " << r;
+  int served = 0;
+  for (size_t r = 0; r < run.stats.size(); ++r) {
+    for (int s = 0; s < kIterations; ++s) {
+      EXPECT_TRUE(std::isfinite(run.stats[r][s].loss)) << "node " << r;
+      EXPECT_FALSE(run.stats[r][s].skipped) << "node " << r;
+      EXPECT_LE(run.stats[r][s].peak_held, setting_.memory_capacity) << "node " << r;
+      EXPECT_EQ(run.stats[r][s].loss, run.stats[0][s].loss) << "node " << r;
+    }
+    served += run.stats[r][0].micro_batches;
+  }
+  EXPECT_EQ(served, 30 * 4) << "30 micro-batches, each at its data node and 3 path nodes";
+  for (int s = 0; s < kIterations; ++s) expect_replicas_bitwise_equal(run, s);
+  std::printf("[skippipe test] the stored SkipPipe schedule on 20 nodes: loss %.6f then %.6f, %.3f s for %d "
+              "iterations\n", run.stats[0][0].loss, run.stats[0][1].loss, run.seconds, kIterations);
 }
 
 // Emulated links change when messages arrive, never what is computed (every node's order is fixed): bitwise the
