@@ -12,15 +12,19 @@
 //   the loss and the global grad norm equal the reference's to 1e-5 relative; replicas of a stage are bitwise
 //   identical (one all-reduce, the same division, clip and AdamW on each); no node held more than C = 2
 //   micro-batches' graphs and some node held C (the memory limit was exercised); the micro-batches per node.
-// A second schedule (6 blocks, untied head) never visits stage 2 and loads stage 1's replicas 3 : 1: the same
-// assertions, stage 2 gets no gradient and keeps its parameters, and a per-replica mean (which the equal loads of
-// the first schedule cannot tell from the mean over visits) fails it.
+// A second schedule (6 blocks, untied head; one iteration) never visits stage 2 and loads stage 1's replicas
+// 3 : 1: the same assertions, stage 2 gets no gradient and keeps its parameters, and a per-replica mean (which the
+// equal loads of the first schedule cannot tell from the mean over visits) fails it.
 // The reference setting (20 nodes, 6 stages, C = 3): its stored full pipeline matches one process the same way
-// (stage replicas of 5 and 3 nodes), and its stored SkipPipe schedule, with swapped stage orders InnerTrainer cannot
-// run, completes without deadlock within C graphs per node, replicas bitwise equal, its first gradients (clip off)
-// equal to a by-hand one-process run of the same stage orders to kGradTol[0] (measured 2.8e-7; the by-hand run
-// with sorted stage orders misses by 0.29, so the order is what is checked).
-// Emulated links: bitwise the same numbers as without, every remote message delayed. A mismatched group is refused.
+// (stage replicas of 5 and 3 nodes; DISABLED_ by default for its wall time), and its stored SkipPipe schedule (one
+// iteration), with swapped stage orders InnerTrainer cannot run, completes without deadlock within C graphs per
+// node, replicas bitwise equal, its first gradients (clip off) equal to a by-hand one-process run of the same
+// stage orders to kGradTol[0] (measured 2.8e-7; the by-hand run with sorted stage orders misses by 0.29, so the
+// order is what is checked).
+// Emulated links (one iteration of the first schedule): bitwise the same numbers as without, every remote message
+// delayed. A mismatched group is refused.
+// Wall time: about 2.5 s on a quiet machine; the ranks' many wake-ups make it grow under load (nice 19 beside two
+// compilers: up to ~15 s per 5-node run of two iterations), hence the one-iteration runs.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -147,7 +151,7 @@ class SkipPipelineTest : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   // The nodes as threads over one FileStore, each from start_, data nodes reading their own stream.
-  NodesRun run_nodes(double link_time_scale, const std::string& store_name) {
+  NodesRun run_nodes(double link_time_scale, const std::string& store_name, int iterations = kIterations) {
     NodesRun run;
     const int N = static_cast<int>(setting_.node_count());
     run.errors.resize(N);
@@ -163,7 +167,7 @@ class SkipPipelineTest : public ::testing::Test {
           SkipPipeNode node(start_, setting_, schedule_, group, train_, lr_);
           node.set_link_time_scale(link_time_scale);
           DataStream stream(split_, 0, 1, kB, kT, StreamCursor{});
-          for (int s = 0; s < kIterations; ++s) {
+          for (int s = 0; s < iterations; ++s) {
             run.stats[r].push_back(node.run_iteration(node.stage() == 0 ? &stream : nullptr, s));
             run.params[r].push_back(cloned(node.named_parameters()));
             run.grads[r].push_back(grads_of(node.named_parameters()));
@@ -221,7 +225,8 @@ void SkipPipelineTest::expect_nodes_match_one_process(const NodesRun& run) {
   trainer.set_path_source([&](int64_t) { return stage_paths(schedule_); });
   DataStream ref_stream(split_, 0, 1, kB, kT, StreamCursor{});
   ReferenceRun ref;
-  for (int s = 0; s < kIterations; ++s) {
+  const int iterations = static_cast<int>(run.stats[0].size());
+  for (int s = 0; s < iterations; ++s) {
     ref.steps.push_back(trainer.step(ref_stream, s));
     Params named, named_grads;
     for (const auto& q : reference->named_parameters()) {
@@ -231,7 +236,7 @@ void SkipPipelineTest::expect_nodes_match_one_process(const NodesRun& run) {
     ref.params.push_back(named);
     ref.grads.push_back(named_grads);
   }
-  for (int s = 0; s < kIterations; ++s) {
+  for (int s = 0; s < iterations; ++s) {
     SCOPED_TRACE("iteration " + std::to_string(s + 1));
     EXPECT_GT(ref.steps[s].grad_norm, train_.grad_clip) << "the clip acts";
     double worst = 0, worst_grad = 0;
@@ -273,10 +278,43 @@ void SkipPipelineTest::expect_nodes_match_one_process(const NodesRun& run) {
   EXPECT_EQ(peak, setting_.memory_capacity) << "some node's memory was full";
 }
 
+// Emulated links change when messages arrive, never what is computed (every node's order is fixed): bitwise the
+// same parameters as without, and every message between two nodes went over an emulated link. At scale 0.05 a
+// hop costs 0.05 · 0.166 s = 8.3 ms; the wall times are printed beside the simulator's, not asserted.
+void expect_emulated_links_change_no_number(const NodesRun& plain, const NodesRun& slow,
+                                            const pipeline::Setting& setting, const pipeline::Schedule& schedule) {
+  int delayed = 0, remote_receives = 0;
+  double held = 0;
+  for (int r = 0; r < kNodes; ++r) {
+    ASSERT_EQ(slow.errors[r], "") << "node " << r;
+    for (size_t s = 0; s < slow.stats[r].size(); ++s) {
+      for (const auto& [name, t] : plain.params[r][s]) {
+        EXPECT_TRUE(torch::equal(t, slow.params[r][s].at(name))) << "node " << r << " " << name;
+      }
+      EXPECT_EQ(plain.stats[r][s].delayed_messages, 0);
+      delayed += slow.stats[r][s].delayed_messages;
+      held += slow.stats[r][s].link_wait_s;
+    }
+  }
+  // Per iteration, messages between distinct nodes: 2 per hop of each micro-batch's round trip (path length + 1
+  // hops forward, as many back) for the 5 micro-batches with a non-empty path: (2 + 2 + 3 + 3 + 2) · 2 = 24.
+  for (const auto& m : schedule.micro_batches) {
+    if (!m.path.empty()) remote_receives += 2 * (static_cast<int>(m.path.size()) + 1);
+  }
+  EXPECT_EQ(remote_receives, 24);
+  EXPECT_EQ(delayed, static_cast<int>(slow.stats[0].size()) * remote_receives);
+  const double simulated = pipeline::simulate_exact(setting, schedule).iteration_time_s;
+  std::printf("[skippipe test] %d iterations without link emulation: %.3f s; %zu at scale 0.05: %.3f s (receives "
+              "held %.3f s in all); the exact simulator: %.3f s per iteration at w = 1 s\n",
+              kIterations, plain.seconds, slow.stats[0].size(), slow.seconds, held, simulated);
+}
+
 TEST_F(SkipPipelineTest, NodesMatchOneProcessAndReplicasAreBitwiseEqual) {
   const NodesRun run = run_nodes(0, "store");
   for (int r = 0; r < kNodes; ++r) ASSERT_EQ(run.errors[r], "") << "node " << r;
   expect_nodes_match_one_process(run);
+  // One emulated iteration (its numbers are the plain run's first; more would only cost wall time).
+  expect_emulated_links_change_no_number(run, run_nodes(0.05, "emulated", 1), setting_, schedule_);
   // Micro-batches per node: data nodes 3 each; node 2: 0, 3; node 3: 2, 5; node 4: 1, 2, 3.
   const std::vector<int> served{3, 3, 2, 2, 3};
   for (int r = 0; r < kNodes; ++r) EXPECT_EQ(run.stats[r][0].micro_batches, served[r]) << "node " << r;
@@ -293,15 +331,14 @@ TEST_F(SkipPipelineTest, UnevenReplicasAndAStageNoPathVisits) {
   torch::manual_seed(43);
   start_ = GPT(cfg_);
   schedule_ = make_schedule(setting_, {{0, 0, {2}}, {1, 1, {2}}, {2, 0, {}}, {3, 1, {3}}, {4, 0, {2}}, {5, 1, {}}});
-  const NodesRun run = run_nodes(0, "uneven");
-  for (int r = 0; r < kNodes; ++r) EXPECT_EQ(run.errors[r], "") << "node " << r;
+  const NodesRun run = run_nodes(0, "uneven", 1);  // one iteration: what it checks is the first average
   for (int r = 0; r < kNodes; ++r) ASSERT_EQ(run.errors[r], "") << "node " << r;
   expect_nodes_match_one_process(run);
   EXPECT_EQ(run.stats[2][0].micro_batches, 3);
   EXPECT_EQ(run.stats[3][0].micro_batches, 1);
   EXPECT_EQ(run.stats[4][0].micro_batches, 0);
   auto before = start_->named_parameters();
-  for (const auto& [name, t] : run.params[4][kIterations - 1]) {
+  for (const auto& [name, t] : run.params[4][0]) {
     EXPECT_TRUE(torch::equal(t, before[name])) << name << " changed although no path visits stage 2";
   }
 }
@@ -314,7 +351,10 @@ TEST_F(SkipPipelineTest, UnevenReplicasAndAStageNoPathVisits) {
 // (clip off) equal gradients_by_hand's.
 const std::string kReference = std::string(DLOCO_SOURCE_DIR) + "/configs/skippipe/";
 
-TEST_F(SkipPipelineTest, TheReferenceFullPipelineOn20NodesMatchesOneProcess) {
+// Disabled by default: 20 nodes for two iterations took 36 s of the binary's wall time under nice 19 on the loaded
+// 2-core machine (2.6 s when it was quiet). Run it with --gtest_also_run_disabled_tests; measured: parameters within
+// 1.6e-6 of InnerTrainer's, gradients within 9.1e-7 (iteration 1) and 3.0e-5 (iteration 2) of each tensor's largest.
+TEST_F(SkipPipelineTest, DISABLED_TheReferenceFullPipelineOn20NodesMatchesOneProcess) {
   cfg_.n_layer = 6;
   torch::manual_seed(44);
   start_ = GPT(cfg_);
@@ -370,7 +410,7 @@ TEST_F(SkipPipelineTest, TheReferenceSkipPipeScheduleWithSwapsRunsOn20Nodes) {
   setting_ = pipeline::load_setting(kReference + "reference_setting.json");
   schedule_ = pipeline::load_schedule(kReference + "skippipe.json", setting_);
   train_.grad_clip = 0;  // the gradients AdamW steps on are then the stage means themselves
-  const NodesRun run = run_nodes(0, "swaps");
+  const NodesRun run = run_nodes(0, "swaps", 1);  // one iteration: 20 nodes are slow to wake on a loaded machine
   for (size_t r = 0; r < run.errors.size(); ++r) ASSERT_EQ(run.errors[r], "") << "node " << r;
   GPT by_hand(cfg_);
   {
@@ -395,7 +435,7 @@ TEST_F(SkipPipelineTest, TheReferenceSkipPipeScheduleWithSwapsRunsOn20Nodes) {
               "by-hand one-process run\n", worst);
   int served = 0;
   for (size_t r = 0; r < run.stats.size(); ++r) {
-    for (int s = 0; s < kIterations; ++s) {
+    for (size_t s = 0; s < run.stats[r].size(); ++s) {
       EXPECT_TRUE(std::isfinite(run.stats[r][s].loss)) << "node " << r;
       EXPECT_FALSE(run.stats[r][s].skipped) << "node " << r;
       EXPECT_LE(run.stats[r][s].peak_held, setting_.memory_capacity) << "node " << r;
@@ -404,42 +444,9 @@ TEST_F(SkipPipelineTest, TheReferenceSkipPipeScheduleWithSwapsRunsOn20Nodes) {
     served += run.stats[r][0].micro_batches;
   }
   EXPECT_EQ(served, 30 * 4) << "30 micro-batches, each at its data node and 3 path nodes";
-  for (int s = 0; s < kIterations; ++s) expect_replicas_bitwise_equal(run, s);
-  std::printf("[skippipe test] the stored SkipPipe schedule on 20 nodes: loss %.6f then %.6f, %.3f s for %d "
-              "iterations\n", run.stats[0][0].loss, run.stats[0][1].loss, run.seconds, kIterations);
-}
-
-// Emulated links change when messages arrive, never what is computed (every node's order is fixed): bitwise the
-// same parameters as without, and every message between two nodes went over an emulated link. At scale 0.05 a
-// hop costs 0.05 · 0.166 s = 8.3 ms; the wall times are printed beside the simulator's, not asserted.
-TEST_F(SkipPipelineTest, EmulatedLinksDelayMessagesButChangeNoNumber) {
-  const NodesRun plain = run_nodes(0, "plain");
-  const NodesRun slow = run_nodes(0.05, "slow");
-  int delayed = 0, remote_receives = 0;
-  double held = 0;
-  for (int r = 0; r < kNodes; ++r) {
-    ASSERT_EQ(plain.errors[r], "") << "node " << r;
-    ASSERT_EQ(slow.errors[r], "") << "node " << r;
-    for (int s = 0; s < kIterations; ++s) {
-      for (const auto& [name, t] : plain.params[r][s]) {
-        EXPECT_TRUE(torch::equal(t, slow.params[r][s].at(name))) << "node " << r << " " << name;
-      }
-      EXPECT_EQ(plain.stats[r][s].delayed_messages, 0);
-      delayed += slow.stats[r][s].delayed_messages;
-      held += slow.stats[r][s].link_wait_s;
-    }
-  }
-  // Per iteration, messages between distinct nodes: 2 per hop of each micro-batch's round trip (path length + 1
-  // hops forward, as many back) for the 5 micro-batches with a non-empty path: (2 + 2 + 3 + 3 + 2) · 2 = 24.
-  for (const auto& m : schedule_.micro_batches) {
-    if (!m.path.empty()) remote_receives += 2 * (static_cast<int>(m.path.size()) + 1);
-  }
-  EXPECT_EQ(remote_receives, 24);
-  EXPECT_EQ(delayed, kIterations * remote_receives);
-  const double simulated = pipeline::simulate_exact(setting_, schedule_).iteration_time_s;
-  std::printf("[skippipe test] %d iterations: %.3f s without link emulation, %.3f s at scale 0.05 (receives held "
-              "%.3f s in all); the exact simulator: %.3f s per iteration at w = 1 s\n",
-              kIterations, plain.seconds, slow.seconds, held, simulated);
+  expect_replicas_bitwise_equal(run, 0);
+  std::printf("[skippipe test] the stored SkipPipe schedule on 20 nodes: loss %.6f, %.3f s for one iteration\n",
+              run.stats[0][0].loss, run.seconds);
 }
 
 TEST_F(SkipPipelineTest, AGroupThatDoesNotMatchTheSettingIsRefused) {
