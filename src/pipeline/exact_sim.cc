@@ -17,7 +17,7 @@ namespace dloco::pipeline {
 
 namespace {
 
-enum class OpKind { kForward, kHead, kBackward };
+using OpKind = SimOpKind;
 
 // Operation `step` (0 … 2k+2) of micro-batch `mb`: its node, kind and duration.
 struct Op {
@@ -70,6 +70,7 @@ class ExactSim {
     result_.forwards.assign(n_, 0);
     result_.backwards.assign(n_, 0);
     result_.finish_s.assign(schedule.micro_batches.size(), std::numeric_limits<double>::quiet_NaN());
+    result_.node_ops.resize(n_);
     for (size_t i = 0; i < schedule.micro_batches.size(); ++i) {
       events_.push({schedule.micro_batches[i].inject_s, false, static_cast<int>(i), 0});
     }
@@ -138,6 +139,7 @@ class ExactSim {
     }
     busy_[node] = true;
     result_.busy_s[node] += op.duration_s;
+    result_.node_ops[node].push_back({mb, op.kind, now});
     events_.push({now + op.duration_s, true, mb, step});
   }
 

@@ -22,6 +22,20 @@
 
 namespace dloco::pipeline {
 
+/// The kind of one operation of a micro-batch at a node (exact model, SimResult::node_ops).
+enum class SimOpKind {
+  kForward,   // the data node's embedding + stage-0 blocks, or a path node's blocks
+  kHead,      // the final norm, the head and the loss at the data node (its backward included)
+  kBackward,  // a path node's blocks, or the data node's stage-0 blocks + embedding, backward
+};
+
+/// One operation a node ran in the exact model, in the order the node started them.
+struct SimOp {
+  int micro_batch = 0;                 // index into Schedule::micro_batches (schedule order, not the id)
+  SimOpKind kind = SimOpKind::kForward;
+  double start_s = 0.0;                // simulated start (s)
+};
+
 /// What one simulated iteration measured. Per-node vectors have the setting's node count.
 struct SimResult {
   double iteration_time_s = 0.0;   // makespan: when the last backward finished at its data node (s)
@@ -31,6 +45,10 @@ struct SimResult {
   std::vector<double> finish_s;    // per micro-batch (schedule order): its last backward's end; NaN if never done
   int64_t completed = 0;           // micro-batches whose backward finished at their data node
   int64_t stranded = 0;            // micro-batches never finished (reference mode only; the exact model throws)
+  std::vector<std::vector<SimOp>> node_ops;  // exact mode only (empty in reference mode): per node, the
+                                             // operations in the order it started them — a deadlock-free
+                                             // execution order for real nodes that block on their inputs
+                                             // (parallel/skip_pipeline.h)
 };
 
 /// The reference's quirks (com_sym.py), each a constant there; defaults reproduce the stored times.
@@ -47,6 +65,7 @@ struct ReferenceQuirks {
 };
 
 /// The exact event-driven model (file header; spec "Scheduling": collision awareness, memory C). Times in seconds.
+/// Also fills SimResult::node_ops (per node, the operations in start order).
 /// Throws InputError when the schedule deadlocks (every remaining forward waits for memory that only another
 /// waiting micro-batch could free), listing the stuck micro-batches.
 SimResult simulate_exact(const Setting& setting, const Schedule& schedule);

@@ -88,6 +88,19 @@ TEST(SkipPipeExact, TwoMicroBatchesCollideOnOneNode) {
   EXPECT_NEAR(r.iteration_time_s, 8.20, kTol);
   EXPECT_NEAR(r.busy_s[2], 5.0, kTol);  // 1 + 1 + 1.5 + 1.5
   EXPECT_EQ(r.forwards[2], 2);
+  // The order each node ran its operations in (what parallel/skip_pipeline.h executes): node 2 F_a F_b B_a B_b,
+  // node 0 F_a H_a B_a, node 1 F_b H_b B_b.
+  using K = SimOpKind;
+  const auto order = [&](int node) {
+    std::vector<std::pair<int, K>> out;
+    for (const SimOp& op : r.node_ops[node]) out.emplace_back(op.micro_batch, op.kind);
+    return out;
+  };
+  EXPECT_EQ(order(2), (std::vector<std::pair<int, K>>{{0, K::kForward}, {1, K::kForward}, {0, K::kBackward},
+                                                      {1, K::kBackward}}));
+  EXPECT_EQ(order(0), (std::vector<std::pair<int, K>>{{0, K::kForward}, {0, K::kHead}, {0, K::kBackward}}));
+  EXPECT_EQ(order(1), (std::vector<std::pair<int, K>>{{1, K::kForward}, {1, K::kHead}, {1, K::kBackward}}));
+  EXPECT_NEAR(r.node_ops[2][3].start_s, 4.85, kTol);
 }
 
 TEST(SkipPipeExact, MemoryFullDefersTheForward) {
