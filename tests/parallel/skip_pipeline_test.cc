@@ -39,6 +39,7 @@
 #include "data/shards.h"
 #include "model/stages.h"
 #include "parallel/skip_pipeline.h"
+#include "support/skippipe_setting.h"
 #include "train/trainer.h"
 
 namespace dloco {
@@ -55,21 +56,9 @@ constexpr int kNodes = 5, kIterations = 2;
 constexpr int64_t kB = 2, kT = 32;  // micro-batch size, sequence length
 
 pipeline::Setting hand_setting() {
-  nlohmann::json nodes = nlohmann::json::array();
-  for (int i = 0; i < kNodes; ++i) nodes.push_back({{"region", "A"}, {"forward_s", i == 4 ? 1.5 : 1.0}});
-  const nlohmann::json j = {{"format", "dloco-skippipe-setting"},
-                            {"version", 1},
-                            {"source", "hand case"},
-                            {"regions", {"A"}},
-                            {"nodes", nodes},
-                            {"links", nlohmann::json::array()},
-                            {"default_link", {{"latency_s", 0.1}, {"bandwidth_bytes_per_s", 1e6}}},
-                            {"hop_overhead_s", 0.05},
-                            {"bytes_per_hop", 16384},
-                            {"memory_capacity", 2},
-                            {"backward_factor", 1.5},
-                            {"head_factor", 0.25}};
-  return pipeline::parse_setting(j, "hand");
+  std::vector<double> forward_s(kNodes, 1.0);
+  forward_s[4] = 1.5;
+  return testing_support::one_region_setting(forward_s, 1e6, 16384, 2);
 }
 
 // One micro-batch of a hand schedule: its id, data node and path.

@@ -10,6 +10,7 @@
 #include "pipeline/schedule.h"
 #include "pipeline/setting.h"
 #include "pipeline/simulator.h"
+#include "support/skippipe_setting.h"
 
 namespace dloco::pipeline {
 namespace {
@@ -17,21 +18,7 @@ namespace {
 // Nodes in one region, every hop 0.1 s latency + 200 B / 1000 B/s + 0.05 s overhead = 0.35 s; head w/4,
 // backward 1.5 w.
 Setting small_setting(const std::vector<double>& forward_s, int64_t memory) {
-  nlohmann::json nodes = nlohmann::json::array();
-  for (double w : forward_s) nodes.push_back({{"region", "A"}, {"forward_s", w}});
-  const nlohmann::json j = {{"format", "dloco-skippipe-setting"},
-                            {"version", 1},
-                            {"source", "hand case"},
-                            {"regions", {"A"}},
-                            {"nodes", nodes},
-                            {"links", nlohmann::json::array()},
-                            {"default_link", {{"latency_s", 0.1}, {"bandwidth_bytes_per_s", 1000.0}}},
-                            {"hop_overhead_s", 0.05},
-                            {"bytes_per_hop", 200},
-                            {"memory_capacity", memory},
-                            {"backward_factor", 1.5},
-                            {"head_factor", 0.25}};
-  return parse_setting(j, "hand");
+  return testing_support::one_region_setting(forward_s, 1000.0, 200, memory);
 }
 
 Schedule small_schedule(const Setting& s, const nlohmann::json& placement, const nlohmann::json& micro_batches) {
