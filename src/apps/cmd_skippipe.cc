@@ -4,12 +4,17 @@
 //   dloco skippipe schedule --setting FILE [--placement FILE | --stages S] [--method skippipe|full|oblivious] ...
 //     --out FILE: a schedule (docs/skippipe.md, "Scheduler") that `simulate` reads, with its time in both
 //     simulator modes, the visits per stage and the search's wall time printed.
+//   dloco skippipe train --config FILE --setting FILE --schedule FILE [--iterations K] [--link-scale X] [--out DIR]
+//     [--timeout-s S]: the pipeline as one process per node on this machine (launcher/skippipe_launcher.h), each a
+//     hidden `dloco skippipe node` (parallel/skip_pipeline_run.h).
 // Flags -> files -> run happens here; the formats, the simulators and the scheduler live in src/pipeline. Bad input
 // throws InputError (exit 2). Deliberately not here: any scheduling logic.
 #include <charconv>
 #include <fstream>
 #include <sstream>
 #include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
 #include <iostream>
 #include <limits>
 #include <memory>
@@ -19,6 +24,8 @@
 
 #include "apps/commands.h"
 #include "core/check.h"
+#include "launcher/skippipe_launcher.h"
+#include "parallel/skip_pipeline_run.h"
 #include "pipeline/json_fields.h"
 #include "pipeline/schedule.h"
 #include "pipeline/scheduler.h"
@@ -226,6 +233,63 @@ void add_schedule(CLI::App& skippipe) {
   sub->callback([a] { run_schedule(*a); });
 }
 
+// DLOCO_SKIPPIPE_KILL=node:iteration (tests): that node SIGKILLs itself at the start of that iteration.
+void read_kill_plan(SkipTrainOptions& o) {
+  const char* v = std::getenv("DLOCO_SKIPPIPE_KILL");
+  if (v == nullptr || *v == 0) return;
+  const std::string s(v);
+  const size_t colon = s.find(':');
+  try {
+    if (colon == std::string::npos) throw std::invalid_argument(s);
+    o.kill_node = std::stoi(s.substr(0, colon));
+    o.kill_at_iteration = std::stoll(s.substr(colon + 1));
+  } catch (const std::exception&) {
+    throw InputError("DLOCO_SKIPPIPE_KILL=\"" + s + "\": expected node:iteration, e.g. 2:1");
+  }
+}
+
+void add_train(CLI::App& skippipe) {
+  auto o = std::make_shared<SkipTrainOptions>();
+  CLI::App* sub = skippipe.add_subcommand("train", "train on a SkipPipe pipeline: one process per node, this machine");
+  sub->add_option("--config", o->config, "config: model, data and train (train.batch_size = micro-batch size b)")
+      ->required();
+  sub->add_option("--setting", o->setting, "setting file: the nodes and links")->required();
+  sub->add_option("--schedule", o->schedule, "schedule file: placement and paths")->required();
+  sub->add_option("--iterations", o->iterations, "K iterations (2)");
+  sub->add_option("--link-scale", o->link_scale, "emulate links at this scale of the setting's hop times (0: off)");
+  sub->add_option("--out", o->out_dir, "output folder: node_<i>.json, node_<i>.log (skippipe_run)");
+  sub->add_option("--timeout-s", o->timeout_s, "deadline of every blocking wait in the nodes, s (60)");
+  sub->callback([o] {
+    read_kill_plan(*o);
+    run_skippipe_train(*o);
+  });
+}
+
+// One node (started by `train`; hidden from --help).
+void add_node(CLI::App& skippipe) {
+  auto o = std::make_shared<SkipNodeOptions>();
+  CLI::App* sub = skippipe.add_subcommand("node", "one SkipPipe node (started by `dloco skippipe train`)");
+  sub->group("");
+  sub->add_option("--config", o->config)->required();
+  sub->add_option("--setting", o->setting)->required();
+  sub->add_option("--schedule", o->schedule)->required();
+  sub->add_option("--node", o->node)->required();
+  sub->add_option("--iterations", o->iterations)->required();
+  sub->add_option("--link-scale", o->link_scale);
+  sub->add_option("--out", o->out_dir)->required();
+  sub->add_option("--timeout-s", o->timeout_s);
+  sub->add_option("--die-at-iteration", o->die_at_iteration);
+  sub->callback([o] {
+    const int code = run_skippipe_node(*o);
+    // A peer failed: exit at once with the status the parent reads as "not this node's fault" (the edge of the
+    // program; the Collective was already destroyed while the error unwound).
+    if (code != 0) {
+      std::fflush(nullptr);
+      std::_Exit(code);
+    }
+  });
+}
+
 }  // namespace
 
 void add_skippipe_commands(CLI::App& app) {
@@ -233,6 +297,8 @@ void add_skippipe_commands(CLI::App& app) {
   skippipe->require_subcommand(1);
   add_simulate(*skippipe);
   add_schedule(*skippipe);
+  add_train(*skippipe);
+  add_node(*skippipe);
 }
 
 }  // namespace dloco::apps
