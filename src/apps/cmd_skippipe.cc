@@ -233,18 +233,22 @@ void add_schedule(CLI::App& skippipe) {
   sub->callback([a] { run_schedule(*a); });
 }
 
-// DLOCO_SKIPPIPE_KILL=node:iteration (tests): that node SIGKILLs itself at the start of that iteration.
-void read_kill_plan(SkipTrainOptions& o) {
-  const char* v = std::getenv("DLOCO_SKIPPIPE_KILL");
-  if (v == nullptr || *v == 0) return;
-  const std::string s(v);
-  const size_t colon = s.find(':');
-  try {
-    if (colon == std::string::npos) throw std::invalid_argument(s);
-    o.kill_node = std::stoi(s.substr(0, colon));
-    o.kill_at_iteration = std::stoll(s.substr(colon + 1));
-  } catch (const std::exception&) {
-    throw InputError("DLOCO_SKIPPIPE_KILL=\"" + s + "\": expected node:iteration, e.g. 2:1");
+// DLOCO_SKIPPIPE_KILL=node:iteration or DLOCO_SKIPPIPE_HANG=node:iteration (tests): that node SIGKILLs itself, or
+// blocks for ever, at the start of that iteration.
+void read_fault_plan(SkipTrainOptions& o) {
+  for (const char* name : {"DLOCO_SKIPPIPE_KILL", "DLOCO_SKIPPIPE_HANG"}) {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == 0) continue;
+    const std::string s(v);
+    const size_t colon = s.find(':');
+    try {
+      if (colon == std::string::npos) throw std::invalid_argument(s);
+      o.fault_node = std::stoi(s.substr(0, colon));
+      o.fault_iteration = std::stoll(s.substr(colon + 1));
+    } catch (const std::exception&) {
+      throw InputError(std::string(name) + "=\"" + s + "\": expected node:iteration, e.g. 2:1");
+    }
+    o.fault_hangs = std::string(name) == "DLOCO_SKIPPIPE_HANG";
   }
 }
 
@@ -260,7 +264,7 @@ void add_train(CLI::App& skippipe) {
   sub->add_option("--out", o->out_dir, "output folder: node_<i>.json, node_<i>.log (skippipe_run)");
   sub->add_option("--timeout-s", o->timeout_s, "deadline of every blocking wait in the nodes, s (60)");
   sub->callback([o] {
-    read_kill_plan(*o);
+    read_fault_plan(*o);
     run_skippipe_train(*o);
   });
 }
@@ -279,6 +283,7 @@ void add_node(CLI::App& skippipe) {
   sub->add_option("--out", o->out_dir)->required();
   sub->add_option("--timeout-s", o->timeout_s);
   sub->add_option("--die-at-iteration", o->die_at_iteration);
+  sub->add_option("--hang-at-iteration", o->hang_at_iteration);
   sub->callback([o] {
     const int code = run_skippipe_node(*o);
     // A peer failed: exit at once with the status the parent reads as "not this node's fault" (the edge of the

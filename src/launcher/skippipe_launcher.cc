@@ -53,7 +53,7 @@ double check_inputs(const SkipTrainOptions& o) {
     throw InputError(o.schedule + ": " + std::to_string(S) + " stages do not divide model.n_layer = " +
                      std::to_string(config.model.n_layer) + " (each stage holds n_layer / S blocks)");
   }
-  if (o.kill_node >= setting.node_count()) throw InputError("DLOCO_SKIPPIPE_KILL: no such node");
+  if (o.fault_node >= setting.node_count()) throw InputError("DLOCO_SKIPPIPE_KILL/HANG: no such node");
   return pipeline::simulate_exact(setting, schedule).iteration_time_s;  // throws when the schedule deadlocks
 }
 
@@ -76,7 +76,10 @@ std::vector<Child> spawn_nodes(const SkipTrainOptions& o, int64_t nodes) {
                                      std::to_string(n), "--iterations", std::to_string(o.iterations),
                                      "--link-scale", std::to_string(o.link_scale), "--out", o.out_dir.string(),
                                      "--timeout-s", std::to_string(o.timeout_s)};
-    if (n == o.kill_node) args.insert(args.end(), {"--die-at-iteration", std::to_string(o.kill_at_iteration)});
+    if (n == o.fault_node) {
+      args.insert(args.end(), {o.fault_hangs ? "--hang-at-iteration" : "--die-at-iteration",
+                               std::to_string(o.fault_iteration)});
+    }
     Child c;
     c.role = "node " + std::to_string(n);
     c.learner = static_cast<int>(n);
@@ -105,6 +108,9 @@ std::string watch(std::vector<Child>& children, double timeout_s) {
       std::fprintf(stderr, "[skippipe] nodes still running %.0f s after the first failure: killing them\n",
                    timeout_s + 5);
       stop_children(children, std::chrono::seconds(2));
+      for (Child& c : children) {
+        if (c.died_at == Clock::time_point{}) c.died_at = Clock::now();  // stopped here, not reaped by reap()
+      }
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -123,9 +129,17 @@ std::string watch(std::vector<Child>& children, double timeout_s) {
   std::string msg;
   for (const Child* c : blamed) msg += (msg.empty() ? "" : "; ") + c->role + " " + describe(c->status);
   int stopped = 0;
-  for (const Child& c : children) stopped += !ok(c) ? 1 : 0;
+  Clock::time_point first = Clock::time_point::max(), last = Clock::time_point::min();
+  for (const Child& c : children) {
+    if (ok(c)) continue;
+    ++stopped;
+    first = std::min(first, c.died_at);
+    last = std::max(last, c.died_at);
+  }
+  char after[64];
+  std::snprintf(after, sizeof(after), "%.1f", std::chrono::duration<double>(last - first).count());
   return msg + " (" + std::to_string(stopped) + " of " + std::to_string(children.size()) +
-         " nodes did not finish; logs in node_<i>.log)";
+         " nodes did not finish, the last " + after + " s after the first failure; logs in node_<i>.log)";
 }
 
 void print_table(const SkipTrainOptions& o, size_t nodes, double sim_s) {

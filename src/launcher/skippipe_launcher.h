@@ -19,8 +19,11 @@ struct SkipTrainOptions {
   double link_scale = 0;                  // emulated links' time scale (0 = off); also scales the simulator's time
   std::filesystem::path out_dir = "skippipe_run";  // node_<i>.json, node_<i>.log, the FileStore
   double timeout_s = 60;                  // deadline of every blocking wait in the nodes, s
-  int kill_node = -1;                     // tests only (DLOCO_SKIPPIPE_KILL=node:iteration): that node SIGKILLs
-  int64_t kill_at_iteration = -1;         // itself at the start of that iteration
+  // Tests only (DLOCO_SKIPPIPE_KILL / DLOCO_SKIPPIPE_HANG = node:iteration): that node SIGKILLs itself, or blocks
+  // for ever, at the start of that iteration.
+  int fault_node = -1;
+  int64_t fault_iteration = -1;
+  bool fault_hangs = false;
 };
 
 /// Runs the pipeline to the end and prints the table. Throws InputError on bad input (before any process starts)

@@ -85,6 +85,12 @@ void run_node(const SkipNodeOptions& o) {
       std::fflush(stderr);
       ::kill(::getpid(), SIGKILL);
     }
+    if (k == o.hang_at_iteration) {
+      std::fprintf(stderr, "[skippipe node %d iteration %lld] hanging (fault injected for a test)\n", o.node,
+                   static_cast<long long>(k));
+      std::fflush(stderr);
+      for (;;) ::pause();  // until a signal ends the process
+    }
     const auto began = std::chrono::steady_clock::now();
     const SkipIterationStats s = node.run_iteration(stream.get(), k);
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();

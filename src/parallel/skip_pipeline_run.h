@@ -20,6 +20,7 @@ struct SkipNodeOptions {
   std::filesystem::path out_dir;          // node_<i>.json goes here; the FileStore is <out_dir>/store
   double timeout_s = 60;                  // deadline of the rendezvous and of every receive, send and collective
   int64_t die_at_iteration = -1;          // tests only: SIGKILL this process at the start of that iteration
+  int64_t hang_at_iteration = -1;         // tests only: block for ever (until a signal) at the start of it
 };
 
 /// Exit status of a node whose peer failed or whose deadline passed (a CollectiveError): the parent tells a node
