@@ -4,8 +4,8 @@
 //   dloco skippipe schedule --setting FILE [--placement FILE | --stages S] [--method skippipe|full|oblivious] ...
 //     --out FILE: a schedule (docs/skippipe.md, "Scheduler") that `simulate` reads, with its time in both
 //     simulator modes, the visits per stage and the search's wall time printed.
-//   dloco skippipe train --config FILE --setting FILE --schedule FILE [--iterations K] [--link-scale X] [--out DIR]
-//     [--timeout-s S]: the pipeline as one process per node on this machine (launcher/skippipe_launcher.h), each a
+//   dloco skippipe train --config FILE --setting FILE --schedule FILE [--iterations K] [--link-scale X]
+//     [--compute-scale Y] [--out DIR] [--timeout-s S]: the pipeline as one process per node on this machine (launcher/skippipe_launcher.h), each a
 //     hidden `dloco skippipe node` (parallel/skip_pipeline_run.h).
 // Flags -> files -> run happens here; the formats, the simulators and the scheduler live in src/pipeline. Bad input
 // throws InputError (exit 2). Deliberately not here: any scheduling logic.
@@ -261,6 +261,8 @@ void add_train(CLI::App& skippipe) {
   sub->add_option("--schedule", o->schedule, "schedule file: placement and paths")->required();
   sub->add_option("--iterations", o->iterations, "K iterations (2)");
   sub->add_option("--link-scale", o->link_scale, "emulate links at this scale of the setting's hop times (0: off)");
+  sub->add_option("--compute-scale", o->compute_scale,
+                  "pad each forward/head/backward to at least this scale of the setting's times (0: off)");
   sub->add_option("--out", o->out_dir, "output folder: node_<i>.json, node_<i>.log (skippipe_run)");
   sub->add_option("--timeout-s", o->timeout_s, "deadline of every blocking wait in the nodes, s (60)");
   sub->callback([o] {
@@ -280,6 +282,7 @@ void add_node(CLI::App& skippipe) {
   sub->add_option("--node", o->node)->required();
   sub->add_option("--iterations", o->iterations)->required();
   sub->add_option("--link-scale", o->link_scale);
+  sub->add_option("--compute-scale", o->compute_scale);
   sub->add_option("--out", o->out_dir)->required();
   sub->add_option("--timeout-s", o->timeout_s);
   sub->add_option("--die-at-iteration", o->die_at_iteration);

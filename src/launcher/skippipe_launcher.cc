@@ -37,6 +37,9 @@ std::string absolute(const std::string& p) { return fs::absolute(p).lexically_no
 double check_inputs(const SkipTrainOptions& o) {
   if (o.iterations < 1) throw InputError("--iterations " + std::to_string(o.iterations) + ": at least 1");
   if (!std::isfinite(o.link_scale) || o.link_scale < 0) throw InputError("--link-scale: a finite number >= 0");
+  if (!std::isfinite(o.compute_scale) || o.compute_scale < 0) {
+    throw InputError("--compute-scale: a finite number >= 0");
+  }
   if (!std::isfinite(o.timeout_s) || o.timeout_s <= 0) throw InputError("--timeout-s: a finite number > 0");
   const Config config = load_config(o.config);
   check_data_fits_model(config);
@@ -74,7 +77,8 @@ std::vector<Child> spawn_nodes(const SkipTrainOptions& o, int64_t nodes) {
     std::vector<std::string> args = {"skippipe", "node", "--config", absolute(o.config), "--setting",
                                      absolute(o.setting), "--schedule", absolute(o.schedule), "--node",
                                      std::to_string(n), "--iterations", std::to_string(o.iterations),
-                                     "--link-scale", std::to_string(o.link_scale), "--out", o.out_dir.string(),
+                                     "--link-scale", std::to_string(o.link_scale), "--compute-scale",
+                                     std::to_string(o.compute_scale), "--out", o.out_dir.string(),
                                      "--timeout-s", std::to_string(o.timeout_s)};
     if (n == o.fault_node) {
       args.insert(args.end(), {o.fault_hangs ? "--hang-at-iteration" : "--die-at-iteration",
@@ -151,6 +155,7 @@ void print_table(const SkipTrainOptions& o, size_t nodes, double sim_s) {
               static_cast<long long>(o.iterations), o.out_dir.string().c_str());
   std::printf("%9s %12s %10s %12s %14s %12s %14s\n", "iteration", "loss", "grad_norm", "wall_s(max)",
               "simulated_s", "link_wait_s", "p2p_bytes");
+  double pad = 0;
   for (int64_t k = 0; k < o.iterations; ++k) {
     double wall = 0, wait = 0;
     int64_t bytes = 0;
@@ -158,6 +163,7 @@ void print_table(const SkipTrainOptions& o, size_t nodes, double sim_s) {
       const auto& it = j["iterations"][k];
       wall = std::max(wall, it["wall_s"].get<double>());
       wait = std::max(wait, it["link_wait_s"].get<double>());
+      pad = std::max(pad, it["compute_pad_s"].get<double>());
       bytes += it["bytes_sent"].get<int64_t>();
     }
     const auto& first = js[0]["iterations"][k];
@@ -166,9 +172,16 @@ void print_table(const SkipTrainOptions& o, size_t nodes, double sim_s) {
                 static_cast<long long>(bytes));
   }
   std::printf("simulated_s = the exact simulator's iteration time (%.6g s) x --link-scale %g. Links are emulated at\n"
-              "that scale; compute is real, not emulated: the two agree only when the setting's forward_s (x scale)\n"
-              "matches this machine's real compute per stage.\n",
-              sim_s, o.link_scale);
+              "that scale; ", sim_s, o.link_scale);
+  if (o.compute_scale > 0) {
+    std::printf("compute is real, padded by sleeps to at least --compute-scale %g x the setting's times\n"
+                "(longest padding per node and iteration: %.3f s); comparable with simulated_s when both scales\n"
+                "are equal, though the simulator leaves out the replica all-reduce, the optimizer step and the\n"
+                "nodes sharing this machine's cores.\n", o.compute_scale, pad);
+  } else {
+    std::printf("compute is real, not emulated: the two agree only when the setting's forward_s (x scale)\n"
+                "matches this machine's real compute per stage (see --compute-scale).\n");
+  }
 }
 
 }  // namespace

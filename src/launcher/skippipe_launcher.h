@@ -17,6 +17,7 @@ struct SkipTrainOptions {
   std::string config, setting, schedule;  // files: model/data/train settings; nodes and links; placement and paths
   int64_t iterations = 2;                 // K
   double link_scale = 0;                  // emulated links' time scale (0 = off); also scales the simulator's time
+  double compute_scale = 0;               // emulated compute: each operation lasts at least scale · its setting time
   std::filesystem::path out_dir = "skippipe_run";  // node_<i>.json, node_<i>.log, the FileStore
   double timeout_s = 60;                  // deadline of every blocking wait in the nodes, s
   // Tests only (DLOCO_SKIPPIPE_KILL / DLOCO_SKIPPIPE_HANG = node:iteration): that node SIGKILLs itself, or blocks

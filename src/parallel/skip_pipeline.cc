@@ -188,6 +188,25 @@ void SkipPipeNode::set_link_time_scale(double scale) {
   link_time_scale_ = scale;
 }
 
+void SkipPipeNode::set_compute_time_scale(double scale) {
+  if (!(scale >= 0) || !std::isfinite(scale)) {
+    throw InputError("SkipPipe: compute time scale " + std::to_string(scale) + " must be finite and >= 0");
+  }
+  compute_time_scale_ = scale;
+}
+
+// Emulated compute: sleeps until `began` + scale · factor · w (this node's forward_s) when the real compute ended
+// earlier; counts the sleep.
+void SkipPipeNode::pad_compute(std::chrono::steady_clock::time_point began, double factor) {
+  if (compute_time_scale_ <= 0) return;
+  const auto due = began + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(
+                               compute_time_scale_ * factor * setting_.nodes[static_cast<size_t>(node_)].forward_s));
+  const auto now = std::chrono::steady_clock::now();
+  if (now >= due) return;
+  compute_pad_s_ += std::chrono::duration<double>(due - now).count();
+  std::this_thread::sleep_until(due);
+}
+
 std::map<std::string, torch::Tensor> SkipPipeNode::named_parameters() const {
   std::map<std::string, torch::Tensor> out;
   for (const auto& [i, block] : blocks_) {
@@ -214,13 +233,16 @@ void SkipPipeNode::forward(Links& links, int mb, const torch::Tensor& window) {
   const int64_t b = train_.batch_size, T = cfg_.seq_len;
   const Hop hop = hop_at(micro, node_);
   auto state = std::make_unique<InFlight>();
+  auto began = std::chrono::steady_clock::now();
   if (node_ == micro.data_node) {
     auto idx = window.narrow(0, 0, b * T).view({b, T});              // (b, T) inputs
     state->output = run_blocks(torch::embedding(wte_, idx));          // (b, T, C), as nn::Embedding
   } else {
     state->input = links.recv(hop.prev, activation_tag(mb), {b, T, cfg_.d_model}).requires_grad_(true);  // (b, T, C)
-    state->output = run_blocks(state->input);                                                            // (b, T, C)
+    began = std::chrono::steady_clock::now();  // compute starts once the input is here
+    state->output = run_blocks(state->input);  // (b, T, C)
   }
+  pad_compute(began, 1.0);
   links.send(hop.next, activation_tag(mb), state->output);
   DLOCO_CHECK(held_.emplace(mb, std::move(state)).second);
 }
@@ -230,12 +252,14 @@ double SkipPipeNode::head(Links& links, int mb, const torch::Tensor& window) {
   const int64_t b = train_.batch_size, T = cfg_.seq_len;
   const Hop hop = hop_at(micro, node_);
   auto x = links.recv(hop.prev, activation_tag(mb), {b, T, cfg_.d_model}).requires_grad_(true);  // (b, T, C)
+  const auto began = std::chrono::steady_clock::now();
   auto logits = torch::matmul(ln_f_(x), head_.t());                                               // (b, T, V)
   auto targets = window.narrow(0, 1, b * T);                                                      // (b·T)
   auto loss = cross_entropy(logits.view({-1, cfg_.vocab_size}).to(torch::kFloat), targets);
   // Unscaled: a stage's gradient is the sum over its micro-batches here, divided by its visits after the
   // replicas' all-reduce (the one-process reference divides by grad_accum first, then rescales: same to fp32).
   loss.backward();
+  pad_compute(began, setting_.head_factor);
   links.send(hop.prev, gradient_tag(mb), x.grad());  // (b, T, C)
   return loss.item<double>();
 }
@@ -247,7 +271,9 @@ void SkipPipeNode::backward(Links& links, int mb) {
   auto it = held_.find(mb);
   DLOCO_CHECK(it != held_.end());
   auto grad = links.recv(hop.next, gradient_tag(mb), {b, T, cfg_.d_model});  // (b, T, C)
+  const auto began = std::chrono::steady_clock::now();
   it->second->output.backward(grad);
+  pad_compute(began, setting_.backward_factor);
   if (node_ != micro.data_node) links.send(hop.prev, gradient_tag(mb), it->second->input.grad());  // (b, T, C)
   held_.erase(it);
 }
@@ -259,6 +285,7 @@ SkipIterationStats SkipPipeNode::run_iteration(DataStream* stream, int64_t step)
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(stats.lr);
   }
   optimizer_->zero_grad();
+  compute_pad_s_ = 0;
   held_.clear();  // empty unless the last iteration ended in an error
   // 1. This data node's windows: micro-batch i (schedule order) is window i of the stream; the others' skipped.
   const int64_t window_size = train_.batch_size * cfg_.seq_len + 1;
@@ -301,6 +328,7 @@ SkipIterationStats SkipPipeNode::run_iteration(DataStream* stream, int64_t step)
   DLOCO_CHECK(held_.empty());
   stats.bytes_sent = links.bytes();
   stats.link_wait_s = links.held_s();
+  stats.compute_pad_s = compute_pad_s_;
   stats.delayed_messages = links.delayed();
   // 3. The replicas' average, the global norm, the clip, the guard, AdamW.
   const int64_t before = replicas_ ? replicas_->traffic().all_reduce.bytes : 0;

@@ -28,6 +28,7 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
@@ -57,6 +58,7 @@ struct SkipIterationStats {
   int64_t allreduce_bytes = 0;  // bytes this node put on the wire in the stage all-reduce (ring count)
   double link_wait_s = 0;       // seconds this node's receives were held for emulated links (0 without)
   int delayed_messages = 0;     // messages this node received over an emulated link
+  double compute_pad_s = 0;     // seconds this node slept to emulate compute (0 without)
 };
 
 /// One node of a SkipPipe pipeline (see the file header). Thread-compatible; one per rank.
@@ -88,6 +90,12 @@ class SkipPipeNode {
   /// pipeline must be given the same scale before an iteration (the stamps are extra messages). One machine only
   /// (one steady clock). Throws InputError for a negative or non-finite scale.
   void set_link_time_scale(double scale);
+  /// Emulated compute (off by default, 0): each forward takes at least scale · w, the head (+ loss and its
+  /// backward) at least scale · head_factor · w and each backward at least scale · backward_factor · w, w = this
+  /// node's Setting forward_s, counted from when its input arrived; the node sleeps out the rest after the real
+  /// compute (a lower bound: compute slower than that is not shortened). Changes no number. Throws InputError for a
+  /// negative or non-finite scale.
+  void set_compute_time_scale(double scale);
 
   int node() const { return node_; }
   int stage() const { return stage_; }
@@ -106,6 +114,7 @@ class SkipPipeNode {
   double head(Links& links, int mb, const torch::Tensor& window);
   void backward(Links& links, int mb);
   std::pair<double, double> reduce_gradients(double loss_sum);  // -> (grad norm, mean loss)
+  void pad_compute(std::chrono::steady_clock::time_point began, double factor);
 
   ModelConfig cfg_;
   TrainConfig train_;
@@ -119,6 +128,7 @@ class SkipPipeNode {
   bool stage_leader_ = false;             // first node of its stage: counts the stage in the global norm
   std::vector<pipeline::SimOp> ops_;
   double link_time_scale_ = 0;
+  double compute_time_scale_ = 0, compute_pad_s_ = 0;
   std::vector<std::pair<int, Block>> blocks_;  // (global block index, block)
   torch::Tensor wte_;                          // (V, C) stage 0
   RMSNorm ln_f_{nullptr};                      // gain (C) stage 0

@@ -49,7 +49,8 @@ nlohmann::json to_json(const SkipIterationStats& s, int64_t iteration, double wa
           {"lr", s.lr},                     {"skipped", s.skipped},
           {"micro_batches", s.micro_batches}, {"peak_held", s.peak_held},
           {"bytes_sent", s.bytes_sent},     {"allreduce_bytes", s.allreduce_bytes},
-          {"link_wait_s", s.link_wait_s},   {"delayed_messages", s.delayed_messages}};
+          {"link_wait_s", s.link_wait_s},   {"delayed_messages", s.delayed_messages},
+          {"compute_pad_s", s.compute_pad_s}};
 }
 
 void run_node(const SkipNodeOptions& o) {
@@ -71,6 +72,7 @@ void run_node(const SkipNodeOptions& o) {
   GPT full(config.model);  // the same initial model on every node
   SkipPipeNode node(full, setting, schedule, group, config.train, make_schedule(config));
   node.set_link_time_scale(o.link_scale);
+  node.set_compute_time_scale(o.compute_scale);
   std::unique_ptr<DataStream> stream;
   if (node.stage() == 0) {
     auto split = std::make_shared<TokenSplit>(split_shards(config.data.dir, "train"));

@@ -17,6 +17,7 @@ struct SkipNodeOptions {
   int node = 0;                           // this node's id in the setting = its rank
   int64_t iterations = 1;                 // K
   double link_scale = 0;                  // SkipPipeNode::set_link_time_scale (0 = links not emulated)
+  double compute_scale = 0;               // SkipPipeNode::set_compute_time_scale (0 = compute not emulated)
   std::filesystem::path out_dir;          // node_<i>.json goes here; the FileStore is <out_dir>/store
   double timeout_s = 60;                  // deadline of the rendezvous and of every receive, send and collective
   int64_t die_at_iteration = -1;          // tests only: SIGKILL this process at the start of that iteration
@@ -29,7 +30,7 @@ inline constexpr int kSkipNodePeerFailedExit = 75;
 
 /// Runs the node to the end and writes <out_dir>/node_<node>.json: {"node", "stage", "iterations": [{"iteration",
 /// "wall_s", "loss", "grad_norm", "lr", "skipped", "micro_batches", "peak_held", "bytes_sent", "allreduce_bytes",
-/// "link_wait_s", "delayed_messages"}], "param_hash" (FNV-1a 64 of its parameters' names and fp32 bytes, in name
+/// "link_wait_s", "delayed_messages", "compute_pad_s"}], "param_hash" (FNV-1a 64 of its parameters' names and fp32 bytes, in name
 /// order, hex), "param_count"}. Returns 0, or kSkipNodePeerFailedExit after printing the CollectiveError when a
 /// peer failed or a deadline passed (no JSON then). Throws InputError on bad input.
 int run_skippipe_node(const SkipNodeOptions& options);

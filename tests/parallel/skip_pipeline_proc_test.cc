@@ -9,10 +9,12 @@
 //     "node 2 killed by signal 9", the other nodes stop on their own (a CollectiveError, exit 75) before the
 //     parent's kill, and the whole command ends before the deadline (the nodes' --timeout-s plus the parent's 5 s
 //     plus start-up), the only wall-clock assertion;
+//   - --compute-scale 0.01 (with --link-scale 0.01) gives every node the same losses and parameter hash as a run
+//     without emulation, bitwise, and some node slept to pad its compute;
 //   - node 4 hanging at iteration 1 (DLOCO_SKIPPIPE_HANG=4:1, --timeout-s 5): the others stop at their deadline
 //     (exit 75), the parent SIGTERMs node 4 after the deadline + 5 s and names it ("node 4 killed by signal 15");
 //   - bad input (a setting with a node the schedule does not place; 3 stages and 4 blocks) exits 2 with the
-//     reason and starts no process (no node log).
+//     reason and starts no process (no node log); so do --iterations 0 and a negative --compute-scale.
 // Faults are triggered at iterations, never at seconds. DLOCO_TEST_SLOWDOWN scales only the deadline bound: the
 // nodes have no slowdown knob (their compute is real).
 #include <gtest/gtest.h>
@@ -154,6 +156,32 @@ TEST_F(SkipPipeProcessTest, KilledNodeIsNamedAndTheOthersStopWithinTheDeadline) 
   EXPECT_LT(wall, (kTimeout_s + 5 + 120) * ts::test_slowdown());
 }
 
+// Emulated compute (--compute-scale 0.01: forwards of 10–15 ms against a real ~1 ms) changes no number: every
+// node's losses and parameter hash equal those of a run without it, bitwise (also a check that two runs from the
+// same seed are deterministic), and some node slept to pad its compute.
+TEST_F(SkipPipeProcessTest, EmulatedComputeChangesNoNumber) {
+  const auto [rc0, wall0] = train("plain", "--iterations 2");
+  ASSERT_EQ(rc0, 0) << slurp(root_ / "plain.log");
+  const auto [rc1, wall1] = train("padded", "--iterations 2 --compute-scale 0.01 --link-scale 0.01");
+  const std::string log = slurp(root_ / "padded.log");
+  ASSERT_EQ(rc1, 0) << log;
+  std::printf("%s(wall %.1f s; without emulation %.1f s)\n", log.c_str(), wall1, wall0);
+  EXPECT_NE(log.find("padded by sleeps"), std::string::npos);
+  double padded = 0;
+  for (int n = 0; n < kNodes; ++n) {
+    const std::string file = "node_" + std::to_string(n) + ".json";
+    const auto a = nlohmann::json::parse(std::ifstream(root_ / "plain" / file));
+    const auto b = nlohmann::json::parse(std::ifstream(root_ / "padded" / file));
+    EXPECT_EQ(a["param_hash"], b["param_hash"]) << "node " << n;
+    for (int k = 0; k < 2; ++k) {
+      EXPECT_EQ(a["iterations"][k]["loss"].get<double>(), b["iterations"][k]["loss"].get<double>());
+      EXPECT_EQ(a["iterations"][k]["compute_pad_s"].get<double>(), 0.0);
+      padded += b["iterations"][k]["compute_pad_s"].get<double>();
+    }
+  }
+  EXPECT_GT(padded, 0);
+}
+
 // A node that hangs (alive, its sockets open) instead of dying: the others' waits pass their deadline
 // (CollectiveError, exit 75), and the parent stops the hung node S + 5 s after the first of them stopped.
 TEST_F(SkipPipeProcessTest, HungNodeIsNamedAfterTheDeadline) {
@@ -184,6 +212,9 @@ TEST_F(SkipPipeProcessTest, BadInputIsRefusedBeforeAnyProcessStarts) {
   EXPECT_FALSE(fs::exists(root_ / "bad4" / "node_0.log"));
   const auto [rcm, wallm] = train("badm", "--iterations 0");
   EXPECT_EQ(rcm, 2);
+  const auto [rcc, wallc] = train("badc", "--compute-scale -1");
+  EXPECT_EQ(rcc, 2);
+  EXPECT_NE(slurp(root_ / "badc.log").find("--compute-scale"), std::string::npos) << slurp(root_ / "badc.log");
 }
 
 }  // namespace
