@@ -5,8 +5,8 @@
 //     --out FILE: a schedule (docs/skippipe.md, "Scheduler") that `simulate` reads, with its time in both
 //     simulator modes, the visits per stage and the search's wall time printed.
 //   dloco skippipe train --config FILE --setting FILE --schedule FILE [--iterations K] [--link-scale X]
-//     [--compute-scale Y] [--out DIR] [--timeout-s S]: the pipeline as one process per node on this machine (launcher/skippipe_launcher.h), each a
-//     hidden `dloco skippipe node` (parallel/skip_pipeline_run.h).
+//     [--compute-scale Y] [--out DIR] [--timeout-s S]: the pipeline as one process per node on this machine
+//     (launcher/skippipe_launcher.h), each a hidden `dloco skippipe node` (parallel/skip_pipeline_run.h).
 // Flags -> files -> run happens here; the formats, the simulators and the scheduler live in src/pipeline. Bad input
 // throws InputError (exit 2). Deliberately not here: any scheduling logic.
 #include <charconv>

@@ -199,8 +199,9 @@ void SkipPipeNode::set_compute_time_scale(double scale) {
 // earlier; counts the sleep.
 void SkipPipeNode::pad_compute(std::chrono::steady_clock::time_point began, double factor) {
   if (compute_time_scale_ <= 0) return;
-  const auto due = began + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(
-                               compute_time_scale_ * factor * setting_.nodes[static_cast<size_t>(node_)].forward_s));
+  const double seconds = compute_time_scale_ * factor * setting_.nodes[static_cast<size_t>(node_)].forward_s;
+  const auto due =
+      began + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
   const auto now = std::chrono::steady_clock::now();
   if (now >= due) return;
   compute_pad_s_ += std::chrono::duration<double>(due - now).count();

@@ -20,6 +20,8 @@
 // for activations, 1 for their gradients); an operation on the node itself goes through a local mailbox.
 // Emulated links (optional, set_link_time_scale): a message is held at its receiver until the simulator's hop time
 // (latency + bytes/bandwidth + overhead, scaled) after it was sent; the sender goes on computing at once.
+// Emulated compute (optional, set_compute_time_scale): each operation is padded by a sleep to at least its setting
+// time, scaled, from when its input arrived.
 // Deliberately not here: link contention and rate limits (hops are independent, as in the simulator), real network
 // emulation (tc netem), re-routing around a dead node (a CollectiveError ends the iteration; the group is unusable
 // afterwards), stage orders other than the schedule's paths, activation checkpointing, bf16, the scheduler.

@@ -30,8 +30,8 @@ inline constexpr int kSkipNodePeerFailedExit = 75;
 
 /// Runs the node to the end and writes <out_dir>/node_<node>.json: {"node", "stage", "iterations": [{"iteration",
 /// "wall_s", "loss", "grad_norm", "lr", "skipped", "micro_batches", "peak_held", "bytes_sent", "allreduce_bytes",
-/// "link_wait_s", "delayed_messages", "compute_pad_s"}], "param_hash" (FNV-1a 64 of its parameters' names and fp32 bytes, in name
-/// order, hex), "param_count"}. Returns 0, or kSkipNodePeerFailedExit after printing the CollectiveError when a
+/// "link_wait_s", "delayed_messages", "compute_pad_s"}], "param_hash" (FNV-1a 64 of its parameters' names and
+/// fp32 bytes, in name order, hex), "param_count"}. Returns 0, or kSkipNodePeerFailedExit after printing the CollectiveError when a
 /// peer failed or a deadline passed (no JSON then). Throws InputError on bad input.
 int run_skippipe_node(const SkipNodeOptions& options);
 
