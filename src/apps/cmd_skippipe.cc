@@ -233,22 +233,29 @@ void add_schedule(CLI::App& skippipe) {
   sub->callback([a] { run_schedule(*a); });
 }
 
-// DLOCO_SKIPPIPE_KILL=node:iteration or DLOCO_SKIPPIPE_HANG=node:iteration (tests): that node SIGKILLs itself, or
-// blocks for ever, at the start of that iteration.
+// DLOCO_SKIPPIPE_KILL=node:iteration[:op] or DLOCO_SKIPPIPE_HANG=node:iteration (tests): that node SIGKILLs
+// itself at the start of that iteration (or after its operation `op` of it: mid-iteration), or blocks for ever.
 void read_fault_plan(SkipTrainOptions& o) {
   for (const char* name : {"DLOCO_SKIPPIPE_KILL", "DLOCO_SKIPPIPE_HANG"}) {
     const char* v = std::getenv(name);
     if (v == nullptr || *v == 0) continue;
     const std::string s(v);
-    const size_t colon = s.find(':');
+    const bool kill = std::string(name) == "DLOCO_SKIPPIPE_KILL";
+    const size_t colon = s.find(':'), second = colon == std::string::npos ? colon : s.find(':', colon + 1);
     try {
-      if (colon == std::string::npos) throw std::invalid_argument(s);
+      if (colon == std::string::npos || (!kill && second != std::string::npos)) throw std::invalid_argument(s);
       o.fault_node = std::stoi(s.substr(0, colon));
-      o.fault_iteration = std::stoll(s.substr(colon + 1));
+      o.fault_iteration = std::stoll(s.substr(colon + 1, second == std::string::npos ? std::string::npos
+                                                                                   : second - colon - 1));
+      if (second != std::string::npos) o.fault_op = std::stoll(s.substr(second + 1));
+      if (o.fault_node < 0 || o.fault_iteration < 0 || (second != std::string::npos && o.fault_op < 0)) {
+        throw std::invalid_argument(s);
+      }
     } catch (const std::exception&) {
-      throw InputError(std::string(name) + "=\"" + s + "\": expected node:iteration, e.g. 2:1");
+      throw InputError(std::string(name) + "=\"" + s + "\": expected node:iteration" + (kill ? "[:op]" : "") +
+                       " (integers ≥ 0), e.g. 2:1");
     }
-    o.fault_hangs = std::string(name) == "DLOCO_SKIPPIPE_HANG";
+    o.fault_hangs = !kill;
   }
 }
 
@@ -265,7 +272,13 @@ void add_train(CLI::App& skippipe) {
                   "pad each forward/head/backward to at least this scale of the setting's times (0: off)");
   sub->add_option("--out", o->out_dir, "output folder: node_<i>.json, node_<i>.log (skippipe_run)");
   sub->add_option("--timeout-s", o->timeout_s, "deadline of every blocking wait in the nodes, s (60)");
-  sub->callback([o] {
+  auto on_failure = std::make_shared<std::string>("reroute");
+  sub->add_option("--on-failure", *on_failure,
+                  "a node that dies: reroute (its micro-batches through another replica of its stage, the iteration "
+                  "redone, the scheduler re-plans; default) or stop (the run stops naming it)")
+      ->check(CLI::IsMember({"reroute", "stop"}));
+  sub->callback([o, on_failure] {
+    o->reroute = *on_failure == "reroute";
     read_fault_plan(*o);
     run_skippipe_train(*o);
   });
@@ -285,7 +298,9 @@ void add_node(CLI::App& skippipe) {
   sub->add_option("--compute-scale", o->compute_scale);
   sub->add_option("--out", o->out_dir)->required();
   sub->add_option("--timeout-s", o->timeout_s);
+  sub->add_flag("--reroute", o->reroute);
   sub->add_option("--die-at-iteration", o->die_at_iteration);
+  sub->add_option("--die-at-op", o->die_at_op);
   sub->add_option("--hang-at-iteration", o->hang_at_iteration);
   sub->callback([o] {
     const int code = run_skippipe_node(*o);

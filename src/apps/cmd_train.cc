@@ -9,6 +9,7 @@
 #include "learner/learner.h"
 #include "learner/worker.h"
 #include "model/stages.h"
+#include "pipeline/pipeline_check.h"
 #include "syncer/syncer.h"
 #include "transport/grpc/grpc_transport.h"
 #include "train/run.h"
@@ -99,6 +100,15 @@ void run_train(const TrainFlags& f) {
   if (config.diloco.mode != Mode::kLocal) {
     if (f.stop_after_steps > 0) throw InputError("--stop-after-steps applies to diloco.mode = \"local\" only");
     check_data_fits_model(config);  // before any process starts (local mode checks it itself)
+    // SkipPipe learners: their setting and schedule against the model and the batch, before any process starts.
+    for (int64_t id = 0; id < config.diloco.learners; ++id) {
+      const ParallelConfig& g = config.parallel_for(id);
+      const bool own = &g != &config.parallel;
+      if (g.skippipe() && (own || id == 0)) {
+        (void)pipeline::check_skippipe_learner(config, g, own ? "parallel.learner[id = " + std::to_string(id) + "]"
+                                                              : "parallel");
+      }
+    }
     const auto report = is_collective_mode(config.diloco.mode)
                             ? run_collective_launcher(config, options.resume, plan ? &*plan : nullptr)
                             : run_launcher(config, options.resume, *grpc_transport::make_transport(),

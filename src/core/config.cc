@@ -327,6 +327,7 @@ Config parse_config(const std::string& toml_text, const std::vector<std::string>
     c.diloco.grace_window = false;
     c.diloco.merge = MergeRule::kMean;
   }
+  config_detail::resolve_skippipe_nodes(c);
   c.validate();
   return c;
 }

@@ -232,9 +232,17 @@ struct ParallelConfig {
   bool offload = false;            // ZeRO's AdamW state (m, v) in mapped files under run_dir/offload that each step
                                    // streams through, out of the ranks' resident memory (needs zero ≥ 1)
   double timeout_s = 60;           // deadline of the group's collectives and of a rank's wait for its leader, s
+  // A SkipPipe pipeline as the learner (docs/skippipe.md "A SkipPipe learner"): one rank per node of the setting,
+  // micro-batches on the schedule's paths; both files set, or neither. Paths are read from the working directory.
+  std::string skippipe_setting;    // the setting (nodes, regions, links: pipeline/setting.h)
+  std::string skippipe_schedule;   // the schedule (placement and paths: pipeline/schedule.h)
+  double skippipe_link_scale = 0;     // emulated links: a hop takes scale · its setting time (0 = off)
+  double skippipe_compute_scale = 0;  // emulated compute: an operation lasts at least scale · its setting time
+  int64_t skippipe_nodes = 0;      // derived when the config is read: the setting's node count (not a key)
 
-  /// R = t·p·d.
-  int64_t ranks() const { return tensor * pipeline * data; }
+  bool skippipe() const { return !skippipe_schedule.empty(); }
+  /// R = t·p·d, or the SkipPipe setting's node count.
+  int64_t ranks() const { return skippipe() ? skippipe_nodes : tensor * pipeline * data; }
   bool operator==(const ParallelConfig&) const = default;
 };
 

@@ -28,6 +28,10 @@ void for_each_parallel_field(P& p, F&& f) {
   f("checkpoint_activations", p.checkpoint_activations);
   f("offload", p.offload);
   f("timeout_s", p.timeout_s);
+  f("skippipe_setting", p.skippipe_setting);
+  f("skippipe_schedule", p.skippipe_schedule);
+  f("skippipe_link_scale", p.skippipe_link_scale);
+  f("skippipe_compute_scale", p.skippipe_compute_scale);
 }
 
 /// "source:line" of a node.
@@ -114,6 +118,11 @@ void apply_parallel_learner(const std::string& source, const toml::table& table,
 
 /// [[parallel.learner]] tables as TOML text (every field, so the text parses back to the same list).
 std::string parallel_learners_toml(const Config& c);
+
+/// Sets skippipe_nodes of [parallel] and every [[parallel.learner]] naming a skippipe_setting: the length of the
+/// setting file's "nodes" array (pipeline/setting.h; its full check is pipeline/learner_check.h's, before any
+/// process starts). Throws InputError naming the key when the file cannot be read or has no "nodes" array.
+void resolve_skippipe_nodes(Config& c);
 
 /// Checks [parallel] and every [[parallel.learner]] against the model, batch and mode; throws InputError.
 void validate_parallel(const Config& c);

@@ -2,8 +2,11 @@
 // model, the batch and the mode (docs/parallel.md "Configuring a group"). What a group does not support yet is
 // refused here with the reason, never silently run as something else.
 #include <cmath>
+#include <fstream>
 #include <numeric>
 #include <set>
+
+#include <nlohmann/json.hpp>
 
 #include "core/config_fields.h"
 #include "core/stages_per_path.h"
@@ -15,8 +18,36 @@ void require(bool ok, const std::string& key, const std::string& what) {
   if (!ok) throw InputError("config: " + key + " " + what);
 }
 
+// A SkipPipe learner's checks (docs/skippipe.md "A SkipPipe learner"): the pipeline is the whole group.
+void validate_skippipe_group(const Config& c, const ParallelConfig& g, const std::string& key) {
+  require(!g.skippipe_setting.empty() && !g.skippipe_schedule.empty(), key + ".skippipe_setting/skippipe_schedule",
+          "go together: a SkipPipe learner needs both files (or neither)");
+  require(g.tensor == 1 && g.pipeline == 1 && g.data == 1 && g.zero == 0 && g.micro_batches == 1, key,
+          "with skippipe_schedule is a SkipPipe pipeline (one rank per node of the setting): tensor, pipeline, data, "
+          "micro_batches must be 1 and zero 0");
+  require(g.precision == Precision::kFp32 && !g.offload && !g.checkpoint_activations, key,
+          "with skippipe_schedule runs fp32 without offload or activation checkpointing for now");
+  require(g.skippipe_nodes >= 2, key + ".skippipe_setting",
+          "= '" + g.skippipe_setting + "' has " + std::to_string(g.skippipe_nodes) +
+              " node(s): a pipeline needs 2 or more");
+  require(std::isfinite(g.skippipe_link_scale) && g.skippipe_link_scale >= 0, key + ".skippipe_link_scale",
+          "must be finite and ≥ 0 (0 = links not emulated)");
+  require(std::isfinite(g.skippipe_compute_scale) && g.skippipe_compute_scale >= 0, key + ".skippipe_compute_scale",
+          "must be finite and ≥ 0 (0 = compute not emulated)");
+  require(c.diloco.mode == Mode::kDecoupled, key,
+          "with skippipe_schedule is a SkipPipe learner: it runs in diloco.mode = \"decoupled\" (got \"" +
+              std::string(to_string(c.diloco.mode)) + "\"; the baselines' rank-by-rank averaging is not built for it)");
+  require(c.run.device == "cpu", key, "with skippipe_schedule runs on the CPU only for now");
+}
+
 // One group's checks; `key` is "parallel" or "parallel.learner[id = N]" for the messages.
 void validate_group(const Config& c, const ParallelConfig& g, const std::string& key) {
+  if (g.skippipe() || !g.skippipe_setting.empty()) {
+    validate_skippipe_group(c, g, key);
+    return;
+  }
+  require(g.skippipe_link_scale == 0 && g.skippipe_compute_scale == 0, key + ".skippipe_link_scale/compute_scale",
+          "apply to a SkipPipe learner only: set skippipe_setting and skippipe_schedule, or leave them at 0");
   const auto& m = c.model;
   require(g.tensor >= 1 && g.pipeline >= 1 && g.data >= 1, key + ".tensor/pipeline/data", "must be ≥ 1");
   require(g.zero >= 0 && g.zero <= 3, key + ".zero", "must be 0, 1, 2 or 3 (got " + std::to_string(g.zero) + ")");
@@ -103,6 +134,32 @@ std::string parallel_learners_toml(const Config& c) {
     });
   }
   return os.str();
+}
+
+void resolve_skippipe_nodes(Config& c) {
+  auto resolve = [](ParallelConfig& g, const std::string& key) {
+    g.skippipe_nodes = 0;
+    if (g.skippipe_setting.empty()) return;
+    std::ifstream in(g.skippipe_setting);
+    if (!in) {
+      throw InputError("config: " + key + ".skippipe_setting = '" + g.skippipe_setting +
+                       "': cannot read the file (paths are read from the working directory)");
+    }
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      throw InputError("config: " + key + ".skippipe_setting = '" + g.skippipe_setting + "': not JSON (" + e.what() +
+                       ")");
+    }
+    if (!j.is_object() || !j.contains("nodes") || !j["nodes"].is_array()) {
+      throw InputError("config: " + key + ".skippipe_setting = '" + g.skippipe_setting +
+                       "': no \"nodes\" array (a SkipPipe setting, docs/skippipe.md)");
+    }
+    g.skippipe_nodes = static_cast<int64_t>(j["nodes"].size());
+  };
+  resolve(c.parallel, "parallel");
+  for (auto& l : c.parallel_learners) resolve(l.parallel, "parallel.learner[id = " + std::to_string(l.id) + "]");
 }
 
 void validate_parallel(const Config& c) {

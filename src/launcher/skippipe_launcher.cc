@@ -9,17 +9,23 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/config.h"
 #include "launcher/children.h"
 #include "parallel/skip_pipeline_run.h"
+#include "pipeline/pipeline_check.h"
+#include "pipeline/reroute.h"
+#include "pipeline/scheduler.h"
 #include "pipeline/schedule.h"
 #include "pipeline/setting.h"
 #include "pipeline/simulator.h"
@@ -33,8 +39,9 @@ using Clock = std::chrono::steady_clock;
 
 std::string absolute(const std::string& p) { return fs::absolute(p).lexically_normal().string(); }
 
-// Every check that can fail before a process starts. Returns the exact simulator's iteration time (unscaled).
-double check_inputs(const SkipTrainOptions& o) {
+// Every check that can fail before a process starts. Returns the setting, the schedule and the exact simulator's
+// iteration time (unscaled).
+pipeline::CheckedPipeline check_inputs(const SkipTrainOptions& o) {
   if (o.iterations < 1) throw InputError("--iterations " + std::to_string(o.iterations) + ": at least 1");
   if (!std::isfinite(o.link_scale) || o.link_scale < 0) throw InputError("--link-scale: a finite number >= 0");
   if (!std::isfinite(o.compute_scale) || o.compute_scale < 0) {
@@ -43,21 +50,9 @@ double check_inputs(const SkipTrainOptions& o) {
   if (!std::isfinite(o.timeout_s) || o.timeout_s <= 0) throw InputError("--timeout-s: a finite number > 0");
   const Config config = load_config(o.config);
   check_data_fits_model(config);
-  const pipeline::Setting setting = pipeline::load_setting(o.setting);
-  const pipeline::Schedule schedule = pipeline::load_schedule(o.schedule, setting);
-  for (int64_t n = 0; n < setting.node_count(); ++n) {
-    if (schedule.stage_of_node[n] < 0) {
-      throw InputError(o.schedule + ": the setting " + o.setting + " has " + std::to_string(setting.node_count()) +
-                       " nodes but node " + std::to_string(n) + " is in no stage of the schedule's placement");
-    }
-  }
-  const int64_t S = static_cast<int64_t>(schedule.placement.size());
-  if (config.model.n_layer % S != 0) {
-    throw InputError(o.schedule + ": " + std::to_string(S) + " stages do not divide model.n_layer = " +
-                     std::to_string(config.model.n_layer) + " (each stage holds n_layer / S blocks)");
-  }
-  if (o.fault_node >= setting.node_count()) throw InputError("DLOCO_SKIPPIPE_KILL/HANG: no such node");
-  return pipeline::simulate_exact(setting, schedule).iteration_time_s;  // throws when the schedule deadlocks
+  const auto checked = pipeline::load_checked_pipeline(o.setting, o.schedule, config.model.n_layer);
+  if (o.fault_node >= checked.setting.node_count()) throw InputError("DLOCO_SKIPPIPE_KILL/HANG: no such node");
+  return checked;
 }
 
 std::string describe(int status) {
@@ -80,9 +75,11 @@ std::vector<Child> spawn_nodes(const SkipTrainOptions& o, int64_t nodes) {
                                      "--link-scale", std::to_string(o.link_scale), "--compute-scale",
                                      std::to_string(o.compute_scale), "--out", o.out_dir.string(),
                                      "--timeout-s", std::to_string(o.timeout_s)};
+    if (o.reroute) args.push_back("--reroute");
     if (n == o.fault_node) {
       args.insert(args.end(), {o.fault_hangs ? "--hang-at-iteration" : "--die-at-iteration",
                                std::to_string(o.fault_iteration)});
+      if (o.fault_op >= 0) args.insert(args.end(), {"--die-at-op", std::to_string(o.fault_op)});
     }
     Child c;
     c.role = "node " + std::to_string(n);
@@ -146,13 +143,127 @@ std::string watch(std::vector<Child>& children, double timeout_s) {
          " nodes did not finish, the last " + after + " s after the first failure; logs in node_<i>.log)";
 }
 
-void print_table(const SkipTrainOptions& o, size_t nodes, double sim_s) {
+void write_json(const fs::path& path, const nlohmann::json& j) { write_file_atomically(path, j.dump(1) + "\n"); }
+
+std::optional<nlohmann::json> read_json(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return std::nullopt;
+  std::ifstream in(path);
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
+}
+
+// Re-routing (docs/skippipe.md "Re-routing around a dead node"): a node that dies of its own accord (a signal, an
+// exit other than 0 and 75) is announced in reroute_<g>.json; every survivor tears its group down, answers with how
+// many iterations it completed (ack_<g>_<node>.json); the parent writes the re-routed schedule for the iteration to
+// redo (the fewest completed), the scheduler's re-plan for the rest, and plan_<g>.json (the survivors' ranks); at
+// the end release_<g>.json once every survivor finished. Returns "" when the survivors finished, else the failure
+// (the survivors are then left to watch()).
+std::string watch_rerouting(std::vector<Child>& children, const SkipTrainOptions& o,
+                            const pipeline::CheckedPipeline& start, std::set<int>& dead) {
+  pipeline::Schedule current = start.schedule;
+  int g = 0;
+  bool released = false;
+  const auto deadline = std::chrono::duration<double>(o.timeout_s + 5);
+  for (;;) {
+    reap(children);
+    std::vector<const Child*> died, gave_up;
+    for (const Child& c : children) {
+      if (!c.exited || ok(c) || dead.count(c.learner)) continue;
+      (peer_failed(c) ? gave_up : died).push_back(&c);
+    }
+    if (!gave_up.empty()) return gave_up.front()->role + " " + describe(gave_up.front()->status);
+    if (!died.empty() && !released) {
+      std::string names, what;
+      for (const Child* c : died) {
+        dead.insert(c->learner);
+        names += (names.empty() ? "" : ", ") + std::to_string(c->learner);
+        what += (what.empty() ? "" : "; ") + c->role + " " + describe(c->status);
+      }
+      ++g;
+      write_json(o.out_dir / ("reroute_" + std::to_string(g) + ".json"),
+                 {{"generation", g}, {"dead", std::vector<int>(dead.begin(), dead.end())}, {"why", what}});
+      std::printf("[skippipe] %s: routing around it (generation %d)\n", what.c_str(), g);
+      std::fflush(stdout);
+      // Every survivor's answer: how many iterations it completed.
+      std::map<int, int64_t> completed;
+      const auto asked = Clock::now();
+      while (completed.size() + dead.size() < children.size()) {
+        for (const Child& c : children) {
+          if (dead.count(c.learner) || completed.count(c.learner)) continue;
+          if (auto a = read_json(o.out_dir / ("ack_" + std::to_string(g) + "_" + std::to_string(c.learner) + ".json"))) {
+            completed[c.learner] = (*a)["completed"].get<int64_t>();
+          }
+        }
+        reap(children);
+        for (const Child& c : children) {
+          if (c.exited && !ok(c) && !dead.count(c.learner)) {
+            return c.role + " " + describe(c.status) + " while the others re-routed around node(s) " + names;
+          }
+        }
+        if (Clock::now() - asked > deadline) return "the survivors did not answer the re-routing notice in time";
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      int64_t redo = o.iterations;
+      for (const auto& [n, c] : completed) redo = std::min(redo, c);
+      pipeline::Schedule rerouted, next;
+      std::string why;
+      try {
+        rerouted = pipeline::reroute_around(current, start.setting, dead);
+        next = pipeline::replan_around(rerouted, current, start.setting, &why);
+      } catch (const InputError& e) {
+        return what + ", and it cannot be routed around: " + e.what();
+      }
+      const fs::path redo_file = fs::absolute(o.out_dir / ("schedule_redo_" + std::to_string(g) + ".json"));
+      const fs::path next_file = fs::absolute(o.out_dir / ("schedule_next_" + std::to_string(g) + ".json"));
+      write_json(redo_file, pipeline::schedule_to_json(rerouted, {"re-routed around node(s) " + names}));
+      write_json(next_file, pipeline::schedule_to_json(next, {why}));
+      std::vector<int> rank_of(children.size(), -1);
+      int world = 0;
+      for (size_t n = 0; n < children.size(); ++n) {
+        if (!dead.count(static_cast<int>(n))) rank_of[n] = world++;
+      }
+      write_json(o.out_dir / ("plan_" + std::to_string(g) + ".json"),
+                 {{"generation", g}, {"redo_iteration", redo}, {"rank_of_node", rank_of}, {"world", world},
+                  {"redo_schedule", redo_file.string()}, {"next_schedule", next_file.string()}});
+      std::printf("[skippipe] iteration %lld redone on %d nodes with node(s) %s routed around (%.6g s simulated, "
+                  "was %.6g s); then %s\n",
+                  static_cast<long long>(redo), world, names.c_str(),
+                  pipeline::simulate_exact(start.setting, rerouted).iteration_time_s,
+                  pipeline::simulate_exact(start.setting, current).iteration_time_s, why.c_str());
+      std::fflush(stdout);
+      current = next;
+      continue;
+    }
+    // Every survivor finished the last iteration in this generation: release them.
+    size_t finished = 0, exited = 0;
+    for (const Child& c : children) {
+      if (dead.count(c.learner)) continue;
+      exited += c.exited;
+      if (auto f = read_json(o.out_dir / ("finished_" + std::to_string(c.learner) + ".json"))) {
+        finished += (*f)["generation"].get<int>() == g;
+      }
+    }
+    if (!released && finished + dead.size() == children.size()) {
+      write_json(o.out_dir / ("release_" + std::to_string(g) + ".json"), {{"generation", g}});
+      released = true;
+    }
+    if (exited + dead.size() == children.size()) return "";
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+void print_table(const SkipTrainOptions& o, size_t nodes, double sim_s, const std::set<int>& dead) {
   std::vector<nlohmann::json> js;
   for (size_t n = 0; n < nodes; ++n) {
+    if (dead.count(static_cast<int>(n))) continue;
     js.push_back(nlohmann::json::parse(std::ifstream(o.out_dir / ("node_" + std::to_string(n) + ".json"))));
   }
-  std::printf("[skippipe] %zu nodes, %lld iterations -> %s/node_<i>.json\n", nodes,
-              static_cast<long long>(o.iterations), o.out_dir.string().c_str());
+  std::printf("[skippipe] %zu nodes (%zu died and were routed around), %lld iterations -> %s/node_<i>.json\n",
+              nodes, dead.size(), static_cast<long long>(o.iterations), o.out_dir.string().c_str());
   std::printf("%9s %12s %10s %12s %14s %12s %14s\n", "iteration", "loss", "grad_norm", "wall_s(max)",
               "simulated_s", "link_wait_s", "p2p_bytes");
   double pad = 0;
@@ -187,7 +298,8 @@ void print_table(const SkipTrainOptions& o, size_t nodes, double sim_s) {
 }  // namespace
 
 void run_skippipe_train(const SkipTrainOptions& o) {
-  const double sim_s = check_inputs(o);
+  const pipeline::CheckedPipeline checked = check_inputs(o);
+  const double sim_s = checked.iteration_time_s;
   const int64_t nodes = pipeline::load_setting(o.setting).node_count();
   fs::create_directories(o.out_dir);
   fs::remove(o.out_dir / "store");  // a FileStore must be fresh
@@ -196,9 +308,20 @@ void run_skippipe_train(const SkipTrainOptions& o) {
     fs::remove(o.out_dir / ("node_" + std::to_string(n) + ".log"));
   }
   std::vector<Child> children = spawn_nodes(o, nodes);
-  const std::string failed = watch(children, o.timeout_s);
+  std::set<int> dead;
+  std::string failed;
+  if (o.reroute) {
+    failed = watch_rerouting(children, o, checked, dead);
+    if (!failed.empty()) {
+      std::fprintf(stderr, "[skippipe] %s: stopping the others\n", failed.c_str());
+      const std::string rest = watch(children, o.timeout_s);
+      if (!rest.empty()) failed += "; " + rest;
+    }
+  } else {
+    failed = watch(children, o.timeout_s);
+  }
   if (!failed.empty()) throw std::runtime_error("skippipe train: " + failed);
-  print_table(o, static_cast<size_t>(nodes), sim_s);
+  print_table(o, static_cast<size_t>(nodes), sim_s, dead);
 }
 
 }  // namespace dloco

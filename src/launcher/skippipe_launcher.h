@@ -1,10 +1,12 @@
 // `dloco skippipe train`: a SkipPipe pipeline as one process per node on this machine (docs/skippipe.md, "Pipeline
 // nodes as processes"). Checks every input before any process starts, spawns `<dloco> skippipe node` per node
 // (posix_spawn, 1 OMP/BLAS thread each, set in the environment before exec), watches them, and on a node's death
-// stops the rest within the deadline and names it; at the end prints per iteration the loss, the slowest node's
-// wall time and the exact simulator's iteration time scaled by the link scale. Torch-free.
-// Deliberately not here: the node itself (parallel/skip_pipeline_run.h), re-routing around a dead node, other
-// machines (the FileStore and the emulated links need one machine).
+// routes around it (launcher and nodes agree through files in the run folder: docs/skippipe.md "Re-routing around a
+// dead node") or, with reroute off or when that is impossible, stops the rest within the deadline and names it;
+// at the end prints per iteration the loss, the slowest node's wall time and the exact simulator's iteration time
+// scaled by the link scale. Torch-free.
+// Deliberately not here: the node itself (parallel/skip_pipeline_run.h), the re-routed and re-planned schedules
+// (pipeline/reroute.h), other machines (the FileStore and the emulated links need one machine).
 #pragma once
 
 #include <cstdint>
@@ -22,8 +24,10 @@ struct SkipTrainOptions {
   double timeout_s = 60;                  // deadline of every blocking wait in the nodes, s
   // Tests only (DLOCO_SKIPPIPE_KILL / DLOCO_SKIPPIPE_HANG = node:iteration): that node SIGKILLs itself, or blocks
   // for ever, at the start of that iteration.
+  bool reroute = true;                    // a node that dies is routed around (docs/skippipe.md); false: stop
   int fault_node = -1;
   int64_t fault_iteration = -1;
+  int64_t fault_op = -1;                  // DLOCO_SKIPPIPE_KILL's optional third field: after that operation
   bool fault_hangs = false;
 };
 

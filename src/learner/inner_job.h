@@ -1,6 +1,7 @@
 // A learner's inner job (docs/protocol.md "Learner loop", steps 1–2): whatever trains the replica between two
 // outer syncs: one process holding the whole GPT (learner/gpt_inner_job.h), or a group of ranks with sharded
-// state (learner/group_inner_job.h); next a SkipPipe pipeline. The outer sync (learner/outer_sync.h) sees only this interface.
+// state (learner/group_inner_job.h), a SkipPipe pipeline among them (parallel/skip_pipeline_engine.cc). The
+// outer sync (learner/outer_sync.h) sees only this interface.
 // Deliberately not here: the network, the syncer's protocol, LibTorch.
 #pragma once
 

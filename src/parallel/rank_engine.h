@@ -7,6 +7,8 @@
 //                 (parallel/zero.h)
 //   pipeline = p  pipeline stages (parallel/pipeline_stage.h) with the configured schedule and micro-batches,
 //                 AdamW on each stage's parameters
+//   skippipe_schedule  a SkipPipe pipeline (parallel/skip_pipeline_engine.cc): one rank per node of the setting,
+//                 micro-batches on the schedule's paths, each stage averaged over its visits and replicas
 // Every kind reproduces train/trainer.cc's step: the lr given, global-norm clipping at train.grad_clip over the
 // whole model, the non-finite guard (the same skip decision on every rank), weight decay on matrices only.
 // Parameters are addressed by their full-model names ("wte.weight", "h.0.attn.qkv.weight", …), so the fragment

@@ -99,4 +99,9 @@ namespace dloco {
 /// The engine of pipeline = p (× tensor = t) groups (pipeline_engine.cc).
 std::unique_ptr<RankEngine> make_pipeline_engine(GPT full, const ParallelConfig& parallel, const TrainConfig& train,
                                                  Collective& group);
+/// The engine of a SkipPipe learner (parallel.skippipe_schedule; skip_pipeline_engine.cc): this rank is node
+/// group.rank() of the setting. Throws InputError when the files do not fit the model or the batch
+/// (pipeline/pipeline_check.h), CollectiveError.
+std::unique_ptr<RankEngine> make_skippipe_engine(GPT full, const ParallelConfig& parallel, const TrainConfig& train,
+                                                 Collective& group);
 }  // namespace dloco

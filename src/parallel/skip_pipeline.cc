@@ -51,8 +51,8 @@ struct SkipPipeNode::InFlight {
 // until stamp + scale · Setting::hop_s(src, dst): the arrival time of the simulator's hop, with no link contention.
 class SkipPipeNode::Links {
  public:
-  Links(Collective& group, const pipeline::Setting& setting, double scale)
-      : group_(group), setting_(setting), scale_(scale) {}
+  Links(Collective& group, const pipeline::Setting& setting, double scale, int node, const std::vector<int>& rank_of)
+      : group_(group), setting_(setting), scale_(scale), node_(node), rank_of_(rank_of) {}
   ~Links() {
     // Only after a CollectiveError (finish() ran otherwise): the group is unusable, the sends are abandoned.
     in_flight_.clear();
@@ -61,22 +61,22 @@ class SkipPipeNode::Links {
   /// Sends t (b, T, C) to `dst` without waiting; to this node itself through the mailbox.
   void send(int dst, int tag, const torch::Tensor& t) {
     auto data = t.detach().contiguous();
-    if (dst == group_.rank()) {
+    if (dst == node_) {
       DLOCO_CHECK(mailbox_.emplace(tag, data).second);
       return;
     }
-    in_flight_.push_back(group_.isend(data, dst, tag));
+    in_flight_.push_back(group_.isend(data, rank(dst), tag));
     keep_.push_back(data);
     bytes_ += static_cast<int64_t>(data.numel() * data.element_size());
     if (scale_ > 0) {
       auto stamp = torch::tensor({now_ns()}, torch::kLong);  // (1)
-      in_flight_.push_back(group_.isend(stamp, dst, tag));
+      in_flight_.push_back(group_.isend(stamp, rank(dst), tag));
       keep_.push_back(stamp);
     }
   }
   /// Receives a (b, T, C) tensor from `src` under `tag`, blocking up to the group's deadline.
   torch::Tensor recv(int src, int tag, at::IntArrayRef shape) {
-    if (src == group_.rank()) {
+    if (src == node_) {
       auto it = mailbox_.find(tag);
       DLOCO_CHECK(it != mailbox_.end() && "a local operation ran before the one that produces its input");
       auto t = it->second;
@@ -84,13 +84,13 @@ class SkipPipeNode::Links {
       return t;
     }
     auto t = torch::empty(shape);
-    group_.recv(t, src, tag);
+    group_.recv(t, rank(src), tag);
     if (scale_ > 0) {
       auto stamp = torch::empty({1}, torch::kLong);  // (1)
-      group_.recv(stamp, src, tag);
+      group_.recv(stamp, rank(src), tag);
       const auto due = std::chrono::steady_clock::time_point(std::chrono::nanoseconds(stamp.item<int64_t>())) +
                        std::chrono::duration_cast<std::chrono::nanoseconds>(
-                           std::chrono::duration<double>(scale_ * setting_.hop_s(src, group_.rank())));
+                           std::chrono::duration<double>(scale_ * setting_.hop_s(src, node_)));
       const auto now = std::chrono::steady_clock::now();
       if (due > now) {
         held_s_ += std::chrono::duration<double>(due - now).count();
@@ -112,6 +112,11 @@ class SkipPipeNode::Links {
   int delayed() const { return delayed_; }
 
  private:
+  int rank(int node) const {
+    const int r = rank_of_[static_cast<size_t>(node)];
+    DLOCO_CHECK(r >= 0 && "a path names a node that is not in the group");
+    return r;
+  }
   static int64_t now_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
         .count();
@@ -120,6 +125,8 @@ class SkipPipeNode::Links {
   Collective& group_;
   const pipeline::Setting& setting_;
   double scale_ = 0;  // link emulation: 0 = off
+  int node_ = 0;                      // this node's id in the setting
+  const std::vector<int>& rank_of_;   // node id -> rank in the group (−1: not in it)
   double held_s_ = 0;  // seconds this node waited for emulated links
   int delayed_ = 0;    // messages received over an emulated link
   std::map<int, torch::Tensor> mailbox_;
@@ -128,20 +135,50 @@ class SkipPipeNode::Links {
   int64_t bytes_ = 0;
 };
 
+namespace {
+// Rank r = node r, for a group of exactly the setting's nodes.
+std::vector<int> identity_ranks(const Collective& group, const pipeline::Setting& setting) {
+  const int N = static_cast<int>(setting.node_count());
+  if (group.world() != N) {
+    throw InputError("SkipPipe: the group has " + std::to_string(group.world()) + " ranks, the setting " +
+                     std::to_string(N) + " nodes: one rank per node");
+  }
+  std::vector<int> out(static_cast<size_t>(N));
+  for (int i = 0; i < N; ++i) out[static_cast<size_t>(i)] = i;
+  return out;
+}
+}  // namespace
+
 SkipPipeNode::SkipPipeNode(GPT& full, const pipeline::Setting& setting, const pipeline::Schedule& schedule,
                            Collective& group, const TrainConfig& train, LrSchedule lr_schedule)
+    : SkipPipeNode(full, setting, schedule, group, train, lr_schedule, group.rank(), identity_ranks(group, setting),
+                   "") {}
+
+SkipPipeNode::SkipPipeNode(GPT& full, const pipeline::Setting& setting, const pipeline::Schedule& schedule,
+                           Collective& group, const TrainConfig& train, LrSchedule lr_schedule, int node,
+                           std::vector<int> rank_of_node, const std::string& subgroup_suffix)
     : cfg_(full->config()),
       train_(train),
       lr_schedule_(lr_schedule),
       setting_(setting),
       schedule_(schedule),
-      group_(group) {
+      group_(group),
+      rank_of_node_(std::move(rank_of_node)) {
   const int N = static_cast<int>(setting.node_count());
-  if (group.world() != N || static_cast<int>(schedule.stage_of_node.size()) != N) {
+  if (static_cast<int>(schedule.stage_of_node.size()) != N || static_cast<int>(rank_of_node_.size()) != N ||
+      node < 0 || node >= N || rank_of_node_[static_cast<size_t>(node)] != group.rank()) {
     throw InputError("SkipPipe: the group has " + std::to_string(group.world()) + " ranks, the setting " +
                      std::to_string(N) + " nodes: one rank per node");
   }
-  node_ = group.rank();
+  for (const auto& replicas : schedule.placement) {
+    for (int n : replicas) {
+      const int r = rank_of_node_[static_cast<size_t>(n)];
+      if (r < 0 || r >= group.world()) {
+        throw InputError("SkipPipe: node " + std::to_string(n) + " is placed but has no rank in the group");
+      }
+    }
+  }
+  node_ = node;
   stage_ = schedule.stage_of_node[node_];
   if (stage_ < 0) throw InputError("SkipPipe: node " + std::to_string(node_) + " is in no stage of the placement");
   const int S = static_cast<int>(schedule.placement.size());
@@ -176,10 +213,16 @@ SkipPipeNode::SkipPipeNode(GPT& full, const pipeline::Setting& setting, const pi
   }
   for (const auto& [name, tensor] : named_parameters()) params_.push_back(tensor);
   optimizer_ = make_inner_adamw(params_, train_);
-  if (replicas.size() > 1) replicas_ = group.subgroup(replicas, "skippipe_stage_" + std::to_string(stage_));
+  if (replicas.size() > 1) {
+    std::vector<int> ranks;
+    for (int n : replicas) ranks.push_back(rank_of_node_[static_cast<size_t>(n)]);
+    replicas_ = group.subgroup(ranks, "skippipe_stage_" + std::to_string(stage_) + subgroup_suffix);
+  }
 }
 
 SkipPipeNode::~SkipPipeNode() = default;
+
+void SkipPipeNode::reset_optimizer() { optimizer_ = make_inner_adamw(params_, train_); }
 
 void SkipPipeNode::set_link_time_scale(double scale) {
   if (!(scale >= 0) || !std::isfinite(scale)) {
@@ -279,34 +322,58 @@ void SkipPipeNode::backward(Links& links, int mb) {
   held_.erase(it);
 }
 
+bool SkipPipeNode::data_node() const {
+  const auto& mbs = schedule_.micro_batches;
+  return stage_ == 0 &&
+         std::any_of(mbs.begin(), mbs.end(), [&](const pipeline::MicroBatch& m) { return m.data_node == node_; });
+}
+
 SkipIterationStats SkipPipeNode::run_iteration(DataStream* stream, int64_t step) {
+  // This data node's windows: micro-batch i (schedule order) is window i of the stream; the others' skipped.
+  const int64_t window_size = train_.batch_size * cfg_.seq_len + 1;
+  const auto& mbs = schedule_.micro_batches;
+  torch::Tensor windows;
+  if (data_node()) {
+    if (!stream) throw InputError("SkipPipe: data node " + std::to_string(node_) + " needs a stream");
+    windows = torch::zeros({static_cast<int64_t>(mbs.size()), window_size}, torch::kLong);  // (W, b·T + 1)
+    for (size_t i = 0; i < mbs.size(); ++i) {
+      if (mbs[i].data_node != node_) {
+        stream->skip();
+        continue;
+      }
+      auto row = windows[static_cast<int64_t>(i)];
+      stream->next(std::span<int64_t>(row.data_ptr<int64_t>(), static_cast<size_t>(window_size)));
+    }
+  }
+  return run_iteration(windows, lr_schedule_.at(step));
+}
+
+SkipIterationStats SkipPipeNode::run_iteration(const torch::Tensor& all_windows, double lr) {
   SkipIterationStats stats;
-  stats.lr = lr_schedule_.at(step);
+  stats.lr = lr;
   for (auto& group : optimizer_->param_groups()) {
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(stats.lr);
   }
   optimizer_->zero_grad();
   compute_pad_s_ = 0;
   held_.clear();  // empty unless the last iteration ended in an error
-  // 1. This data node's windows: micro-batch i (schedule order) is window i of the stream; the others' skipped.
+  // 1. This data node's windows: row i of all_windows for each micro-batch i it starts.
   const int64_t window_size = train_.batch_size * cfg_.seq_len + 1;
-  std::map<int, torch::Tensor> windows;  // micro-batch -> (b·T + 1) int64
   const auto& mbs = schedule_.micro_batches;
-  const bool data_node = stage_ == 0 && std::any_of(mbs.begin(), mbs.end(), [&](const pipeline::MicroBatch& m) {
-                           return m.data_node == node_;
-                         });
-  if (data_node && !stream) throw InputError("SkipPipe: data node " + std::to_string(node_) + " needs a stream");
-  for (size_t i = 0; data_node && i < mbs.size(); ++i) {
-    if (mbs[i].data_node != node_) {
-      stream->skip();
-      continue;
+  std::map<int, torch::Tensor> windows;  // micro-batch -> (b·T + 1) int64
+  if (data_node()) {
+    const auto W = static_cast<int64_t>(mbs.size());
+    if (!all_windows.defined() || all_windows.dim() != 2 || all_windows.size(0) != W ||
+        all_windows.size(1) != window_size || all_windows.scalar_type() != torch::kLong) {
+      throw InputError("SkipPipe: data node " + std::to_string(node_) + " needs (" + std::to_string(W) + ", " +
+                       std::to_string(window_size) + ") int64 windows, one per micro-batch of the schedule");
     }
-    auto window = torch::empty({window_size}, torch::kLong);
-    stream->next(std::span<int64_t>(window.data_ptr<int64_t>(), static_cast<size_t>(window_size)));
-    windows.emplace(static_cast<int>(i), window);
+    for (size_t i = 0; i < mbs.size(); ++i) {
+      if (mbs[i].data_node == node_) windows.emplace(static_cast<int>(i), all_windows[static_cast<int64_t>(i)]);
+    }
   }
   // 2. This node's operations in the simulator's order (file header: deadlock-free, at most C graphs held).
-  Links links(group_, setting_, link_time_scale_);
+  Links links(group_, setting_, link_time_scale_, node_, rank_of_node_);
   double loss_sum = 0;
   for (const pipeline::SimOp& op : ops_) {
     const bool mine = node_ == mbs[static_cast<size_t>(op.micro_batch)].data_node;
@@ -324,6 +391,7 @@ SkipIterationStats SkipPipeNode::run_iteration(DataStream* stream, int64_t step)
         backward(links, op.micro_batch);
         break;
     }
+    if (after_op_) after_op_(static_cast<int>(&op - ops_.data()));
   }
   links.finish();
   DLOCO_CHECK(held_.empty());

@@ -31,6 +31,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -76,6 +77,13 @@ class SkipPipeNode {
   /// schedule deadlocks in the exact model; CollectiveError when the replicas do not join.
   SkipPipeNode(GPT& full, const pipeline::Setting& setting, const pipeline::Schedule& schedule, Collective& group,
                const TrainConfig& train, LrSchedule lr_schedule);
+  /// The same for a group that holds only some of the setting's nodes (after a node died, docs/skippipe.md
+  /// "Re-routing around a dead node"): this is node `node`, and rank_of_node[n] is node n's rank in `group` (−1 for
+  /// a node not in it, which the schedule must not place). `subgroup_suffix` makes the replica sub-Collective's
+  /// name unique when several nodes are built on one group. Throws InputError when the map does not fit.
+  SkipPipeNode(GPT& full, const pipeline::Setting& setting, const pipeline::Schedule& schedule, Collective& group,
+               const TrainConfig& train, LrSchedule lr_schedule, int node, std::vector<int> rank_of_node,
+               const std::string& subgroup_suffix);
   ~SkipPipeNode();
   SkipPipeNode(const SkipPipeNode&) = delete;
   SkipPipeNode& operator=(const SkipPipeNode&) = delete;
@@ -85,6 +93,11 @@ class SkipPipeNode {
   /// first window; it advances by one window per micro-batch of the schedule. Throws InputError when a data node
   /// gets no stream, CollectiveError when a peer fails or a deadline passes (the group is unusable afterwards).
   SkipIterationStats run_iteration(DataStream* stream, int64_t step);
+  /// The same iteration at learning rate `lr` on given windows (a learner's step, parallel/rank_engine.h): row i of
+  /// `windows` (W, b·T + 1) int64 is micro-batch i's window (inputs [0, b·T), targets [1, b·T]), W = the
+  /// schedule's micro-batch count. Data nodes read the rows of their micro-batches; other nodes may pass an
+  /// undefined tensor. Throws InputError when a data node's windows have another shape, CollectiveError.
+  SkipIterationStats run_iteration(const torch::Tensor& windows, double lr);
 
   /// Emulated links (file header): each message from node x to node y reaches y no earlier than
   /// scale · Setting::hop_s(x, y) seconds after x sent it (the sender stamps it with the steady clock, the receiver
@@ -99,7 +112,18 @@ class SkipPipeNode {
   /// negative or non-finite scale.
   void set_compute_time_scale(double scale);
 
+  /// The AdamW over named_parameters() (in name order), for saving and loading its state.
+  torch::optim::AdamW& optimizer() { return *optimizer_; }
+  /// Fresh AdamW state (zero moments, step 0), the learning rate and the rest from train.
+  void reset_optimizer();
+  /// Whether this node starts micro-batches (a stage-0 node some micro-batch names as its data node).
+  bool data_node() const;
+  /// Called after each of this node's operations in run_iteration with its index in operations() (tests: a fault
+  /// injected mid-iteration). Null: none.
+  void set_after_op(std::function<void(int)> hook) { after_op_ = std::move(hook); }
   int node() const { return node_; }
+  /// The schedule this node runs (its placement and paths).
+  const pipeline::Schedule& schedule() const { return schedule_; }
   int stage() const { return stage_; }
   /// The parameters this node holds, by full-model name ("h.<i>.…", and on stage 0 "wte.weight", "ln_f.weight",
   /// "lm_head.weight" when untied). The tensors AdamW steps (change them in place only).
@@ -139,6 +163,8 @@ class SkipPipeNode {
   std::vector<torch::Tensor> params_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   std::map<int, std::unique_ptr<InFlight>> held_;  // micro-batch index -> its graph on this node
+  std::vector<int> rank_of_node_;                  // node id -> rank in group_ (−1: not in it)
+  std::function<void(int)> after_op_;
 };
 
 }  // namespace dloco

@@ -20,7 +20,9 @@ struct SkipNodeOptions {
   double compute_scale = 0;               // SkipPipeNode::set_compute_time_scale (0 = compute not emulated)
   std::filesystem::path out_dir;          // node_<i>.json goes here; the FileStore is <out_dir>/store
   double timeout_s = 60;                  // deadline of the rendezvous and of every receive, send and collective
-  int64_t die_at_iteration = -1;          // tests only: SIGKILL this process at the start of that iteration
+  bool reroute = false;                   // re-route around a dead node (the parent's notices), else exit 75
+  int64_t die_at_iteration = -1;          // tests only: SIGKILL this process at the start of that iteration,
+  int64_t die_at_op = -1;                 // or after its operation die_at_op of it (≥ 0)
   int64_t hang_at_iteration = -1;         // tests only: block for ever (until a signal) at the start of it
 };
 

@@ -1,6 +1,10 @@
 // The [parallel] section and [[parallel.learner]] tables: defaults, per-learner groups that start from
 // [parallel], round-trips through TOML and JSON, and refusals that name the key and the reason.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "core/check.h"
 #include "core/config.h"
@@ -92,6 +96,49 @@ TEST(ParallelConfig, RefusalsNameTheKeyAndWhy) {
   EXPECT_NE(error_of(t + "[[parallel.learner]]\nid = 1\npipeline = 2\nmicro_batches = 3\n")
                 .find("parallel.learner[id = 1].micro_batches (3) must divide each replica's share of train.batch_size"),
             std::string::npos);
+}
+
+// A SkipPipe learner ([[parallel.learner]] skippipe_setting / skippipe_schedule): its group has one rank per node
+// of the setting (counted when the config is read; the files' full check is pipeline/pipeline_check.h's), it
+// round-trips, and what it cannot be combined with is refused naming the key.
+TEST(ParallelConfig, ASkipPipeLearnerHasOneRankPerNodeAndRefusesWhatItIsNot) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("dloco_skippipe_cfg_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "setting.json") << R"({"nodes": [{}, {}, {}]})";
+  std::ofstream(dir / "bad.json") << R"({"nodes": 3})";
+  const std::string setting = (dir / "setting.json").string();
+  const std::string t = kTiny;
+  const std::string learner = "[[parallel.learner]]\nid = 1\nskippipe_setting = \"" + setting +
+                              "\"\nskippipe_schedule = \"s.json\"\n";
+  const Config c = parse_config(t + learner);
+  EXPECT_EQ(c.parallel_for(0).ranks(), 1);
+  EXPECT_EQ(c.parallel_for(1).ranks(), 3) << "one rank per node of the setting";
+  EXPECT_TRUE(c.parallel_for(1).skippipe());
+  const Config back = parse_config(to_toml(c));
+  EXPECT_EQ(back.parallel_for(1), c.parallel_for(1));
+  EXPECT_EQ(to_json(c)["parallel"]["learner"][0]["skippipe_schedule"], "s.json");
+
+  EXPECT_NE(error_of(t + "[parallel]\nskippipe_schedule = \"s.json\"\n").find("go together"), std::string::npos);
+  EXPECT_NE(error_of(t + "[parallel]\nskippipe_setting = \"" + setting + "\"\n").find("go together"),
+            std::string::npos);
+  EXPECT_NE(error_of(t + learner + "tensor = 2\n").find("tensor, pipeline, data, micro_batches must be 1"),
+            std::string::npos);
+  EXPECT_NE(error_of(t + learner + "skippipe_link_scale = -1.0\n").find("skippipe_link_scale must be finite"),
+            std::string::npos);
+  EXPECT_NE(error_of(t + "[parallel]\nskippipe_compute_scale = 0.5\n").find("apply to a SkipPipe learner only"),
+            std::string::npos);
+  EXPECT_NE(error_of("[model]\npreset = \"tiny\"\n[diloco]\nmode = \"diloco\"\nlearners = 2\n" + learner)
+                .find("runs in diloco.mode = \"decoupled\""),
+            std::string::npos);
+  EXPECT_NE(error_of(t + "[parallel]\nskippipe_setting = \"/nonexistent/x.json\"\nskippipe_schedule = \"s\"\n")
+                .find("parallel.skippipe_setting = '/nonexistent/x.json': cannot read"),
+            std::string::npos);
+  EXPECT_NE(error_of(t + "[parallel]\nskippipe_setting = \"" + (dir / "bad.json").string() +
+                     "\"\nskippipe_schedule = \"s\"\n")
+                .find("no \"nodes\" array"),
+            std::string::npos);
+  fs::remove_all(dir);
 }
 
 TEST(SkipConfig, OffByDefaultRoundTripsAndRefusalsNameTheKey) {

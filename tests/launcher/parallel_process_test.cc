@@ -9,6 +9,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -144,6 +145,93 @@ TEST(ParallelLearners, TensorParallelAndZeroGroupsTrainAndAKilledRankRestartsOnl
   EXPECT_LE(timing.most_outside, testing_support::kMaxOutsideCompute_s)
       << "learner 1 waited before its step at t = " << timing.most_outside_t;
   EXPECT_GT(after_kill, 10) << "learner 1 trained little after learner 0's rank was killed";
+  testing_support::remove_unless_kept(root);
+}
+
+// A SkipPipe pipeline as one Decoupled DiLoCo learner (docs/skippipe.md "A SkipPipe learner"; issue 13 part 6):
+// M = 2, learner 0 the 5-node hand pipeline of skip_pipeline_test (3 stages, 6 micro-batches per step that skip
+// stages; [[parallel.learner]] skippipe_setting / skippipe_schedule), learner 1 one process, a 3-block tiny GPT.
+// The syncer sees learner 0 as one learner: the run finishes with every token trained, learner 0's group is the
+// pipeline of 5 nodes (4 rank processes beside its leader), it trains steps with finite losses, merges happen, and
+// every learner ends holding Θ (the chaos analysis compares each final copy's fragments with the syncer's).
+TEST(ParallelLearners, ASkipPipePipelineIsOneDecoupledLearner) {
+  const fs::path root = testing_support::make_tiny_corpus("dloco_skippipe_learner", kDataTool);
+  ASSERT_FALSE(root.empty()) << "dloco-data prepare failed on the tiny corpus";
+  {
+    json nodes = json::array();
+    for (double w : {1.0, 1.0, 1.0, 1.0, 1.5}) nodes.push_back({{"region", "A"}, {"forward_s", w}});
+    std::ofstream(root / "setting.json")
+        << json{{"format", "dloco-skippipe-setting"}, {"version", 1}, {"source", "hand case"}, {"regions", {"A"}},
+                {"nodes", nodes}, {"links", json::array()},
+                {"default_link", {{"latency_s", 0.1}, {"bandwidth_bytes_per_s", 1e6}}}, {"hop_overhead_s", 0.05},
+                {"bytes_per_hop", 16384}, {"memory_capacity", 2}, {"backward_factor", 1.5}, {"head_factor", 0.25}}
+               .dump();
+    // Stage 1 visited 4 times (nodes 2, 3), stage 2 three times (node 4), micro-batch 4 only stage 0.
+    json mbs = json::array();
+    const std::vector<std::pair<int, std::vector<int>>> paths = {{0, {2}}, {1, {4}}, {0, {3, 4}},
+                                                                 {1, {2, 4}}, {0, {}}, {1, {3}}};
+    for (size_t i = 0; i < paths.size(); ++i) {
+      mbs.push_back({{"id", i}, {"data_node", paths[i].first}, {"path", paths[i].second}, {"inject_s", 0}});
+    }
+    std::ofstream(root / "schedule.json")
+        << json{{"format", "dloco-skippipe-schedule"}, {"version", 1}, {"source", "hand case"}, {"method", "hand"},
+                {"placement", {{0, 1}, {2, 3}, {4}}}, {"micro_batches", mbs}}
+               .dump();
+  }
+  // 2 learners × 40 steps × 6 micro-batches of 2 × 32 tokens.
+  constexpr int64_t kTokensPerStep = 6 * 2 * 32, kTokens = 2 * 40 * kTokensPerStep;
+  std::string slowdown;
+  if (testing_support::test_slowdown() > 1.0) {
+    const std::string f = std::to_string(testing_support::test_slowdown());
+    slowdown = "slowdown = \"0:" + f + ",1:" + f + "\"\n";
+  }
+  const fs::path cfg = root / "skippipe.toml";
+  std::ofstream(cfg) << "[model]\npreset = \"tiny\"\nvocab_size = 400\nn_layer = 3\n"
+                     << "[data]\ndir = \"" << (root / "data").string() << "\"\n"
+                     << "[train]\nbatch_size = 2\ngrad_accum = 6\ntotal_tokens = " << kTokens
+                     << "\nlr = 3e-3\nwarmup_steps = 5\neval_interval = 0\ncheckpoint_interval = 0\n"
+                     << "[diloco]\nmode = \"decoupled\"\nlearners = 2\ninner_steps = 4\nfragments = 4\noverlap = 1\n"
+                     << "quorum = 1\n"
+                     << "[run]\nname = \"skippipe\"\nout_dir = \"" << root.string()
+                     << "\"\nthreads = 2\nreport_interval_s = 1.0\n" << slowdown
+                     << "[parallel]\ntimeout_s = 30\n"
+                     << "[[parallel.learner]]\nid = 0\nskippipe_setting = \"" << (root / "setting.json").string()
+                     << "\"\nskippipe_schedule = \"" << (root / "schedule.json").string() << "\"\n";
+  const fs::path run = root / "skippipe";
+  const std::string cmd = kDloco + " train --config " + cfg.string() + " > " + (root / "skippipe.log").string() +
+                          " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << "see " << (root / "skippipe.log");
+
+  const json report = json::parse(std::ifstream(run / "report.json"));
+  EXPECT_EQ(report["status"], "finished");
+  EXPECT_EQ(report["tokens_trained"], kTokens);
+  EXPECT_GT(report["merges"].get<int64_t>(), 4);
+  std::vector<std::string> kinds;
+  json pids;
+  int steps = 0, finite = 0;
+  for (const auto& e : read_events(run / "events" / "learner_0.jsonl")) {
+    if (e["event"] == "group_formed") {
+      kinds.push_back(e["group"]);
+      pids = e["pids"];
+    }
+    if (e["event"] == "step") {
+      ++steps;
+      finite += e.contains("loss") && e["loss"].is_number() && std::isfinite(e["loss"].get<double>());
+    }
+  }
+  ASSERT_EQ(kinds.size(), 1u);
+  EXPECT_EQ(kinds[0].rfind("SkipPipe pipeline of 5 nodes in 3 stages, 6 micro-batches per step", 0), 0u) << kinds[0];
+  EXPECT_EQ(pids.size(), 4u) << "ranks 1 … 4 as processes beside the leader";
+  EXPECT_GT(steps, 10);
+  EXPECT_EQ(finite, steps) << "every step of the pipeline learner has a finite loss";
+  const dloco::ChaosAnalysis a = dloco::analyze_chaos_run(run, {2, 4, 4, kTokensPerStep, 2.0});
+  EXPECT_EQ(a.version_regressions, 0);
+  EXPECT_EQ(a.learners_finished, 2);
+  EXPECT_EQ(a.fragments_checked, 2 * 4);
+  EXPECT_EQ(a.fragments_equal, a.fragments_checked);
+  for (const auto& m : a.copy_mismatches) ADD_FAILURE() << m;
+  std::printf("[skippipe learner] %d steps of learner 0, %lld merges, group: %s\n", steps,
+              static_cast<long long>(report["merges"].get<int64_t>()), kinds[0].c_str());
   testing_support::remove_unless_kept(root);
 }
 

@@ -76,6 +76,16 @@ class SkipPipeProcessTest : public ::testing::Test {
                                      {"source", "hand case"},              {"method", "hand"},
                                      {"placement", {{0, 1}, {2, 3}, {4}}}, {"micro_batches", mbs}};
     std::ofstream(root_ / "schedule.json") << schedule.dump(1);
+    // A skip schedule the scheduler could have made (every path one non-zero stage, 3 visits per stage), for the
+    // re-routing tests: stage 1 served by node 2 (micro-batches 0, 4) and node 3 (2), stage 2 by node 4 (1, 3, 5).
+    nlohmann::json uniform = schedule;
+    uniform["micro_batches"] = nlohmann::json::array();
+    const std::vector<std::pair<int, int>> hops = {{0, 2}, {1, 4}, {0, 3}, {1, 4}, {0, 2}, {1, 4}};
+    for (size_t i = 0; i < hops.size(); ++i) {
+      uniform["micro_batches"].push_back(
+          {{"id", i}, {"data_node", hops[i].first}, {"path", {hops[i].second}}, {"inject_s", 0}});
+    }
+    std::ofstream(root_ / "uniform.json") << uniform.dump(1);
   }
 
   void write_config(const std::string& name, int n_layer) {
@@ -88,10 +98,11 @@ class SkipPipeProcessTest : public ::testing::Test {
   // Runs `dloco skippipe train` with `extra` flags (and `env` before it), output in root/<name>.log; returns the
   // exit status (WEXITSTATUS) and the wall seconds.
   std::pair<int, double> train(const std::string& name, const std::string& extra, const std::string& env = "",
-                               const std::string& config = "config.toml", const std::string& setting = "setting.json") {
+                               const std::string& config = "config.toml", const std::string& setting = "setting.json",
+                               const std::string& schedule = "schedule.json") {
     const std::string cmd = env + " " + kDloco + " skippipe train --config " + (root_ / config).string() +
                             " --setting " + (root_ / setting).string() + " --schedule " +
-                            (root_ / "schedule.json").string() + " --out " + (root_ / name).string() + " " + extra +
+                            (root_ / schedule).string() + " --out " + (root_ / name).string() + " " + extra +
                             " > " + (root_ / (name + ".log")).string() + " 2>&1";
     const auto began = std::chrono::steady_clock::now();
     const int rc = std::system(cmd.c_str());
@@ -138,7 +149,7 @@ TEST_F(SkipPipeProcessTest, TwoIterationsLossesEqualReplicasBitwiseEqual) {
 }
 
 TEST_F(SkipPipeProcessTest, KilledNodeIsNamedAndTheOthersStopWithinTheDeadline) {
-  const auto [rc, wall] = train("kill", "--iterations 3 --timeout-s " + std::to_string(kTimeout_s),
+  const auto [rc, wall] = train("kill", "--iterations 3 --on-failure stop --timeout-s " + std::to_string(kTimeout_s),
                                 "DLOCO_SKIPPIPE_KILL=2:1");
   const std::string log = slurp(root_ / "kill.log");
   std::printf("%s(wall %.1f s)\n", log.c_str(), wall);
@@ -186,8 +197,8 @@ TEST_F(SkipPipeProcessTest, EmulatedComputeChangesNoNumber) {
 // (CollectiveError, exit 75), and the parent stops the hung node S + 5 s after the first of them stopped.
 TEST_F(SkipPipeProcessTest, HungNodeIsNamedAfterTheDeadline) {
   constexpr double kShortTimeout_s = 5;
-  const auto [rc, wall] = train("hang", "--iterations 3 --timeout-s " + std::to_string(kShortTimeout_s),
-                                "DLOCO_SKIPPIPE_HANG=4:1");
+  const auto [rc, wall] = train("hang", "--iterations 3 --on-failure stop --timeout-s " +
+                                std::to_string(kShortTimeout_s), "DLOCO_SKIPPIPE_HANG=4:1");
   const std::string log = slurp(root_ / "hang.log");
   std::printf("%s(wall %.1f s)\n", log.c_str(), wall);
   EXPECT_NE(rc, 0);
@@ -199,6 +210,73 @@ TEST_F(SkipPipeProcessTest, HungNodeIsNamedAfterTheDeadline) {
   }
   EXPECT_LT(wall, (2 * kShortTimeout_s + 5 + 120) * ts::test_slowdown());
 }
+
+// Re-routing (docs/skippipe.md "Re-routing around a dead node"): on the uniform skip schedule, a node SIGKILLed
+// mid-iteration (after its first operation of iteration 1: DLOCO_SKIPPIPE_KILL=node:1:0) is routed around — the
+// survivors tear their group down, redo iteration 1 on a group of 4 with the dead node's micro-batches through the
+// other replica of its stage, and the scheduler re-plans iteration 2. The command exits 0, every survivor writes 3
+// iterations (iteration 1 marked redone, generation 1 from there on), the losses are finite and equal on all
+// survivors, the stage-0 replicas end bitwise equal, and iterations 0 and 1 have the loss of the same run without
+// the fault (the redone iteration routes every micro-batch through the same stages, whose replicas hold bitwise
+// equal parameters: the same sums, up to the order in which the data nodes' losses are added). Node 3 is a stage-1
+// replica; node 1 a data node (its micro-batches move to node 0).
+class SkipPipeRerouteTest : public SkipPipeProcessTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(SkipPipeRerouteTest, ANodeKilledMidIterationIsRoutedAroundAndTheIterationCompletes) {
+  const int victim = GetParam();
+  const auto [rc0, wall0] = train("uniform_ok", "--iterations 2", "", "config.toml", "setting.json", "uniform.json");
+  ASSERT_EQ(rc0, 0) << slurp(root_ / "uniform_ok.log");
+  const std::string name = "reroute" + std::to_string(victim);
+  const auto [rc, wall] = train(name, "--iterations 3 --timeout-s " + std::to_string(kTimeout_s),
+                                "DLOCO_SKIPPIPE_KILL=" + std::to_string(victim) + ":1:0", "config.toml",
+                                "setting.json", "uniform.json");
+  const std::string log = slurp(root_ / (name + ".log"));
+  std::printf("%s(wall %.1f s)\n", log.c_str(), wall);
+  ASSERT_EQ(rc, 0) << log;
+  EXPECT_NE(log.find("node " + std::to_string(victim) + " killed by signal 9: routing around it"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("iteration 1 redone on 4 nodes with node(s) " + std::to_string(victim) + " routed around"),
+            std::string::npos) << log;
+  EXPECT_NE(log.find("re-planned by the scheduler"), std::string::npos) << log;
+  EXPECT_FALSE(fs::exists(root_ / name / ("node_" + std::to_string(victim) + ".json")));
+  std::vector<nlohmann::json> nodes;
+  for (int n = 0; n < kNodes; ++n) {
+    if (n == victim) continue;
+    const fs::path p = root_ / name / ("node_" + std::to_string(n) + ".json");
+    ASSERT_TRUE(fs::exists(p)) << p;
+    nodes.push_back(nlohmann::json::parse(std::ifstream(p)));
+    const auto& its = nodes.back()["iterations"];
+    ASSERT_EQ(its.size(), 3u) << "node " << n;
+    EXPECT_FALSE(its[0]["redone"].get<bool>());
+    EXPECT_TRUE(its[1]["redone"].get<bool>()) << "node " << n;
+    EXPECT_EQ(its[1]["generation"], 1);
+    EXPECT_EQ(its[2]["generation"], 1);
+    ASSERT_EQ(nodes.back()["reroutes"].size(), 1u);
+    EXPECT_EQ(nodes.back()["reroutes"][0]["dead"], nlohmann::json::array({victim}));
+  }
+  const auto ok0 = nlohmann::json::parse(std::ifstream(root_ / "uniform_ok" / "node_0.json"));
+  for (int k = 0; k < 3; ++k) {
+    const double loss = nodes[0]["iterations"][k]["loss"];
+    EXPECT_TRUE(std::isfinite(loss) && loss > 0) << loss;
+    for (const auto& j : nodes) EXPECT_EQ(j["iterations"][k]["loss"].get<double>(), loss) << "node " << j["node"];
+    if (k < 2) {
+      const double want = ok0["iterations"][k]["loss"];
+      EXPECT_NEAR(loss, want, 1e-6 * want) << "iteration " << k << " differs from the run without the fault";
+    }
+  }
+  if (victim != 1) EXPECT_EQ(nodes[0]["param_hash"], nodes[1]["param_hash"]) << "stage 0's replicas";
+  const auto plan = nlohmann::json::parse(std::ifstream(root_ / name / "plan_1.json"));
+  EXPECT_EQ(plan["redo_iteration"], 1);
+  EXPECT_EQ(plan["world"], 4);
+  EXPECT_EQ(plan["rank_of_node"][victim], -1);
+  const auto next = nlohmann::json::parse(std::ifstream(plan["next_schedule"].get<std::string>()));
+  for (const auto& stage : next["placement"]) {
+    for (const auto& n : stage) EXPECT_NE(n.get<int>(), victim) << "the re-plan places the dead node";
+  }
+  EXPECT_LT(wall, (kTimeout_s + 5 + 120) * ts::test_slowdown());
+}
+
+INSTANTIATE_TEST_SUITE_P(StageReplicaAndDataNode, SkipPipeRerouteTest, ::testing::Values(3, 1));
 
 TEST_F(SkipPipeProcessTest, BadInputIsRefusedBeforeAnyProcessStarts) {
   const auto [rc6, wall6] = train("bad6", "", "", "config.toml", "setting6.json");

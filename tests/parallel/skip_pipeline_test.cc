@@ -31,6 +31,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <span>
 #include <thread>
@@ -38,6 +39,7 @@
 #include "core/check.h"
 #include "data/shards.h"
 #include "model/stages.h"
+#include "parallel/rank_engine.h"
 #include "parallel/skip_pipeline.h"
 #include "support/skippipe_setting.h"
 #include "train/trainer.h"
@@ -436,6 +438,103 @@ TEST_F(SkipPipelineTest, TheReferenceSkipPipeScheduleWithSwapsRunsOn20Nodes) {
   expect_replicas_bitwise_equal(run, 0);
   std::printf("[skippipe test] the stored SkipPipe schedule on 20 nodes: loss %.6f, %.3f s for one iteration\n",
               run.stats[0][0].loss, run.seconds);
+}
+
+// A SkipPipe pipeline as a learner's group (parallel/rank_engine.h through make_rank_engine, docs/skippipe.md "A
+// SkipPipe learner"): the 5 nodes as rank engines from the setting and schedule files, one step on the windows the
+// leader reads (row i = micro-batch i), then every parameter gathered to rank 0. The gathered model equals, bitwise,
+// the union of the nodes' parameters after the same iteration through SkipPipeNode's own stream, and the step's loss
+// and norm are that iteration's (so the engine adds no arithmetic of its own: the node is tested against one
+// process above). A value set on every rank (a written fragment) is what rank 0 then gathers, from a stage whose
+// first node is not rank 0. A dp baseline's replicas are refused.
+TEST_F(SkipPipelineTest, AsALearnersRankEngineItGathersWhatTheNodesHold) {
+  const NodesRun nodes = run_nodes(0, "engine_ref", 1);
+  for (int r = 0; r < kNodes; ++r) ASSERT_EQ(nodes.errors[r], "") << "node " << r;
+  {
+    std::ofstream(dir_ / "setting.json")
+        << testing_support::one_region_setting_json({1, 1, 1, 1, 1.5}, 1e6, 16384, 2).dump();
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& m : schedule_.micro_batches) {
+      list.push_back({{"id", m.id}, {"data_node", m.data_node}, {"path", m.path}, {"inject_s", 0}});
+    }
+    std::ofstream(dir_ / "schedule.json") << nlohmann::json{{"format", "dloco-skippipe-schedule"}, {"version", 1},
+                                                            {"source", "hand case"}, {"method", "hand"},
+                                                            {"placement", schedule_.placement},
+                                                            {"micro_batches", list}}.dump();
+  }
+  ParallelConfig parallel;
+  parallel.skippipe_setting = (dir_ / "setting.json").string();
+  parallel.skippipe_schedule = (dir_ / "schedule.json").string();
+  parallel.skippipe_nodes = kNodes;
+  // The leader's windows: the stream's first W windows, as SkipPipeNode's data nodes read theirs.
+  const int64_t W = static_cast<int64_t>(schedule_.micro_batches.size());
+  auto windows = torch::empty({W, kB * kT + 1}, torch::kLong);  // (W, b·T + 1)
+  {
+    DataStream stream(split_, 0, 1, kB, kT, StreamCursor{});
+    for (int64_t i = 0; i < W; ++i) {
+      stream.next(std::span<int64_t>(windows[i].data_ptr<int64_t>(), static_cast<size_t>(kB * kT + 1)));
+    }
+  }
+  const std::string set_name = "h.1.mlp.gate.weight";  // stage 1, first held by node 2
+  std::vector<std::string> errors(kNodes);
+  std::vector<EngineStep> steps(kNodes);
+  Params gathered, after_set;
+  std::string description, refused;
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kNodes; ++r) {
+    ranks.emplace_back([&, r] {
+      try {
+        Collective group({dir_ / "engine", r, kNodes, "127.0.0.1", 60});
+        GPT copy(cfg_);
+        {
+          torch::NoGradGuard no_grad;
+          auto a = start_->parameters(), b = copy->parameters();
+          for (size_t i = 0; i < a.size(); ++i) b[i].copy_(a[i]);
+        }
+        auto engine = make_rank_engine(copy, parallel, train_, group);
+        steps[r] = engine->step(windows, lr_.at(0));  // the leader broadcasts them to every rank
+        for (const auto& q : start_->named_parameters()) {
+          auto t = engine->gather_parameter(q.key());
+          if (r == 0) gathered[q.key()] = t;
+          else EXPECT_FALSE(t.defined()) << "rank " << r << " got " << q.key();
+        }
+        engine->set_parameter(set_name, torch::full(start_->named_parameters()[set_name].sizes(), 0.25));
+        auto t = engine->gather_parameter(set_name);
+        if (r == 0) {
+          after_set[set_name] = t;
+          description = engine->describe();
+          Collective* some = &group;
+          try {
+            engine->set_replicas(some);
+          } catch (const InputError& e) {
+            refused = e.what();
+          }
+        }
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < kNodes; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
+  for (int r = 0; r < kNodes; ++r) {
+    EXPECT_EQ(steps[r].loss, nodes.stats[0][0].loss) << "rank " << r;
+    EXPECT_EQ(steps[r].grad_norm, nodes.stats[0][0].grad_norm) << "rank " << r;
+    EXPECT_FALSE(steps[r].skipped);
+  }
+  ASSERT_EQ(gathered.size(), start_->named_parameters().size());
+  size_t compared = 0;
+  for (const auto& replicas : schedule_.placement) {
+    for (const auto& [name, t] : nodes.params[replicas.front()][0]) {
+      ASSERT_TRUE(gathered.at(name).defined()) << name;
+      EXPECT_TRUE(torch::equal(gathered.at(name), t)) << name;
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, gathered.size());
+  EXPECT_TRUE(torch::equal(after_set.at(set_name), torch::full_like(after_set.at(set_name), 0.25)));
+  EXPECT_NE(description.find("SkipPipe pipeline of 5 nodes in 3 stages"), std::string::npos) << description;
+  EXPECT_NE(refused.find("not built"), std::string::npos) << refused;
 }
 
 TEST_F(SkipPipelineTest, AGroupThatDoesNotMatchTheSettingIsRefused) {

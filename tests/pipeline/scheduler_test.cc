@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/check.h"
+#include "pipeline/reroute.h"
 #include "pipeline/schedule.h"
 #include "pipeline/scheduler.h"
 #include "pipeline/setting.h"
@@ -295,3 +296,43 @@ TEST(SkipPipeScheduler, WrittenScheduleReadsBackWithTheSameTimes) {
 
 }  // namespace
 }  // namespace dloco::pipeline
+
+// Routing around dead nodes (pipeline/reroute.h) on the reference setting's stored SkipPipe schedule: a dead path
+// node's micro-batches go to the surviving replicas of its stage (the dead node appears nowhere, every micro-batch
+// keeps its id, data node and the stages it visits, in the same order), a stage whose every node died is refused
+// naming it, and the re-plan places no dead node and still has equal visits per non-zero stage.
+TEST(SkipPipeReroute, DeadNodesAreReplacedByTheirStageReplicasAndAnEmptyStageIsRefused) {
+  const std::string dir = std::string(DLOCO_SOURCE_DIR) + "/configs/skippipe/";
+  const auto setting = dloco::pipeline::load_setting(dir + "reference_setting.json");
+  const auto before = dloco::pipeline::load_schedule(dir + "dloco_schedule.json", setting);
+  const int dead = before.placement[2].front();
+  const auto after = dloco::pipeline::reroute_around(before, setting, {dead});
+  ASSERT_EQ(after.micro_batches.size(), before.micro_batches.size());
+  for (size_t i = 0; i < after.micro_batches.size(); ++i) {
+    const auto &a = after.micro_batches[i], &b = before.micro_batches[i];
+    EXPECT_EQ(a.id, b.id);
+    EXPECT_EQ(a.data_node, b.data_node);
+    ASSERT_EQ(a.path.size(), b.path.size());
+    for (size_t j = 0; j < a.path.size(); ++j) {
+      EXPECT_NE(a.path[j], dead);
+      EXPECT_EQ(after.stage_of_node[static_cast<size_t>(a.path[j])],
+                before.stage_of_node[static_cast<size_t>(b.path[j])]) << "micro-batch " << a.id;
+    }
+  }
+  EXPECT_EQ(after.stage_of_node[static_cast<size_t>(dead)], -1);
+  std::string why;
+  const auto next = dloco::pipeline::replan_around(after, before, setting, &why);
+  EXPECT_NE(why.find("re-planned by the scheduler"), std::string::npos) << why;
+  for (const auto& m : next.micro_batches) {
+    for (int n : m.path) EXPECT_NE(n, dead);
+  }
+  const auto visits = dloco::pipeline::visits_per_stage(next);
+  for (size_t s = 2; s < visits.size(); ++s) EXPECT_EQ(visits[s], visits[1]) << "stage " << s;
+  std::set<int> whole_stage(before.placement[3].begin(), before.placement[3].end());
+  try {
+    (void)dloco::pipeline::reroute_around(before, setting, whole_stage);
+    FAIL() << "routed around a stage with no node left";
+  } catch (const dloco::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("stage 3 has no node left"), std::string::npos) << e.what();
+  }
+}
