@@ -238,7 +238,8 @@ struct ParallelConfig {
   std::string skippipe_schedule;   // the schedule (placement and paths: pipeline/schedule.h)
   double skippipe_link_scale = 0;     // emulated links: a hop takes scale · its setting time (0 = off)
   double skippipe_compute_scale = 0;  // emulated compute: an operation lasts at least scale · its setting time
-  int64_t skippipe_nodes = 0;      // derived when the config is read: the setting's node count (not a key)
+  int64_t skippipe_nodes = 0;      // the setting's node count: read from skippipe_setting when 0 (written out so a
+                                   // saved config needs no file); must match the setting
 
   bool skippipe() const { return !skippipe_schedule.empty(); }
   /// R = t·p·d, or the SkipPipe setting's node count.

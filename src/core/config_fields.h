@@ -32,6 +32,7 @@ void for_each_parallel_field(P& p, F&& f) {
   f("skippipe_schedule", p.skippipe_schedule);
   f("skippipe_link_scale", p.skippipe_link_scale);
   f("skippipe_compute_scale", p.skippipe_compute_scale);
+  f("skippipe_nodes", p.skippipe_nodes);
 }
 
 /// "source:line" of a node.
@@ -119,9 +120,11 @@ void apply_parallel_learner(const std::string& source, const toml::table& table,
 /// [[parallel.learner]] tables as TOML text (every field, so the text parses back to the same list).
 std::string parallel_learners_toml(const Config& c);
 
-/// Sets skippipe_nodes of [parallel] and every [[parallel.learner]] naming a skippipe_setting: the length of the
-/// setting file's "nodes" array (pipeline/setting.h; its full check is pipeline/learner_check.h's, before any
-/// process starts). Throws InputError naming the key when the file cannot be read or has no "nodes" array.
+/// Sets skippipe_nodes of [parallel] and every [[parallel.learner]] that names a skippipe_setting but no
+/// skippipe_nodes: the length of the setting file's "nodes" array (pipeline/setting.h; its full check, and that a
+/// given skippipe_nodes matches, is pipeline/pipeline_check.h's, before any process starts). A config written out
+/// (to_toml: the run's config.toml, a checkpoint's manifest) carries the count, so reading it again needs no file.
+/// Throws InputError naming the key when the file cannot be read or has no "nodes" array.
 void resolve_skippipe_nodes(Config& c);
 
 /// Checks [parallel] and every [[parallel.learner]] against the model, batch and mode; throws InputError.

@@ -46,7 +46,8 @@ void validate_group(const Config& c, const ParallelConfig& g, const std::string&
     validate_skippipe_group(c, g, key);
     return;
   }
-  require(g.skippipe_link_scale == 0 && g.skippipe_compute_scale == 0, key + ".skippipe_link_scale/compute_scale",
+  require(g.skippipe_link_scale == 0 && g.skippipe_compute_scale == 0 && g.skippipe_nodes == 0,
+          key + ".skippipe_link_scale/compute_scale/nodes",
           "apply to a SkipPipe learner only: set skippipe_setting and skippipe_schedule, or leave them at 0");
   const auto& m = c.model;
   require(g.tensor >= 1 && g.pipeline >= 1 && g.data >= 1, key + ".tensor/pipeline/data", "must be ≥ 1");
@@ -138,8 +139,7 @@ std::string parallel_learners_toml(const Config& c) {
 
 void resolve_skippipe_nodes(Config& c) {
   auto resolve = [](ParallelConfig& g, const std::string& key) {
-    g.skippipe_nodes = 0;
-    if (g.skippipe_setting.empty()) return;
+    if (g.skippipe_setting.empty() || g.skippipe_nodes != 0) return;
     std::ifstream in(g.skippipe_setting);
     if (!in) {
       throw InputError("config: " + key + ".skippipe_setting = '" + g.skippipe_setting +

@@ -97,13 +97,16 @@ std::vector<Child> spawn_nodes(const SkipTrainOptions& o, int64_t nodes) {
 
 // Waits for every node. After the first failure the others get the deadline (plus 5 s to exit) before a SIGKILL.
 // Returns "" when all exited 0, else the message naming the failed node(s).
-std::string watch(std::vector<Child>& children, double timeout_s) {
-  std::optional<Clock::time_point> first_failure;
+// `routed_around`: nodes already handled by re-routing (neither blamed nor the start of the clock); `failed_at`: when
+// the run failed if no node's exit says so (a re-routing that could not go on).
+std::string watch(std::vector<Child>& children, double timeout_s, const std::set<int>& routed_around = {},
+                  std::optional<Clock::time_point> failed_at = {}) {
+  std::optional<Clock::time_point> first_failure = failed_at;
   for (;;) {
     reap(children);
     if (std::all_of(children.begin(), children.end(), [](const Child& c) { return c.exited; })) break;
     for (const Child& c : children) {
-      if (c.exited && !ok(c) && !first_failure) first_failure = c.died_at;
+      if (c.exited && !ok(c) && !routed_around.count(c.learner) && !first_failure) first_failure = c.died_at;
     }
     if (first_failure && Clock::now() - *first_failure > std::chrono::duration<double>(timeout_s + 5)) {
       std::fprintf(stderr, "[skippipe] nodes still running %.0f s after the first failure: killing them\n",
@@ -119,11 +122,13 @@ std::string watch(std::vector<Child>& children, double timeout_s) {
   // Blame the nodes that failed of their own accord; if all saw only a peer fail, the one that stopped first.
   std::vector<const Child*> blamed;
   for (const Child& c : children) {
-    if (!ok(c) && !peer_failed(c)) blamed.push_back(&c);
+    if (!ok(c) && !peer_failed(c) && !routed_around.count(c.learner)) blamed.push_back(&c);
   }
   if (blamed.empty()) {
     for (const Child& c : children) {
-      if (!ok(c) && (blamed.empty() || c.died_at < blamed.front()->died_at)) blamed = {&c};
+      if (!ok(c) && !routed_around.count(c.learner) && (blamed.empty() || c.died_at < blamed.front()->died_at)) {
+        blamed = {&c};
+      }
     }
   }
   if (blamed.empty()) return "";
@@ -164,7 +169,10 @@ std::optional<nlohmann::json> read_json(const fs::path& path) {
 // (the survivors are then left to watch()).
 std::string watch_rerouting(std::vector<Child>& children, const SkipTrainOptions& o,
                             const pipeline::CheckedPipeline& start, std::set<int>& dead) {
-  pipeline::Schedule current = start.schedule;
+  // The schedules the survivors run: `rerouted` for iteration `redone`, `current` from the next one on (before
+  // any failure: the start's for every iteration).
+  pipeline::Schedule current = start.schedule, rerouted_last = start.schedule;
+  int64_t redone = -1;
   int g = 0;
   bool released = false;
   const auto deadline = std::chrono::duration<double>(o.timeout_s + 5);
@@ -194,7 +202,8 @@ std::string watch_rerouting(std::vector<Child>& children, const SkipTrainOptions
       while (completed.size() + dead.size() < children.size()) {
         for (const Child& c : children) {
           if (dead.count(c.learner) || completed.count(c.learner)) continue;
-          if (auto a = read_json(o.out_dir / ("ack_" + std::to_string(g) + "_" + std::to_string(c.learner) + ".json"))) {
+          const std::string ack = "ack_" + std::to_string(g) + "_" + std::to_string(c.learner) + ".json";
+          if (auto a = read_json(o.out_dir / ack)) {
             completed[c.learner] = (*a)["completed"].get<int64_t>();
           }
         }
@@ -209,11 +218,26 @@ std::string watch_rerouting(std::vector<Child>& children, const SkipTrainOptions
       }
       int64_t redo = o.iterations;
       for (const auto& [n, c] : completed) redo = std::min(redo, c);
+      std::vector<int> rank_of(children.size(), -1);
+      int world = 0;
+      for (size_t n = 0; n < children.size(); ++n) {
+        if (!dead.count(static_cast<int>(n))) rank_of[n] = world++;
+      }
+      if (redo == o.iterations) {  // it died after every survivor finished: nothing to redo
+        write_json(o.out_dir / ("plan_" + std::to_string(g) + ".json"),
+                   {{"generation", g}, {"redo_iteration", redo}, {"rank_of_node", rank_of}, {"world", world},
+                    {"redo_schedule", ""}, {"next_schedule", ""}});
+        std::printf("[skippipe] it died after the last iteration: nothing to redo\n");
+        released = true;  // the survivors finish on this plan
+        continue;
+      }
+      // The iteration to redo ran on the re-routed schedule if it is the one redone last, else on `current`.
+      const pipeline::Schedule& base = redo == redone ? rerouted_last : current;
       pipeline::Schedule rerouted, next;
       std::string why;
       try {
-        rerouted = pipeline::reroute_around(current, start.setting, dead);
-        next = pipeline::replan_around(rerouted, current, start.setting, &why);
+        rerouted = pipeline::reroute_around(base, start.setting, dead);
+        next = pipeline::replan_around(rerouted, base, start.setting, &why);
       } catch (const InputError& e) {
         return what + ", and it cannot be routed around: " + e.what();
       }
@@ -221,11 +245,6 @@ std::string watch_rerouting(std::vector<Child>& children, const SkipTrainOptions
       const fs::path next_file = fs::absolute(o.out_dir / ("schedule_next_" + std::to_string(g) + ".json"));
       write_json(redo_file, pipeline::schedule_to_json(rerouted, {"re-routed around node(s) " + names}));
       write_json(next_file, pipeline::schedule_to_json(next, {why}));
-      std::vector<int> rank_of(children.size(), -1);
-      int world = 0;
-      for (size_t n = 0; n < children.size(); ++n) {
-        if (!dead.count(static_cast<int>(n))) rank_of[n] = world++;
-      }
       write_json(o.out_dir / ("plan_" + std::to_string(g) + ".json"),
                  {{"generation", g}, {"redo_iteration", redo}, {"rank_of_node", rank_of}, {"world", world},
                   {"redo_schedule", redo_file.string()}, {"next_schedule", next_file.string()}});
@@ -233,8 +252,10 @@ std::string watch_rerouting(std::vector<Child>& children, const SkipTrainOptions
                   "was %.6g s); then %s\n",
                   static_cast<long long>(redo), world, names.c_str(),
                   pipeline::simulate_exact(start.setting, rerouted).iteration_time_s,
-                  pipeline::simulate_exact(start.setting, current).iteration_time_s, why.c_str());
+                  pipeline::simulate_exact(start.setting, base).iteration_time_s, why.c_str());
       std::fflush(stdout);
+      rerouted_last = rerouted;
+      redone = redo;
       current = next;
       continue;
     }
@@ -251,7 +272,12 @@ std::string watch_rerouting(std::vector<Child>& children, const SkipTrainOptions
       write_json(o.out_dir / ("release_" + std::to_string(g) + ".json"), {{"generation", g}});
       released = true;
     }
-    if (exited + dead.size() == children.size()) return "";
+    if (exited + dead.size() == children.size()) {
+      for (const Child& c : children) {
+        if (!dead.count(c.learner) && !ok(c)) return c.role + " " + describe(c.status) + " after the last iteration";
+      }
+      return "";
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }
@@ -302,19 +328,29 @@ void run_skippipe_train(const SkipTrainOptions& o) {
   const double sim_s = checked.iteration_time_s;
   const int64_t nodes = pipeline::load_setting(o.setting).node_count();
   fs::create_directories(o.out_dir);
-  fs::remove(o.out_dir / "store");  // a FileStore must be fresh
-  for (int64_t n = 0; n < nodes; ++n) {
-    fs::remove(o.out_dir / ("node_" + std::to_string(n) + ".json"));
-    fs::remove(o.out_dir / ("node_" + std::to_string(n) + ".log"));
+  // A fresh folder for this run: the FileStores must be new, and an earlier run's re-routing files (a notice, a
+  // plan, a release) would be read as this run's.
+  for (const char* prefix : {"store", "node_", "reroute_", "ack_", "plan_", "finished_", "release_",
+                             "schedule_redo_", "schedule_next_"}) {
+    std::vector<fs::path> stale;
+    for (const auto& entry : fs::directory_iterator(o.out_dir)) {
+      if (entry.path().filename().string().rfind(prefix, 0) == 0) stale.push_back(entry.path());
+    }
+    for (const auto& p : stale) fs::remove(p);
   }
   std::vector<Child> children = spawn_nodes(o, nodes);
   std::set<int> dead;
   std::string failed;
   if (o.reroute) {
-    failed = watch_rerouting(children, o, checked, dead);
+    try {
+      failed = watch_rerouting(children, o, checked, dead);
+    } catch (...) {  // a file that could not be written or read: no node is left running
+      stop_children(children, std::chrono::seconds(2));
+      throw;
+    }
     if (!failed.empty()) {
       std::fprintf(stderr, "[skippipe] %s: stopping the others\n", failed.c_str());
-      const std::string rest = watch(children, o.timeout_s);
+      const std::string rest = watch(children, o.timeout_s, dead, Clock::now());
       if (!rest.empty()) failed += "; " + rest;
     }
   } else {

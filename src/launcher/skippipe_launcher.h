@@ -22,9 +22,9 @@ struct SkipTrainOptions {
   double compute_scale = 0;               // emulated compute: each operation lasts at least scale · its setting time
   std::filesystem::path out_dir = "skippipe_run";  // node_<i>.json, node_<i>.log, the FileStore
   double timeout_s = 60;                  // deadline of every blocking wait in the nodes, s
-  // Tests only (DLOCO_SKIPPIPE_KILL / DLOCO_SKIPPIPE_HANG = node:iteration): that node SIGKILLs itself, or blocks
-  // for ever, at the start of that iteration.
   bool reroute = true;                    // a node that dies is routed around (docs/skippipe.md); false: stop
+  // Tests only (DLOCO_SKIPPIPE_KILL = node:iteration[:op] / DLOCO_SKIPPIPE_HANG = node:iteration): that node
+  // SIGKILLs itself at the start of that iteration (or after its operation op of it), or blocks for ever there.
   int fault_node = -1;
   int64_t fault_iteration = -1;
   int64_t fault_op = -1;                  // DLOCO_SKIPPIPE_KILL's optional third field: after that operation

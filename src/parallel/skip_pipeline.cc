@@ -165,10 +165,13 @@ SkipPipeNode::SkipPipeNode(GPT& full, const pipeline::Setting& setting, const pi
       group_(group),
       rank_of_node_(std::move(rank_of_node)) {
   const int N = static_cast<int>(setting.node_count());
-  if (static_cast<int>(schedule.stage_of_node.size()) != N || static_cast<int>(rank_of_node_.size()) != N ||
-      node < 0 || node >= N || rank_of_node_[static_cast<size_t>(node)] != group.rank()) {
-    throw InputError("SkipPipe: the group has " + std::to_string(group.world()) + " ranks, the setting " +
-                     std::to_string(N) + " nodes: one rank per node");
+  if (static_cast<int>(schedule.stage_of_node.size()) != N || static_cast<int>(rank_of_node_.size()) != N) {
+    throw InputError("SkipPipe: the schedule or the rank map does not cover the setting's " + std::to_string(N) +
+                     " nodes");
+  }
+  if (node < 0 || node >= N || rank_of_node_[static_cast<size_t>(node)] != group.rank()) {
+    throw InputError("SkipPipe: node " + std::to_string(node) + " is not rank " + std::to_string(group.rank()) +
+                     " of the group in the rank map");
   }
   for (const auto& replicas : schedule.placement) {
     for (int n : replicas) {

@@ -15,6 +15,7 @@
 #include <iomanip>
 #include <list>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -274,7 +275,8 @@ void run_node(const SkipNodeOptions& o) {
         const auto W = static_cast<int64_t>(node->schedule().micro_batches.size());
         windows_before.resize(static_cast<size_t>(k) + 1);
         windows_before.push_back(windows_before[static_cast<size_t>(k)] + W);
-        if (stream) stream_at = windows_before[static_cast<size_t>(k) + 1];
+        if (stream && node->data_node()) stream_at = windows_before[static_cast<size_t>(k) + 1];  // else unmoved
+        node->set_after_op(nullptr);
         auto record = to_json(s, k, wall);
         record["generation"] = generation;
         record["redone"] = redoing;
@@ -325,24 +327,70 @@ void run_node(const SkipNodeOptions& o) {
                  {{"node", o.node}, {"generation", g}, {"completed", completed}});
       const auto plan = wait_for_json(o.out_dir / ("plan_" + std::to_string(g) + ".json"), o.timeout_s);
       if (!plan) throw CollectiveError("no re-routing plan from the parent within the deadline");
-      const int64_t redo = (*plan)["redo_iteration"].get<int64_t>();
+      // The plan comes from the parent, but it is still input: every field is checked before anything is torn down.
+      int64_t redo = -1;
+      int world = 0;
+      std::vector<int> ranks;
+      std::string redo_file, next_file;
+      try {
+        redo = (*plan).at("redo_iteration").get<int64_t>();
+        world = (*plan).at("world").get<int>();
+        ranks = (*plan).at("rank_of_node").get<std::vector<int>>();
+        redo_file = (*plan).at("redo_schedule").get<std::string>();
+        next_file = (*plan).at("next_schedule").get<std::string>();
+        if ((*plan).at("generation").get<int>() != g) throw std::invalid_argument("another generation");
+      } catch (const std::exception& bad) {
+        throw CollectiveError("malformed re-routing plan " + std::to_string(g) + ": " + bad.what());
+      }
+      if (redo == o.iterations && completed == o.iterations) {
+        // The node died after every survivor finished the last iteration: nothing to redo.
+        reroutes.push_back({{"generation", g}, {"dead", (*notice)["dead"]}, {"completed", completed},
+                            {"redo_iteration", redo}});
+        break;
+      }
+      if (redo < 0 || redo > completed || redo < completed - 1) {
+        throw CollectiveError("the plan redoes iteration " + std::to_string(redo) + " but this node completed " +
+                              std::to_string(completed) + " (it keeps snapshots of the last two)");
+      }
+      std::set<int> taken;
+      bool ranks_ok = static_cast<int>(ranks.size()) == N && world >= 1 && world <= N;
+      for (int r : ranks) ranks_ok = ranks_ok && r >= -1 && r < world && (r < 0 || taken.insert(r).second);
+      if (!ranks_ok || ranks[static_cast<size_t>(o.node)] < 0 || static_cast<int>(taken.size()) != world) {
+        throw CollectiveError("malformed re-routing plan " + std::to_string(g) + ": rank_of_node must give " +
+                              std::to_string(world) + " distinct ranks to the survivors, this node among them");
+      }
       const Snapshot* state = nullptr;
       for (const auto& snap : snapshots) {
         if (snap.iteration == redo) state = &snap;
       }
-      if (!state) throw CollectiveError("the plan redoes iteration " + std::to_string(redo) + ", which this node has no "
-                                        "snapshot of");
+      if (!state) {
+        throw CollectiveError("the plan redoes iteration " + std::to_string(redo) + ", which this node has no "
+                              "snapshot of");
+      }
       const Snapshot restored = *state;
+      pipeline::Schedule redo_schedule, replanned;
+      try {
+        redo_schedule = pipeline::load_schedule(redo_file, setting);
+        replanned = pipeline::load_schedule(next_file, setting);
+      } catch (const InputError& bad) {
+        throw CollectiveError("the re-routing plan " + std::to_string(g) + "'s schedules: " + bad.what());
+      }
+      for (const auto* sch : {&redo_schedule, &replanned}) {
+        if (sch->stage_of_node[static_cast<size_t>(o.node)] != node->stage()) {
+          throw CollectiveError("the re-routing plan " + std::to_string(g) + " moves node " + std::to_string(o.node) +
+                                " out of stage " + std::to_string(node->stage()) + " (a node keeps its stage)");
+        }
+      }
       // 3. The next generation's group and node: the re-routed schedule for the redone iteration, then the re-plan.
-      rank_of = (*plan)["rank_of_node"].get<std::vector<int>>();
+      rank_of = ranks;
       generation = g;
       abandoned.groups.push_back(std::move(group));
       abandoned.nodes.push_back(std::move(node));
-      group = join((*plan)["world"].get<int>());
+      group = join(world);
       built = 0;
-      schedules.push_back(pipeline::load_schedule((*plan)["redo_schedule"].get<std::string>(), setting));
+      schedules.push_back(std::move(redo_schedule));
       node = build(schedules.back(), &restored);
-      schedules.push_back(pipeline::load_schedule((*plan)["next_schedule"].get<std::string>(), setting));
+      schedules.push_back(std::move(replanned));
       next_schedule = &schedules.back();
       reroutes.push_back({{"generation", g}, {"dead", (*notice)["dead"]}, {"completed", completed},
                           {"redo_iteration", redo}});

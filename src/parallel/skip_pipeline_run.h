@@ -1,9 +1,10 @@
-// One SkipPipe node as a process (`dloco skippipe node`, started by `dloco skippipe train`; docs/skippipe.md,
-// "Pipeline nodes as processes"): loads the config, setting and schedule, joins the all-nodes Collective through a
-// FileStore, builds the GPT (torch::manual_seed(run.seed) then GPT(config.model): identical on every node), opens
-// the data nodes' DataStream, runs K iterations of SkipPipeNode and writes <out>/node_<i>.json.
-// Torch-free header, so src/apps stays out of LibTorch's compile time. Deliberately not here: spawning, checking
-// the other nodes, the table (src/launcher/skippipe_launcher.h).
+// One SkipPipe node as a process (`dloco skippipe node`, started by `dloco skippipe train`; docs/skippipe.md, "Pipeline
+// nodes as processes" and "Re-routing around a dead node"): loads the config, setting and schedule, joins the all-nodes
+// Collective through a FileStore (<out>/store; after the g-th re-routing the survivors' <out>/store_<g>), builds the
+// GPT (torch::manual_seed(run.seed) then GPT(config.model): identical on every node), opens the data nodes' DataStream,
+// runs K iterations of SkipPipeNode and writes <out>/node_<i>.json. Torch-free header, so src/apps stays out of
+// LibTorch's compile time. Deliberately not here: spawning, checking the other nodes, the table
+// (src/launcher/skippipe_launcher.h).
 #pragma once
 
 #include <cstdint>
@@ -32,9 +33,12 @@ inline constexpr int kSkipNodePeerFailedExit = 75;
 
 /// Runs the node to the end and writes <out_dir>/node_<node>.json: {"node", "stage", "iterations": [{"iteration",
 /// "wall_s", "loss", "grad_norm", "lr", "skipped", "micro_batches", "peak_held", "bytes_sent", "allreduce_bytes",
-/// "link_wait_s", "delayed_messages", "compute_pad_s"}], "param_hash" (FNV-1a 64 of its parameters' names and
-/// fp32 bytes, in name order, hex), "param_count"}. Returns 0, or kSkipNodePeerFailedExit after printing the CollectiveError when a
-/// peer failed or a deadline passed (no JSON then). Throws InputError on bad input.
+/// "link_wait_s", "delayed_messages", "compute_pad_s", "generation", "redone"}], "param_hash" (FNV-1a 64 of its
+/// parameters' names and fp32 bytes, in name order, hex), "param_count", "reroutes": [{"generation", "dead",
+/// "completed", "redo_iteration"}]}. With options.reroute a peer's death announced by the parent is routed around
+/// (docs/skippipe.md "Re-routing around a dead node"). Returns 0, or kSkipNodePeerFailedExit after printing the
+/// CollectiveError when a peer failed or a deadline passed and no re-routing followed (no JSON then). Throws
+/// InputError on bad input.
 int run_skippipe_node(const SkipNodeOptions& options);
 
 }  // namespace dloco

@@ -29,6 +29,11 @@ CheckedPipeline load_checked_pipeline(const std::string& setting_path, const std
 
 CheckedPipeline check_skippipe_learner(const Config& c, const ParallelConfig& g, const std::string& key) {
   CheckedPipeline out = load_checked_pipeline(g.skippipe_setting, g.skippipe_schedule, c.model.n_layer);
+  if (g.skippipe_nodes != out.setting.node_count()) {
+    throw InputError("config: " + key + ".skippipe_nodes = " + std::to_string(g.skippipe_nodes) + " but the setting '" +
+                     g.skippipe_setting + "' has " + std::to_string(out.setting.node_count()) +
+                     " nodes (leave skippipe_nodes out: it is read from the setting)");
+  }
   const auto W = static_cast<int64_t>(out.schedule.micro_batches.size());
   if (W != c.train.grad_accum) {
     throw InputError("config: " + key + ".skippipe_schedule = '" + g.skippipe_schedule + "' routes " +

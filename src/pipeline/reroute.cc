@@ -85,7 +85,9 @@ Schedule replan_around(const Schedule& rerouted, const Schedule& before, const S
   const auto W = static_cast<int64_t>(before.micro_batches.size());
   std::set<int> before_data;
   for (const auto& m : before.micro_batches) before_data.insert(m.data_node);
-  if (W % static_cast<int64_t>(before_data.size()) != 0) return keep("data nodes start unequal numbers of micro-batches");
+  if (W % static_cast<int64_t>(before_data.size()) != 0) {
+    return keep("data nodes start unequal numbers of micro-batches");
+  }
   const auto survivors = static_cast<int64_t>(rerouted.placement.front().size());
   SchedulerOptions o;
   o.skip = 1.0 - static_cast<double>(L + 1) / S;

@@ -134,6 +134,10 @@ TEST(ParallelConfig, ASkipPipeLearnerHasOneRankPerNodeAndRefusesWhatItIsNot) {
   EXPECT_NE(error_of(t + "[parallel]\nskippipe_setting = \"/nonexistent/x.json\"\nskippipe_schedule = \"s\"\n")
                 .find("parallel.skippipe_setting = '/nonexistent/x.json': cannot read"),
             std::string::npos);
+  EXPECT_EQ(error_of(t + "[parallel]\nskippipe_setting = \"/nonexistent/x.json\"\nskippipe_schedule = \"s\"\n"
+                         "skippipe_nodes = 4\n"),
+            "")
+      << "a config written out carries the node count and needs no file (a checkpoint read elsewhere)";
   EXPECT_NE(error_of(t + "[parallel]\nskippipe_setting = \"" + (dir / "bad.json").string() +
                      "\"\nskippipe_schedule = \"s\"\n")
                 .find("no \"nodes\" array"),

@@ -131,14 +131,13 @@ class ChaosTest : public ::testing::Test {
 fs::path ChaosTest::root_;
 
 TEST_F(ChaosTest, KillsSyncerKillAndPauseLoseNoTokenAndKeepEveryCopyConsistent) {
-  // M = 2 learners sharing a budget of 1200 steps; the global step (K = 1: the faster learner's) ends near 700 with
-  // steps of ~0.035 s (a 2-core Xeon) and near 600 when every learner is 3× slower. Learner 0 is killed 5 times, the
-  // syncer once, learner 1 is paused for 1.5 s, all at global steps. Each restarted learner must bootstrap and
-  // contribute before the next kill: 0.2 s of restart delay plus its start-up, ~30 steps at 0.035 s. The syncer's
-  // kill costs more: its 1 s delay, its start-up and every client's reconnect backoff (up to 2 s) before the global
-  // step moves again, ~5.5 s = ~160 steps at 0.035 s (measured: faults planned 60 steps after it fired 130 steps
-  // late), so the next fault comes 220 steps after it; the kills are 60 steps apart and the last one leaves 100 or
-  // more steps of budget.
+  // M = 2 learners sharing a budget of 1200 steps; the global step (K = 1: the faster learner's) ends near 700 with steps
+  // of ~0.035 s (2-core AMD EPYC) and near 600 when every learner is 3× slower. Learner 0 is killed 5 times, the syncer
+  // once, learner 1 is paused for 1.5 s, all at global steps. Each restarted learner must bootstrap and contribute before
+  // the next kill: 0.2 s of restart delay plus its start-up, ~30 steps at 0.035 s. The syncer's kill costs more: its 1 s
+  // delay, its start-up and every client's reconnect backoff (up to 2 s) before the global step moves again, ~5.5 s =
+  // ~160 steps at 0.035 s (measured: faults planned 60 steps after it fired 130 steps late), so the next fault comes 220
+  // steps after it; the kills are 60 steps apart and the last one leaves 100 or more steps of budget.
   const int64_t budget = 2 * 600 * 32 * 32;
   const auto cfg = testing_support::write_decoupled_config(root_, "chaos", budget, "", 32, 96, 2, 0,
                                                            "shared_budget = true\nlearner_state_interval = 10\n");

@@ -6,8 +6,8 @@
 // gather are exact (each output element is the same dot product, or has one non-zero summand); anything behind a
 // row-parallel reduction or the cross-entropy's split sums adds partial sums in another order: compared with near()
 // (1e-5 of each tensor's largest element, ~100 ε: a handful of roundings of sums of ≤ 128 terms). Not per element:
-// an output that cancels to near zero keeps the absolute rounding of its terms (2.4e-7 measured on a Xeon's
-// OpenBLAS, which torch::allclose's atol 1e-8 refused). The GPT built from them is tested in tp_gpt_test.cc.
+// an output that cancels to near zero keeps the absolute rounding of its terms (2.4e-7 measured with OpenBLAS on a
+// 2-core AMD EPYC, which torch::allclose's atol 1e-8 refused). The GPT built from them is tested in tp_gpt_test.cc.
 #include <gtest/gtest.h>
 
 #include <cmath>
