@@ -69,6 +69,7 @@ void for_each_field(C& c, F&& f) {
   f("diloco", "stale_policy", c.diloco.stale_policy);
   f("diloco", "anchor_versions", c.diloco.anchor_versions);
   f("diloco", "wire_dtype", c.diloco.wire_dtype);
+  f("diloco", "error_feedback", c.diloco.error_feedback);
   f("diloco", "blocking", c.diloco.blocking);
   f("diloco", "bootstrap", c.diloco.bootstrap);
   f("run", "name", c.run.name);

@@ -91,7 +91,7 @@ struct TrainConfig {
 enum class Mode { kLocal, kDecoupled, kDp, kDiloco, kStreaming };
 enum class WeightRule { kTokens, kUniform };
 enum class StalePolicy { kReanchor, kSkip };
-enum class WireDtype { kFp32, kBf16 };
+enum class WireDtype { kFp32, kBf16, kQ8, kQ4 };
 enum class Bootstrap { kSyncer, kPeers };
 enum class RecoveryPolicy { kStop, kRestart, kElastic };
 enum class PipelineScheduleChoice { kGPipe, k1F1B, kInterleaved };
@@ -109,7 +109,8 @@ DLOCO_CHOICES(Mode, 5, {Mode::kLocal, "local"}, {Mode::kDecoupled, "decoupled"},
 DLOCO_CHOICES(MergeRule, 2, {MergeRule::kRda, "rda"}, {MergeRule::kMean, "mean"})
 DLOCO_CHOICES(WeightRule, 2, {WeightRule::kTokens, "tokens"}, {WeightRule::kUniform, "uniform"})
 DLOCO_CHOICES(StalePolicy, 2, {StalePolicy::kReanchor, "reanchor"}, {StalePolicy::kSkip, "skip"})
-DLOCO_CHOICES(WireDtype, 2, {WireDtype::kFp32, "fp32"}, {WireDtype::kBf16, "bf16"})
+DLOCO_CHOICES(WireDtype, 4, {WireDtype::kFp32, "fp32"}, {WireDtype::kBf16, "bf16"}, {WireDtype::kQ8, "q8"},
+              {WireDtype::kQ4, "q4"})
 DLOCO_CHOICES(Bootstrap, 2, {Bootstrap::kSyncer, "syncer"}, {Bootstrap::kPeers, "peers"})
 DLOCO_CHOICES(RecoveryPolicy, 3, {RecoveryPolicy::kStop, "stop"}, {RecoveryPolicy::kRestart, "restart"}, {RecoveryPolicy::kElastic, "elastic"})
 DLOCO_CHOICES(PipelineScheduleChoice, 3, {PipelineScheduleChoice::kGPipe, "gpipe"}, {PipelineScheduleChoice::k1F1B, "1f1b"},
@@ -172,7 +173,9 @@ struct DilocoConfig {
   double alpha = 0.0;              // mixing on receive: θ ← α·θ + (1−α)·Θ
   StalePolicy stale_policy = StalePolicy::kReanchor;  // "reanchor" | "skip"
   int64_t anchor_versions = 2;     // versions of each fragment the syncer keeps for re-anchoring
-  WireDtype wire_dtype = WireDtype::kFp32;  // outer gradients on the wire: "fp32" | "bf16"
+  WireDtype wire_dtype = WireDtype::kFp32;  // outer gradients on the wire: "fp32" | "bf16" | "q8" (int8, blocks of
+                                            // 256) | "q4" (int4, blocks of 64): transport/codec.h
+  bool error_feedback = false;     // learners add what quantization dropped to their next Δ of that fragment
   bool blocking = false;           // decoupled only: learners wait at each due step for the pull and at s + τ for
                                    // the merge (a synchronous configuration, for equivalence tests and ablations)
   Bootstrap bootstrap = Bootstrap::kSyncer;  // where a (re)starting learner takes Θ from (§7): "syncer", or "peers": every

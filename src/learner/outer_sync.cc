@@ -2,6 +2,7 @@
 #include "learner/outer_sync.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/fragments.h"
 #include "core/hash.h"
@@ -17,7 +18,8 @@ OuterSync::OuterSync(OuterSyncConfig config, InnerJob& job, LearnerLink& link, E
       base_(static_cast<size_t>(config_.fragments)),
       version_(static_cast<size_t>(config_.fragments), 0),
       steps_since_(static_cast<size_t>(config_.fragments), 0),
-      tokens_since_(static_cast<size_t>(config_.fragments), 0) {
+      tokens_since_(static_cast<size_t>(config_.fragments), 0),
+      feedback_(static_cast<size_t>(config_.fragments)) {
   DLOCO_CHECK_EQ(config_.fragment_numel.size(), static_cast<size_t>(config_.fragments));
 }
 
@@ -80,16 +82,31 @@ void OuterSync::answer(const wire::PullRequest& pull, int64_t step) {
   if (version_[p] < pull.oldest_anchor && config_.reanchor) {
     a.base_version = -1;  // re-anchoring: raw θ in fp32
     a.delta = wire::encode(theta, wire::Codec::kFp32);
+    feedback_[static_cast<size_t>(p)].reset();  // what it held was relative to the old base
   } else {
     const std::vector<float>& anchor = *base_[p];
     for (size_t i = 0; i < theta.size(); ++i) theta[i] = anchor[i] - theta[i];
-    a.delta = wire::encode(theta, config_.codec);
+    a.delta = encode_delta(p, theta);
   }
   answered_[p] = {pull.round_step, step, steps_since_[p], true};
   if (config_.blocking) awaiting_merge_[p] = step + config_.overlap;
   emit("answered", {{"fragment", p}, {"round", pull.round_step}, {"step", step}, {"base_version", a.base_version},
                     {"steps", a.steps}});
   link_.post(std::move(a));
+}
+
+wire::Payload OuterSync::encode_delta(int p, std::vector<float>& delta) {
+  const bool integer = config_.codec == wire::Codec::kQ8 || config_.codec == wire::Codec::kQ4;
+  try {
+    if (config_.error_feedback && config_.codec != wire::Codec::kFp32) {
+      return feedback_[static_cast<size_t>(p)].encode(delta, config_.codec);
+    }
+    return wire::encode(delta, config_.codec);
+  } catch (const InputError& e) {  // a non-finite Δ: the integer codecs cannot carry it
+    DLOCO_CHECK(integer);
+    emit("delta_not_finite", {{"fragment", p}, {"codec", wire::to_string(config_.codec)}, {"reason", e.what()}});
+    return wire::encode(delta, wire::Codec::kFp32);
+  }
 }
 
 // A merged fragment: held back until τ steps after the capture of this learner's answer to that round (s + τ),

@@ -33,6 +33,10 @@ struct OuterSyncConfig {
   bool reanchor = true;                 // diloco.stale_policy = "reanchor": answer raw θ when the base is gone
   bool blocking = false;                // diloco.blocking: wait for pulls and merges (a synchronous configuration)
   wire::Codec codec = wire::Codec::kFp32;  // of the outer gradients Δ
+  // Error feedback (issue 14 part 2): per fragment, what the codec dropped from the last Δ sent (e = Δ + e − x̂) is
+  // added to the next Δ of that fragment; reset when the fragment is re-anchored (raw θ sent) and on a restart
+  // (a new OuterSync). Applies to the lossy codecs (bf16, q8, q4).
+  bool error_feedback = false;
 };
 
 /// What a step boundary found.
@@ -83,6 +87,9 @@ class OuterSync {
   };
 
   void answer(const wire::PullRequest& pull, int64_t step);
+  /// Δ_p (n values; with error feedback the residual is added in place) as the configured codec; a non-finite Δ
+  /// goes as fp32 for the syncer to refuse and count (the integer codecs cannot carry it).
+  wire::Payload encode_delta(int p, std::vector<float>& delta);
   void receive(wire::MergedFragment merged, int64_t step);
   void apply(Pending& merge, int64_t step);
   void emit(const char* event, const nlohmann::json& fields) const;
@@ -99,6 +106,7 @@ class OuterSync {
   std::vector<Pending> pending_;
   std::map<int, int64_t> awaiting_merge_;  // blocking mode: fragment -> step by which its merge must be applied
   int64_t lost_steps_ = 0;
+  std::vector<wire::ErrorFeedback> feedback_;  // error feedback: one per fragment
 };
 
 }  // namespace dloco

@@ -72,7 +72,8 @@ OuterSyncConfig outer_sync_config(const Config& config, int id, const FragmentLa
   c.alpha = config.diloco.alpha;
   c.reanchor = config.diloco.stale_policy == StalePolicy::kReanchor;
   c.blocking = config.diloco.blocking;
-  c.codec = config.diloco.wire_dtype == WireDtype::kBf16 ? wire::Codec::kBf16 : wire::Codec::kFp32;
+  c.codec = wire::parse_codec(to_string(config.diloco.wire_dtype));
+  c.error_feedback = config.diloco.error_feedback;
   return c;
 }
 

@@ -107,6 +107,7 @@ void SyncerService::on_answer(int learner, const wire::PullAnswer& a) {
   AnswerOutcome outcome = AnswerOutcome::kRefused;
   if (!reason.empty()) {
     reason = "undecodable payload: " + reason;
+    state_->count_refused();
   } else {
     outcome = state_->on_answer(learner, std::move(data), now_s(), &reason);
   }

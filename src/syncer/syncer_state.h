@@ -138,6 +138,8 @@ class SyncerState {
   int64_t last_quorum() const { return last_quorum_; }
   int64_t answers_dropped() const { return answers_dropped_; }
   int64_t answers_refused() const { return answers_refused_; }
+  /// Counts an answer refused before it reached on_answer (its payload did not decode).
+  void count_refused() { ++answers_refused_; }
   /// Tokens trained over all data streams: Σ_s of the furthest cursor reported for stream s (a stream trained
   /// by several learners in turn, after a kill or a handover, counts once).
   int64_t tokens_trained() const;

@@ -1,8 +1,17 @@
-// The one codec of tensor payloads on the wire (docs/protocol.md "Payloads"): fp32 as raw little-endian floats,
-// bf16 as the upper 16 bits of each float rounded to nearest even (core/bf16.h). Every transport carries payloads
-// encoded, so the syncer and the learners refuse the same malformed ones whichever transport runs.
+// The one codec of tensor payloads on the wire (docs/protocol.md "Payloads"; issue 14). Every transport carries
+// payloads encoded, so the syncer and the learners refuse the same malformed ones whichever transport runs.
+//   fp32        raw little-endian floats, 4 bytes a value
+//   bf16        the upper 16 bits of each float rounded to nearest even (core/bf16.h), 2 bytes a value
+//   q8/<B>      block-absmax symmetric int8: n (uint64 LE), then ⌈n/B⌉ fp32 scales s_b = max|x| over block b / 127,
+//               then n int8 values q = round-half-even(x / s_b) in [−127, 127]; x̂ = q · s_b. B = 256 by default:
+//               8 + 4⌈n/B⌉ + n bytes (8.125 bits a value at B = 256)
+//   q4/<B>      the same with 4-bit values in [−7, 7] (two's complement nibbles, value 2i in the low nibble of byte
+//               i), s_b = max|x| / 7; B = 64 by default: 8 + 4⌈n/B⌉ + ⌈n/2⌉ bytes (4.5 bits a value at B = 64)
+// Per element |x − x̂| ≤ max|x over its block| / (2 · q_max) (q_max 127 or 7), up to fp32 rounding of x / s_b.
+// The wire names the codec with its block ("q4/64"), so a receiver needs no config to decode.
 #pragma once
 
+#include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
@@ -12,19 +21,44 @@
 
 namespace dloco::wire {
 
-enum class Codec { kFp32, kBf16 };
+enum class Codec { kFp32, kBf16, kQ8, kQ4 };
 
-/// "fp32" | "bf16".
+/// Default values per block of the integer codecs: 256 for q8, 64 for q4 (0 for fp32 and bf16).
+int64_t default_block(Codec codec);
+/// "fp32" | "bf16" | "q8" | "q4" (the config's name; the wire adds "/<block>").
 const char* to_string(Codec codec);
 /// Inverse of to_string; throws InputError naming the valid codecs.
 Codec parse_codec(std::string_view name);
+/// Bytes encode() writes for n values: n·4, n·2, 8 + 4⌈n/B⌉ + n or 8 + 4⌈n/B⌉ + ⌈n/2⌉.
+int64_t encoded_bytes(Codec codec, int64_t n, int64_t block = 0);
 
-/// Encodes `values` (n floats) as n·4 (fp32) or n·2 (bf16) bytes.
-Payload encode(std::span<const float> values, Codec codec);
-/// Decodes a payload into `out`. Returns "" on success, else what was wrong (unknown codec, a size that is not a
-/// whole number of values, `expected_numel` ≥ 0 not matched); `out` is then unspecified. Finiteness is the
-/// caller's check (the syncer refuses non-finite deltas and counts them).
+/// Encodes `values` (n floats) with `codec` (`block` values per scale for q8/q4; 0 = the default). Throws
+/// InputError for q8/q4 when a value is NaN or infinite (it would poison its block's scale; fp32 and bf16 carry
+/// it, for the receiver to refuse and count), or for a block outside [1, 65536].
+Payload encode(std::span<const float> values, Codec codec, int64_t block = 0);
+/// Decodes a payload into `out`. Returns "" on success, else what was wrong: an unknown codec or block, a size that
+/// is not exactly the codec's for its values, `expected_numel` ≥ 0 not matched, a negative or non-finite scale, an
+/// integer outside [−q_max, q_max], a value that decodes to non-finite; `out` is then unspecified. Finiteness of
+/// fp32 and bf16 values is the caller's check (the syncer refuses non-finite deltas and counts them).
 std::string decode(const Payload& payload, std::vector<float>& out, int64_t expected_numel = -1);
+
+/// Error feedback for one stream of vectors of one size (issue 14 part 2; a learner keeps one per fragment): what
+/// the codec dropped from the last vector sent is added to the next, so the sum of what was sent tracks the sum of
+/// the inputs to within one rounding (|Σ x − Σ x̂| = |e| ≤ one block's bound) instead of drifting by the codec's bias
+/// every round. Not thread-safe.
+class ErrorFeedback {
+ public:
+  /// Sends x = `values` + e as `codec` (`values` becomes x, in place) and keeps e ← x − decode(sent). A size other
+  /// than the last one's starts from e = 0. Throws InputError as encode() does (e is then cleared).
+  Payload encode(std::vector<float>& values, Codec codec, int64_t block = 0);
+  /// e = 0 (the next vector is relative to another base: a re-anchor, a restart).
+  void reset() { residual_.clear(); }
+  /// e, empty before the first vector.
+  const std::vector<float>& residual() const { return residual_; }
+
+ private:
+  std::vector<float> residual_;
+};
 
 }  // namespace dloco::wire
 

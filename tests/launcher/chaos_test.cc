@@ -218,11 +218,19 @@ restart_after_s = 0.2
   EXPECT_GE(batches[0], a.learners[0].steps_trained);
   EXPECT_LE(batches[0], a.learners[0].steps_trained + a.learners[0].kills);
   EXPECT_EQ(batches[1], a.learners[1].steps_trained);
+  // Every kill is followed by a rejoin. A contribution (a merge that includes the restarted learner) follows most
+  // of them but not necessarily each: with K = 1 the never-killed learner leads and the restarted one's answers,
+  // a few steps behind, can miss every grace window until the next kill or the end (a CI run on a 2-core EPYC:
+  // the last two of five never contributed in the 60 steps before the next kill and the 120 before the end).
   ASSERT_EQ(a.recoveries.size(), 5u);
+  int contributed = 0;
   for (const auto& r : a.recoveries) {
     EXPECT_GT(r.back_s, 0) << "learner 0 never rejoined after the kill at " << r.killed_at_s << " s";
-    EXPECT_GT(r.contributing_s, 0) << "learner 0 never contributed after the kill at " << r.killed_at_s << " s";
+    contributed += r.contributing_s > 0;
+    std::printf("kill at %.1f s: back after %.2f s, contributing after %.2f s\n", r.killed_at_s, r.back_s,
+                r.contributing_s);
   }
+  EXPECT_GE(contributed, 3) << "learner 0 rarely contributed after its restarts";
   ASSERT_EQ(a.syncer_downtime.size(), 1u);
   EXPECT_GT(a.syncer_downtime[0].back_s, 0.9);  // restarted after its 1 s delay
   EXPECT_GT(a.syncer_downtime[0].contributing_s, 0);

@@ -11,7 +11,10 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <cstring>
 #include <functional>
+#include <limits>
+#include <mutex>
 #include <map>
 #include <set>
 #include <thread>
@@ -132,6 +135,8 @@ class ProtocolTest : public ::testing::Test {
       for (const auto& f : layout_.fragments) cfg.fragment_numel.push_back(f.numel);
       cfg.inner_steps = config_.diloco.inner_steps;
       cfg.overlap = config_.diloco.overlap;
+      cfg.codec = codec_;
+      cfg.error_feedback = error_feedback_;
       OuterSync sync(cfg, job, link, &events, nullptr);
       for (int p = 0; p < 2; ++p) {
         const wire::Fragment f = link.fetch_fragment(p).value;
@@ -236,6 +241,8 @@ class ProtocolTest : public ::testing::Test {
 
   static constexpr int64_t kSteps = 300;
   std::chrono::milliseconds step_time_{2};
+  wire::Codec codec_ = wire::Codec::kFp32;  // every learner's outer-gradient codec
+  bool error_feedback_ = false;
   fs::path dir_;
   Config config_;
   FragmentLayout layout_;
@@ -367,6 +374,85 @@ TEST_F(ProtocolTest, ADroppedAnswerClosesTheRoundAtItsWindowWithoutThatLearner) 
   }
   EXPECT_TRUE(closed_without_2) << "the round waited for an answer that never came";
   EXPECT_FALSE(named(events_of("learner_2.jsonl"), "answer_not_merged").empty());
+  expect_copies_equal_theta(results);
+}
+
+// Issue 14: q4 outer gradients with error feedback (transport/codec.h). Every answer goes as "q4/64" (seen on the
+// wire by a pass-through edit), the syncer refuses none, merges combine learners, and every learner's copy ends
+// bitwise equal to the syncer's Θ (the downlink is fp32).
+TEST_F(ProtocolTest, Q4OuterGradientsWithErrorFeedbackMergeAndEveryCopyEndsEqualToTheta) {
+  codec_ = wire::Codec::kQ4;
+  error_feedback_ = true;
+  start_syncer();
+  std::vector<std::string> seen;
+  std::mutex seen_mu;
+  const auto results = run_all({{1, [&](int64_t step, const OuterSync&, const LearnerLink&) {
+                                   if (step == 20) {
+                                     std::vector<std::function<bool(wire::Payload&)>> look(3, [&](wire::Payload& p) {
+                                       std::lock_guard lock(seen_mu);
+                                       seen.push_back(p.codec);
+                                       return true;
+                                     });
+                                     net_.tamper_answers("learner 1", look);
+                                   }
+                                   return false;
+                                 }}});
+  ASSERT_FALSE(seen.empty());
+  for (const auto& c : seen) EXPECT_EQ(c, "q4/64");
+  EXPECT_TRUE(named(events_of("syncer_1.jsonl"), "answer_refused").empty());
+  const auto merged = named(events_of("syncer_1.jsonl"), "merged");
+  EXPECT_GT(merged.size(), 20u);
+  expect_copies_equal_theta(results);
+}
+
+// A learner whose answers arrive malformed (an unknown codec, a cut payload, a wrong count, a NaN, an infinite and a
+// negative scale, an integer outside the range): the syncer refuses each with its reason, counts it, merges nothing
+// from it, and the run goes on to the end with every copy equal to Θ.
+TEST_F(ProtocolTest, MalformedQuantizedAnswersAreRefusedCountedAndTheRunGoesOn) {
+  codec_ = wire::Codec::kQ8;
+  start_syncer();
+  // Each edit waits for a q8 answer (a re-anchoring answer goes as fp32 and passes) and counts what it broke.
+  std::atomic<int> applied{0};
+  auto on_q8 = [&applied](std::function<void(wire::Payload&)> edit) {
+    return [&applied, edit](wire::Payload& p) {
+      if (p.codec.rfind("q8/", 0) != 0) return false;
+      edit(p);
+      ++applied;
+      return true;
+    };
+  };
+  auto set_scale = [](float v) {
+    return [v](wire::Payload& p) { std::memcpy(p.bytes.data() + 8, &v, sizeof(v)); };
+  };
+  // Each refused answer holds its round for the answer window (2 s) while the toy learners' 300 steps take well
+  // under a second, so only the first four or so meet an answer: the four distinct kinds come first (every kind is
+  // refused in codec_test; these check the syncer's handling of any of them).
+  const std::vector<std::function<bool(wire::Payload&)>> edits = {
+      on_q8([](wire::Payload& p) { p.codec = "q9/256"; }),
+      on_q8(set_scale(std::numeric_limits<float>::quiet_NaN())),
+      on_q8([](wire::Payload& p) { p.bytes.back() = static_cast<char>(0x80); }),  // int8 −128
+      on_q8([](wire::Payload& p) { p.bytes.pop_back(); }),
+      on_q8([](wire::Payload& p) { p.bytes[0] = static_cast<char>(p.bytes[0] + 1); }),  // the value count
+      on_q8(set_scale(std::numeric_limits<float>::infinity())),
+      on_q8(set_scale(-1.0f)),
+  };
+  const auto results = run_all({{0, [&](int64_t step, const OuterSync&, const LearnerLink&) {
+                                   if (step == 8) net_.tamper_answers("learner 0", edits);
+                                   return false;
+                                 }}});
+  std::set<std::string> reasons;
+  int refused = 0;
+  for (const auto& e : named(events_of("syncer_1.jsonl"), "answer_refused")) {
+    const std::string why = e["reason"];
+    EXPECT_EQ(e["learner"], 0) << why;
+    EXPECT_EQ(why.rfind("undecodable payload: ", 0), 0u) << why;
+    reasons.insert(why.substr(0, why.find_first_of("0123456789")));
+    ++refused;
+  }
+  EXPECT_GE(applied.load(), 4) << "the first four edits should have met a q8 answer";
+  EXPECT_EQ(refused, applied.load()) << "each malformed answer refused once, nothing else";
+  EXPECT_GE(reasons.size(), 4u);
+  EXPECT_EQ(service_->status().answers_refused, applied.load());
   expect_copies_equal_theta(results);
 }
 

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -46,6 +47,7 @@ struct Link {
   std::atomic<int> drop_merges{0};
   std::atomic<int> dropped_merges{0};
   std::mutex mu;
+  std::deque<std::function<bool(wire::Payload&)>> tamper;  // under mu: the next edit, kept until it applies
   std::vector<std::weak_ptr<Pipe>> pipes;
 
   void wait() const {
@@ -180,10 +182,15 @@ class PipeStream final : public wire::SessionStream {
       ++link_->dropped;
       return true;  // vanished on the way
     }
+    wire::LearnerMessage sent = message;
+    if (auto* answer = std::get_if<wire::PullAnswer>(&sent)) {
+      std::lock_guard lock(link_->mu);
+      if (!link_->tamper.empty() && link_->tamper.front()(answer->delta)) link_->tamper.pop_front();
+    }
     link_->wait();
     std::lock_guard lock(pipe_->mu);
     if (pipe_->closed) return false;
-    pipe_->up.push_back(message);
+    pipe_->up.push_back(std::move(sent));
     pipe_->cv.notify_all();
     return true;
   }
@@ -364,6 +371,12 @@ void InprocNetwork::delay(const std::string& name, std::chrono::milliseconds del
 }
 
 void InprocNetwork::drop_answers(const std::string& name, int count) { state_->link(name)->drop = count; }
+
+void InprocNetwork::tamper_answers(const std::string& name, std::vector<std::function<bool(wire::Payload&)>> edits) {
+  auto link = state_->link(name);
+  std::lock_guard lock(link->mu);
+  for (auto& e : edits) link->tamper.push_back(std::move(e));
+}
 
 int InprocNetwork::dropped_answers(const std::string& name) const { return state_->link(name)->dropped.load(); }
 
