@@ -196,6 +196,11 @@ std::string watch_rerouting(std::vector<Child>& children, const SkipTrainOptions
                  {{"generation", g}, {"dead", std::vector<int>(dead.begin(), dead.end())}, {"why", what}});
       std::printf("[skippipe] %s: routing around it (generation %d)\n", what.c_str(), g);
       std::fflush(stdout);
+      // A re-routing that cannot go on tells the survivors at once (they stop instead of waiting out the deadline).
+      auto give_up = [&](const std::string& why) {
+        write_json(o.out_dir / ("plan_" + std::to_string(g) + ".json"), {{"generation", g}, {"abort", why}});
+        return why;
+      };
       // Every survivor's answer: how many iterations it completed.
       std::map<int, int64_t> completed;
       const auto asked = Clock::now();
@@ -210,10 +215,12 @@ std::string watch_rerouting(std::vector<Child>& children, const SkipTrainOptions
         reap(children);
         for (const Child& c : children) {
           if (c.exited && !ok(c) && !dead.count(c.learner)) {
-            return c.role + " " + describe(c.status) + " while the others re-routed around node(s) " + names;
+            return give_up(c.role + " " + describe(c.status) + " while the others re-routed around node(s) " + names);
           }
         }
-        if (Clock::now() - asked > deadline) return "the survivors did not answer the re-routing notice in time";
+        if (Clock::now() - asked > deadline) {
+          return give_up("the survivors did not answer the re-routing notice in time");
+        }
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
       }
       int64_t redo = o.iterations;
@@ -239,7 +246,7 @@ std::string watch_rerouting(std::vector<Child>& children, const SkipTrainOptions
         rerouted = pipeline::reroute_around(base, start.setting, dead);
         next = pipeline::replan_around(rerouted, base, start.setting, &why);
       } catch (const InputError& e) {
-        return what + ", and it cannot be routed around: " + e.what();
+        return give_up(what + ", and it cannot be routed around: " + e.what());
       }
       const fs::path redo_file = fs::absolute(o.out_dir / ("schedule_redo_" + std::to_string(g) + ".json"));
       const fs::path next_file = fs::absolute(o.out_dir / ("schedule_next_" + std::to_string(g) + ".json"));

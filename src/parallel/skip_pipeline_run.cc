@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -174,6 +175,9 @@ void write_json(const fs::path& path, const nlohmann::json& j) { write_file_atom
 // the nodes alive after the g-th failure notice, its FileStore <out>/store (g = 0) or <out>/store_<g>.
 void run_node(const SkipNodeOptions& o) {
   torch::set_num_threads(1);  // the parent set OMP/BLAS threads to 1 in the environment as well
+  // A send on a socket that shut_down_sockets() (or a dead peer) closed must fail as an error, not kill the node
+  // with SIGPIPE (seen in CI: a survivor killed by signal 13 while its group was being torn down).
+  std::signal(SIGPIPE, SIG_IGN);
   const Config config = load_config(o.config);
   const pipeline::Setting setting = pipeline::load_setting(o.setting);
   std::list<pipeline::Schedule> schedules;  // every schedule a node was built on (nodes keep references)
@@ -328,6 +332,9 @@ void run_node(const SkipNodeOptions& o) {
       const auto plan = wait_for_json(o.out_dir / ("plan_" + std::to_string(g) + ".json"), o.timeout_s);
       if (!plan) throw CollectiveError("no re-routing plan from the parent within the deadline");
       // The plan comes from the parent, but it is still input: every field is checked before anything is torn down.
+      if (plan->contains("abort") && (*plan)["abort"].is_string()) {
+        throw CollectiveError("the parent stopped the run: " + (*plan)["abort"].get<std::string>());
+      }
       int64_t redo = -1;
       int world = 0;
       std::vector<int> ranks;

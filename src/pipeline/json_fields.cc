@@ -2,6 +2,7 @@
 #include "pipeline/json_fields.h"
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -94,12 +95,20 @@ int64_t json_integer(const nlohmann::json& v, const std::string& path, int64_t l
 }
 
 nlohmann::json read_json_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw InputError(path + ": a folder, not a JSON file");
   std::ifstream in(path);
   if (!in) throw InputError(path + ": cannot open the file");
   try {
     return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw InputError(path + ": not valid JSON (" + e.what() + ")");
+  } catch (const nlohmann::json::exception& e) {  // syntax errors, and numbers too large for a double (1e999)
+    std::string what = e.what();
+    if (const size_t cut = what.find("] "); what.rfind("[json.exception", 0) == 0 && cut != std::string::npos) {
+      what = what.substr(cut + 2);  // the library's error code is no use to a user
+    }
+    throw InputError(path + ": not valid JSON (" + what + ")");
+  } catch (const std::ios_base::failure& e) {
+    throw InputError(path + ": cannot read the file (" + e.what() + ")");
   }
 }
 

@@ -13,11 +13,14 @@ namespace dloco::pipeline {
 namespace {
 
 constexpr double kHuge = std::numeric_limits<double>::max();
+// The longest time a setting may give one hop or one forward: a million seconds (11.6 days). Larger figures are
+// typos or hostile, and would overflow the simulators' clocks and the nodes' emulated waits.
+constexpr double kMaxSeconds = 1e6;
 constexpr int64_t kMaxNodes = 100000;
 
 Link parse_link(JsonObject& o) {
   Link link;
-  link.latency_s = o.number("latency_s", 0.0, kHuge);
+  link.latency_s = o.number("latency_s", 0.0, kMaxSeconds);
   link.bandwidth_bytes_per_s = o.number("bandwidth_bytes_per_s", std::numeric_limits<double>::min(), kHuge);
   return link;
 }
@@ -53,7 +56,7 @@ std::vector<Node> parse_nodes(JsonObject& top, const std::map<std::string, int>&
     JsonObject o(arr[i], top.path("nodes") + "[" + std::to_string(i) + "]");
     Node n;
     n.region = region_of(o.required("region"), o.path("region"), index);
-    n.forward_s = o.number("forward_s", std::numeric_limits<double>::min(), kHuge);
+    n.forward_s = o.number("forward_s", std::numeric_limits<double>::min(), kMaxSeconds);
     o.reject_unknown();
     nodes.push_back(n);
   }
@@ -106,12 +109,23 @@ Setting parse_setting(const nlohmann::json& j, const std::string& origin) {
   s.default_link = parse_link(def);
   def.reject_unknown();
   parse_links(top, index, s);
-  s.hop_overhead_s = top.number("hop_overhead_s", 0.0, kHuge);
+  s.hop_overhead_s = top.number("hop_overhead_s", 0.0, kMaxSeconds);
   s.bytes_per_hop = top.number("bytes_per_hop", 0.0, kHuge);
   s.memory_capacity = top.integer("memory_capacity", 1, 1000000);
   s.backward_factor = top.number("backward_factor", 0.0, 1000.0);
   s.head_factor = top.number("head_factor", 0.0, 1000.0);
   top.reject_unknown();
+  for (size_t a = 0; a < s.regions.size(); ++a) {
+    for (size_t b = 0; b < s.regions.size(); ++b) {
+      const Link& l = s.links[a][b];
+      const double hop = l.latency_s + s.bytes_per_hop / l.bandwidth_bytes_per_s + s.hop_overhead_s;
+      if (!(hop <= kMaxSeconds)) {
+        throw InputError(origin + ": a hop from " + s.regions[a] + " to " + s.regions[b] + " takes " +
+                         std::to_string(hop) + " s (latency + bytes_per_hop / bandwidth + hop_overhead_s): at most " +
+                         std::to_string(kMaxSeconds) + " s");
+      }
+    }
+  }
   return s;
 }
 

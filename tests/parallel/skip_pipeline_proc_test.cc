@@ -285,6 +285,22 @@ TEST_P(SkipPipeRerouteTest, ANodeKilledMidIterationIsRoutedAroundAndTheIteration
 
 INSTANTIATE_TEST_SUITE_P(StageReplicaAndDataNode, SkipPipeRerouteTest, ::testing::Values(3, 1));
 
+// A death that cannot be routed around (node 4 is stage 2's only node: its parameters died with it): the run
+// stops naming it, and the survivors are told at once by the parent (an "abort" plan) instead of waiting out
+// their deadline.
+TEST_F(SkipPipeProcessTest, ADeathThatCannotBeRoutedAroundStopsTheRunAndTellsTheSurvivors) {
+  const auto [rc, wall] = train("unroutable", "--iterations 3 --timeout-s " + std::to_string(kTimeout_s),
+                                "DLOCO_SKIPPIPE_KILL=4:1:0", "config.toml", "setting.json", "uniform.json");
+  const std::string log = slurp(root_ / "unroutable.log");
+  std::printf("%s(wall %.1f s)\n", log.c_str(), wall);
+  EXPECT_EQ(rc, 1) << log;
+  EXPECT_NE(log.find("cannot be routed around: stage 2 has no node left"), std::string::npos) << log;
+  for (int n : {0, 1, 2, 3}) {
+    EXPECT_NE(slurp(root_ / "unroutable" / ("node_" + std::to_string(n) + ".log")).find("the parent stopped the run"),
+              std::string::npos) << "node " << n;
+  }
+}
+
 TEST_F(SkipPipeProcessTest, BadInputIsRefusedBeforeAnyProcessStarts) {
   const auto [rc6, wall6] = train("bad6", "", "", "config.toml", "setting6.json");
   EXPECT_EQ(rc6, 2);

@@ -94,6 +94,10 @@ TEST(SkipPipeInput, SettingFieldsAreNamed) {
                          "links[1].regions: the pair B-A is given twice");
   expect_setting_refused([](auto& j) { j["default_link"].erase("latency_s"); }, "default_link.latency_s");
   expect_setting_refused([](auto& j) { j["hop_overhead_s"] = -0.1; }, "s.json: hop_overhead_s");
+  // Times past a million seconds are refused (they overflowed the scheduler's and the nodes' clocks: a new user's
+  // 1e308 reached an internal check, 1e13 made the emulated links wait nothing).
+  expect_setting_refused([](auto& j) { j["hop_overhead_s"] = 1e13; }, "s.json: hop_overhead_s");
+  expect_setting_refused([](auto& j) { j["bytes_per_hop"] = 1e300; }, "takes");
   expect_setting_refused([](auto& j) { j["notes"] = {1}; }, "notes[0]: expected a string");
 }
 
