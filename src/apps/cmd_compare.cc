@@ -85,17 +85,19 @@ std::vector<std::pair<double, double>> eval_curve(const fs::path& run_dir, const
   return curve;
 }
 
-double mean_sent_per_learner(const nlohmann::json& report) {
-  double sum = 0;
+// Bytes a learner (or worker) sent and received, averaged over the report's learners: {up, down}.
+std::pair<double, double> mean_bytes_per_learner(const nlohmann::json& report) {
+  double up = 0, down = 0;
   int n = 0;
   const nlohmann::json bytes = report.value("bytes", nlohmann::json::object());  // a named copy: items() refers to it
   for (const auto& [role, b] : bytes.items()) {
     if (role.rfind("learner_", 0) == 0 || role.rfind("worker_", 0) == 0) {
-      sum += b.value("sent", 0.0);
+      up += b.value("sent", 0.0);
+      down += b.value("received", 0.0);
       ++n;
     }
   }
-  return n ? sum / n : 0;
+  return n ? std::pair{up / n, down / n} : std::pair{0.0, 0.0};
 }
 
 std::string fmt(const char* f, double v) {
@@ -189,28 +191,39 @@ void train_runs(std::vector<Run>& runs, const fs::path& dir) {
   }
 }
 
-// The table row of one variant (means over its seeds, each seed's loss in brackets); adds its runs to
-// `out_runs` and their evaluation curves to `series`.
-void variant_row(std::ostringstream& md, const Variant& v, const std::vector<Run>& runs, nlohmann::json& out_runs,
-                 std::vector<sim::PlotSeries>& series) {
-  double loss = 0, ppl = 0, wall = 0, tps = 0, mb = 0, syncs = 0;
+// One variant's means over its seeds (each seed's loss listed); adds its runs to `out_runs` and their evaluation
+// curves to `series`.
+struct VariantRow {
+  std::string name, per_seed;
   int ok = 0;
-  std::string per_seed;
+  double loss = 0, ppl = 0, wall = 0, tps = 0, mb_up = 0, mb_down = 0, bytes_per_step = 0, syncs = 0;
+};
+
+VariantRow variant_row(const Variant& v, const std::vector<Run>& runs, nlohmann::json& out_runs,
+                       std::vector<sim::PlotSeries>& series) {
+  VariantRow row{v.name, {}};
   for (const auto& r : runs) {
     if (r.variant != v.name) continue;
     out_runs.push_back({{"variant", r.variant}, {"seed", r.seed}, {"report", r.report}, {"config", to_json(r.config)}});
     if (r.report.is_null()) {
-      per_seed += std::string(per_seed.empty() ? "" : ", ") + "failed";
+      row.per_seed += std::string(row.per_seed.empty() ? "" : ", ") + "failed";
       continue;
     }
-    ++ok;
-    loss += r.report.value("final_val_loss", NAN);
-    ppl += r.report.value("final_val_perplexity", NAN);
-    wall += r.report.value("wall_seconds", NAN);
-    tps += r.report.value("tokens_per_second", NAN);
-    mb += mean_sent_per_learner(r.report) / 1e6;
-    syncs += r.report.contains("merges") ? r.report.value("merges", 0.0) : r.report.value("syncs", 0.0);
-    per_seed += std::string(per_seed.empty() ? "" : ", ") + fmt("%.4f", r.report.value("final_val_loss", NAN));
+    ++row.ok;
+    row.loss += r.report.value("final_val_loss", NAN);
+    row.ppl += r.report.value("final_val_perplexity", NAN);
+    row.wall += r.report.value("wall_seconds", NAN);
+    row.tps += r.report.value("tokens_per_second", NAN);
+    const auto [up, down] = mean_bytes_per_learner(r.report);
+    row.mb_up += up / 1e6;
+    row.mb_down += down / 1e6;
+    // A learner-step: one inner step of one learner (B·T·grad_accum tokens); the tokens trained over M learners.
+    const double learner_steps = r.report.value("tokens_trained", 0.0) /
+                                 static_cast<double>(r.config.train.tokens_per_step(r.config.model) *
+                                                     std::max<int64_t>(1, r.config.diloco.learners));
+    row.bytes_per_step += learner_steps > 0 ? (up + down) / learner_steps : 0;
+    row.syncs += r.report.contains("merges") ? r.report.value("merges", 0.0) : r.report.value("syncs", 0.0);
+    row.per_seed += std::string(row.per_seed.empty() ? "" : ", ") + fmt("%.4f", r.report.value("final_val_loss", NAN));
     const auto curve = eval_curve(r.config.run_dir(), r.config);
     if (!curve.empty()) {
       sim::PlotSeries s{r.variant + " s" + std::to_string(r.seed), {}, {}};
@@ -218,16 +231,18 @@ void variant_row(std::ostringstream& md, const Variant& v, const std::vector<Run
         s.x.push_back(x);
         s.y.push_back(y);
       }
+      // The final loss on the whole validation split, at the run's last token.
+      s.x.push_back(r.report.value("tokens_trained", 0.0));
+      s.y.push_back(r.report.value("final_val_loss", NAN));
       series.push_back(std::move(s));
     }
   }
-  if (ok == 0) {
-    md << "| " << v.name << " | failed (" << per_seed << ") | | | | | |\n";
-    return;
+  if (row.ok > 0) {
+    for (double* x : {&row.loss, &row.ppl, &row.wall, &row.tps, &row.mb_up, &row.mb_down, &row.bytes_per_step, &row.syncs}) {
+      *x /= row.ok;
+    }
   }
-  md << "| " << v.name << " | " << fmt("%.4f", loss / ok) << " (" << per_seed << ") | " << fmt("%.1f", ppl / ok)
-     << " | " << fmt("%.0f", wall / ok) << " | " << fmt("%.0f", tps / ok) << " | " << fmt("%.1f", mb / ok)
-     << " | " << fmt("%.0f", syncs / ok) << " |\n";
+  return row;
 }
 
 // <folder>/compare.md (also printed), compare.json and the loss-vs-tokens plot.
@@ -236,15 +251,39 @@ void write_compare_report(const CompareOptions& o, const Config& base, const fs:
   std::ostringstream md;
   md << "# dloco compare: " << o.name << "\n\nConfig `" << o.config_path << "`, " << base.train.total_tokens
      << " tokens per run, M = " << base.diloco.learners << ", seeds " << o.seeds_text << ".\n\n"
-     << "| variant | final val loss (nats/token) | perplexity | wall s | tokens/s | MB sent per learner | syncs |\n"
-     << "|---|---|---|---|---|---|---|\n";
+     << "| variant | final val loss (nats/token) | perplexity | wall s | tokens/s | MB up / down per learner | "
+        "bytes per learner-step | fewer bytes than dp | syncs |\n"
+     << "|---|---|---|---|---|---|---|---|---|\n";
   nlohmann::json out = {{"config", o.config_path}, {"total_tokens", base.train.total_tokens}, {"runs", nlohmann::json::array()}};
   std::vector<sim::PlotSeries> series;
-  for (const auto& v : variants) variant_row(md, v, runs, out["runs"], series);
+  std::vector<VariantRow> rows;
+  double dp_bytes_per_step = 0;
+  for (const auto& v : variants) {
+    rows.push_back(variant_row(v, runs, out["runs"], series));
+    if (v.name == "dp" && rows.back().ok > 0) dp_bytes_per_step = rows.back().bytes_per_step;
+  }
+  out["variants"] = nlohmann::json::array();
+  for (const auto& row : rows) {
+    if (row.ok == 0) {
+      md << "| " << row.name << " | failed (" << row.per_seed << ") | | | | | | | |\n";
+      continue;
+    }
+    const double fewer = dp_bytes_per_step > 0 && row.bytes_per_step > 0 ? dp_bytes_per_step / row.bytes_per_step : 0;
+    md << "| " << row.name << " | " << fmt("%.4f", row.loss) << " (" << row.per_seed << ") | " << fmt("%.1f", row.ppl)
+       << " | " << fmt("%.0f", row.wall) << " | " << fmt("%.0f", row.tps) << " | " << fmt("%.2f", row.mb_up) << " / "
+       << fmt("%.2f", row.mb_down) << " | " << fmt("%.0f", row.bytes_per_step) << " | "
+       << (fewer > 0 ? fmt("%.1f×", fewer) : std::string()) << " | " << fmt("%.0f", row.syncs) << " |\n";
+    out["variants"].push_back({{"variant", row.name}, {"seeds_ok", row.ok}, {"final_val_loss", row.loss},
+                               {"mb_up_per_learner", row.mb_up}, {"mb_down_per_learner", row.mb_down},
+                               {"bytes_per_learner_step", row.bytes_per_step}, {"fewer_bytes_than_dp", fewer}});
+  }
   md << "\nSyncs: merges of fragments (decoupled), outer all-reduces (diloco, streaming) or gradient all-reduces "
-        "(dp). Bytes: decoupled counts gRPC payload both ways; the baselines count a ring all-reduce's "
-        "2·(M−1)/M·size per worker. Curves: in-training evaluations on train.eval_tokens validation tokens; "
-        "the table's loss is on the whole validation split.\n";
+        "(dp). Bytes: up = what a learner sent, down = what it received; decoupled counts the protocol's payloads "
+        "(codec bytes plus ~64 bytes a message) both ways; the baselines count a ring all-reduce's "
+        "2·(M−1)/M·size per worker each way. A learner-step is one inner step of one learner; \"fewer bytes than "
+        "dp\" divides the dp variant's bytes per learner-step by the row's. Curves: in-training evaluations on "
+        "train.eval_tokens validation tokens, ending at the final loss on the whole validation split (the "
+        "table's).\n";
   write_file_atomically(dir / "compare.md", md.str());
   write_file_atomically(dir / "compare.json", out.dump(2) + "\n");
   std::printf("\n%s", md.str().c_str());

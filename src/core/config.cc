@@ -68,7 +68,8 @@ void for_each_field(C& c, F&& f) {
   f("diloco", "alpha", c.diloco.alpha);
   f("diloco", "stale_policy", c.diloco.stale_policy);
   f("diloco", "anchor_versions", c.diloco.anchor_versions);
-  f("diloco", "wire_dtype", c.diloco.wire_dtype);
+  f("diloco", "wire_up", c.diloco.wire_up);
+  f("diloco", "wire_down", c.diloco.wire_down);
   f("diloco", "error_feedback", c.diloco.error_feedback);
   f("diloco", "blocking", c.diloco.blocking);
   f("diloco", "bootstrap", c.diloco.bootstrap);
@@ -127,8 +128,10 @@ void apply_table(Config& c, const toml::table& root, const std::string& source) 
         for_each_field(c, [&](const char* s, const char* k, auto&) {
           if (section == s) known += (known.empty() ? "" : ", ") + std::string(k);
         });
-        throw InputError(where(source, node) + ": unknown key '" + key + "' in [" + section +
-                         "] (known keys: " + known + ")");
+        const bool renamed = section == "diloco" && key == "wire_dtype";
+        throw InputError(where(source, node) + ": unknown key '" + key + "' in [" + section + "]" +
+                         (renamed ? " (renamed: it is diloco.wire_up now, with diloco.wire_down beside it)"
+                                  : " (known keys: " + known + ")"));
       }
     }
   }

@@ -173,9 +173,12 @@ struct DilocoConfig {
   double alpha = 0.0;              // mixing on receive: θ ← α·θ + (1−α)·Θ
   StalePolicy stale_policy = StalePolicy::kReanchor;  // "reanchor" | "skip"
   int64_t anchor_versions = 2;     // versions of each fragment the syncer keeps for re-anchoring
-  WireDtype wire_dtype = WireDtype::kFp32;  // outer gradients on the wire: "fp32" | "bf16" | "q8" (int8, blocks of
-                                            // 256) | "q4" (int4, blocks of 64): transport/codec.h
-  bool error_feedback = false;     // learners add what quantization dropped to their next Δ of that fragment
+  WireDtype wire_up = WireDtype::kFp32;    // learner → syncer, the outer gradients Δ: "fp32" | "bf16" | "q8" (int8,
+                                           // blocks of 256) | "q4" (int4, blocks of 64): transport/codec.h
+  WireDtype wire_down = WireDtype::kFp32;  // syncer → learners, merged fragments: "fp32" sends Θ_p; the others send
+                                           // the outer update U with Θ_p := Θ_p^prev + Û (docs/protocol.md §9)
+  bool error_feedback = false;     // both directions: what quantization dropped is added to the next Δ (learner)
+                                   // or U (syncer) of that fragment
   bool blocking = false;           // decoupled only: learners wait at each due step for the pull and at s + τ for
                                    // the merge (a synchronous configuration, for equivalence tests and ablations)
   Bootstrap bootstrap = Bootstrap::kSyncer;  // where a (re)starting learner takes Θ from (§7): "syncer", or "peers": every

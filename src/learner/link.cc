@@ -200,6 +200,11 @@ void LearnerLink::session_loop() {
   }
 }
 
+void LearnerLink::resync() {
+  std::lock_guard lock(mu_);
+  if (stream_) stream_->cancel();
+}
+
 void LearnerLink::stop() {
   running_ = false;
   {

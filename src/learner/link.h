@@ -65,6 +65,9 @@ class LearnerLink {
   bool drain(std::chrono::milliseconds timeout);
   /// Pops one message from the syncer, if any (non-blocking).
   bool poll(wire::SyncerMessage* msg);
+  /// Ends the current session so the link re-joins and opens a new one (non-blocking): the syncer sends each
+  /// fragment's next merge whole on a new session, so a learner that cannot rebuild an update asks for this.
+  void resync();
   /// Number of times the session had to be re-established.
   int reconnects() const { return reconnects_.load(); }
   /// A fatal refusal seen by the background thread (e.g. the syncer restarted with another layout), or "".

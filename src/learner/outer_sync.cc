@@ -17,6 +17,9 @@ OuterSync::OuterSync(OuterSyncConfig config, InnerJob& job, LearnerLink& link, E
       board_(board),
       base_(static_cast<size_t>(config_.fragments)),
       version_(static_cast<size_t>(config_.fragments), 0),
+      newest_(static_cast<size_t>(config_.fragments)),
+      newest_version_(static_cast<size_t>(config_.fragments), 0),
+      resync_asked_(static_cast<size_t>(config_.fragments), false),
       steps_since_(static_cast<size_t>(config_.fragments), 0),
       tokens_since_(static_cast<size_t>(config_.fragments), 0),
       feedback_(static_cast<size_t>(config_.fragments)) {
@@ -29,7 +32,8 @@ void OuterSync::emit(const char* event, const nlohmann::json& fields) const {
 
 void OuterSync::adopt(int p, int64_t version, std::shared_ptr<const std::vector<float>> theta) {
   job_.write_fragment(p, *theta);
-  version_[p] = version;
+  version_[p] = newest_version_[p] = version;
+  newest_[p] = theta;
   base_[p] = std::move(theta);
   if (board_) board_->publish(p, version, base_[p]);
 }
@@ -113,18 +117,35 @@ wire::Payload OuterSync::encode_delta(int p, std::vector<float>& delta) {
 // or applied at the next boundary when this learner was not part of it.
 void OuterSync::receive(wire::MergedFragment merged, int64_t step) {
   const int p = merged.fragment.fragment;
-  if (p < 0 || p >= config_.fragments || merged.fragment.version <= version_[p]) return;  // stale or duplicate
-  Pending m{p, merged.fragment.version, step, false, {}};
-  try {
-    m.theta = wire::fragment_values(merged.fragment);
-  } catch (const InputError& e) {
-    emit("merged_refused", {{"fragment", p}, {"version", m.version}, {"reason", e.what()}});
+  if (p < 0 || p >= config_.fragments || merged.fragment.version <= newest_version_[p]) return;  // stale or duplicate
+  Pending m{p, merged.fragment.version, step, false, {}, merged.base_version == -1};
+  std::vector<float> theta;
+  std::string bad;
+  if (merged.base_version == -1) {  // Θ_p whole
+    try {
+      theta = wire::fragment_values(merged.fragment);
+      if (static_cast<int64_t>(theta.size()) != config_.fragment_numel[p]) bad = "wrong size";
+    } catch (const InputError& e) {
+      bad = e.what();
+    }
+    resync_asked_[p] = false;
+  } else if (merged.base_version != newest_version_[p]) {  // an update against a version this learner lacks
+    emit("merged_gap", {{"fragment", p}, {"version", m.version}, {"base_version", merged.base_version},
+                        {"holds", newest_version_[p]},
+                        {"reason", resync_asked_[p] ? "waiting for the whole copy asked for"
+                                                    : "asking for a whole copy: re-opening the session"}});
+    if (!resync_asked_[p]) link_.resync();
+    resync_asked_[p] = true;
+    return;
+  } else {  // the compressed downlink: Θ_p = Θ_p^prev + Û, exactly as the syncer built it
+    bad = wire::apply_update(*newest_[p], merged.fragment.payload, theta);
+  }
+  if (!bad.empty()) {
+    emit("merged_refused", {{"fragment", p}, {"version", m.version}, {"reason", bad}});
     return;
   }
-  if (static_cast<int64_t>(m.theta.size()) != config_.fragment_numel[p]) {
-    emit("merged_refused", {{"fragment", p}, {"version", m.version}, {"reason", "wrong size"}});
-    return;
-  }
+  m.theta = newest_[p] = std::make_shared<const std::vector<float>>(std::move(theta));
+  newest_version_[p] = m.version;
   if (auto it = answered_.find(p); it != answered_.end() && it->second.round == merged.round_step) {
     m.participated = std::find(merged.participants.begin(), merged.participants.end(), config_.learner_id) !=
                      merged.participants.end();
@@ -149,21 +170,22 @@ void OuterSync::apply(Pending& m, int64_t step) {
     emit("work_lost", {{"fragment", p}, {"steps", steps_since_[p]}, {"version", m.version},
                        {"reason", "merged without this learner's answer"}});
   }
+  const std::vector<float>& theta = *m.theta;
   if (config_.alpha > 0) {
-    std::vector<float> local(m.theta.size());
+    std::vector<float> local(theta.size());
     job_.read_fragment(p, local);
     for (size_t i = 0; i < local.size(); ++i) {
-      local[i] = static_cast<float>(config_.alpha * local[i] + (1 - config_.alpha) * m.theta[i]);
+      local[i] = static_cast<float>(config_.alpha * local[i] + (1 - config_.alpha) * theta[i]);
     }
     job_.write_fragment(p, local);
   } else {
-    job_.write_fragment(p, m.theta);
+    job_.write_fragment(p, theta);
   }
-  base_[p] = std::make_shared<const std::vector<float>>(std::move(m.theta));
+  base_[p] = std::move(m.theta);
   version_[p] = m.version;
   if (board_) board_->publish(p, version_[p], base_[p]);  // a pointer swap: joiners read it from the peer server
   steps_since_[p] = tokens_since_[p] = 0;
-  emit("applied", {{"step", step}, {"fragment", p}, {"version", version_[p]}});
+  emit("applied", {{"step", step}, {"fragment", p}, {"version", version_[p]}, {"from", m.whole ? "whole" : "update"}});
 }
 
 bool OuterSync::blocked(int64_t step) const {

@@ -32,7 +32,8 @@ struct OuterSyncConfig {
   double alpha = 0;                     // α: θ_p ← α·θ_p + (1 − α)·Θ_p on apply
   bool reanchor = true;                 // diloco.stale_policy = "reanchor": answer raw θ when the base is gone
   bool blocking = false;                // diloco.blocking: wait for pulls and merges (a synchronous configuration)
-  wire::Codec codec = wire::Codec::kFp32;  // of the outer gradients Δ
+  wire::Codec codec = wire::Codec::kFp32;  // of the outer gradients Δ (diloco.wire_up); merged fragments arrive in
+                                           // whatever codec the syncer names (diloco.wire_down)
   // Error feedback (issue 14 part 2): per fragment, what the codec dropped from the last Δ sent (e = Δ + e − x̂) is
   // added to the next Δ of that fragment; reset when the fragment is re-anchored (raw θ sent) and on a restart
   // (a new OuterSync). Applies to the lossy codecs (bf16, q8, q4).
@@ -77,7 +78,8 @@ class OuterSync {
     int64_t version = 0;
     int64_t apply_at = 0;  // first boundary at which it may be applied
     bool participated = false;
-    std::vector<float> theta;
+    std::shared_ptr<const std::vector<float>> theta;
+    bool whole = true;  // arrived as Θ_p itself, not as an update of the compressed downlink
   };
   struct Answered {  // the last pull of p this learner answered
     int64_t round = 0;
@@ -101,6 +103,11 @@ class OuterSync {
   FragmentBoard* board_;
   std::vector<std::shared_ptr<const std::vector<float>>> base_;  // Θ_p^base: the version last applied
   std::vector<int64_t> version_;
+  // The newest Θ_p received (applied or pending) and its version: what an update of the compressed downlink
+  // (diloco.wire_down) must be against; and whether a whole copy was asked for (LearnerLink::resync).
+  std::vector<std::shared_ptr<const std::vector<float>>> newest_;
+  std::vector<int64_t> newest_version_;
+  std::vector<bool> resync_asked_;
   std::vector<int64_t> steps_since_, tokens_since_;  // since p was last applied
   std::map<int, Answered> answered_;
   std::vector<Pending> pending_;

@@ -72,7 +72,7 @@ OuterSyncConfig outer_sync_config(const Config& config, int id, const FragmentLa
   c.alpha = config.diloco.alpha;
   c.reanchor = config.diloco.stale_policy == StalePolicy::kReanchor;
   c.blocking = config.diloco.blocking;
-  c.codec = wire::parse_codec(to_string(config.diloco.wire_dtype));
+  c.codec = wire::parse_codec(to_string(config.diloco.wire_up));
   c.error_feedback = config.diloco.error_feedback;
   return c;
 }

@@ -313,11 +313,18 @@ void SyncerService::merger_loop() {
         return;
       }
       store_.write_fragment(m.fragment, m.version, m.theta, momenta[i]);
-      const wire::SyncerMessage msg = wire::MergedFragment{
-          {m.fragment, m.version, wire::encode(m.theta, wire::Codec::kFp32)}, m.round_step, m.participants};
+      const wire::SyncerMessage whole = wire::MergedFragment{
+          {m.fragment, m.version, wire::encode(m.theta, wire::Codec::kFp32)}, m.round_step, m.participants, -1};
+      const wire::SyncerMessage update =
+          wire::MergedFragment{{m.fragment, m.version, std::move(m.update)}, m.round_step, m.participants, m.base_version};
       std::lock_guard lock(mu_);
       published_[m.fragment] = {m.version, std::make_shared<const std::vector<float>>(std::move(m.theta))};
-      for (const auto& [id, box] : outboxes_) send(id, msg);
+      const auto p = static_cast<size_t>(m.fragment);
+      for (const auto& [id, box] : outboxes_) {
+        if (box->carried.size() <= p) box->carried.resize(p + 1, false);
+        send(id, m.base_version >= 0 && box->carried[p] ? update : whole);
+        box->carried[p] = true;
+      }
     }
     if (checkpoint_due) write_checkpoint();
     const double now = now_s();

@@ -64,6 +64,9 @@ class SyncerService final : public wire::SyncerHandler {
     std::deque<wire::SyncerMessage> queue;
     bool closed = false;
     uint64_t session_id = 0;
+    // diloco.wire_down: fragments this session has carried a merge of (under the service's mu_). The first merge
+    // of each goes whole, later ones as updates against the version before (a session drops nothing).
+    std::vector<bool> carried;
   };
 
   void merger_loop();

@@ -365,8 +365,30 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
   std::vector<float> delta(n);
   merge_fragment(layout_, p, views, weights,
                  config_.diloco.merge, is_embedding_, delta);
+  const wire::Codec down = wire::parse_codec(to_string(config_.diloco.wire_down));
+  std::vector<float> previous;
+  if (down != wire::Codec::kFp32) previous = frag.theta;
   nesterov_outer_step(frag.theta, frag.momentum, delta, static_cast<float>(config_.diloco.outer_lr),
                       static_cast<float>(config_.diloco.outer_momentum));
+  MergedFragmentData merged{p, frag.version + 1, round.step, ids, {}, -1, {}};
+  if (down != wire::Codec::kFp32) {
+    // 7b) the compressed downlink (docs/protocol.md §9): the canonical Θ_p is what every learner rebuilds from the
+    // encoded update, Θ_p^prev + Û; with error feedback what the codec dropped goes into the next update of p.
+    std::vector<float> update(n);
+    for (size_t i = 0; i < n; ++i) update[i] = frag.theta[i] - previous[i];
+    try {
+      merged.update = config_.diloco.error_feedback ? frag.down_feedback.encode(update, down) : wire::encode(update, down);
+      std::vector<float> rebuilt;
+      const std::string bad = wire::apply_update(previous, merged.update, rebuilt);
+      if (!bad.empty()) throw InputError(bad);
+      frag.theta = std::move(rebuilt);
+      merged.base_version = frag.version;
+    } catch (const InputError& e) {  // a non-finite update: the integer codecs cannot carry it, Θ_p goes whole
+      frag.down_feedback.reset();
+      merged.update = {};
+      actions.events.push_back(event("downlink_whole", {{"fragment", p}, {"round", round.step}, {"reason", e.what()}}));
+    }
+  }
   frag.version += 1;
   frag.anchors.emplace_back(frag.version, frag.theta);
   while (static_cast<int64_t>(frag.anchors.size()) > config_.diloco.anchor_versions) frag.anchors.pop_front();
@@ -377,7 +399,8 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
   actions.events.push_back(event("merged", {{"fragment", p}, {"round", round.step}, {"version", frag.version},
                                             {"participants", ids}, {"weights", normalised},
                                             {"outer_grad_norm", l2_norm(delta)}}));
-  actions.merged.push_back({p, frag.version, round.step, ids, frag.theta});
+  merged.theta = frag.theta;
+  actions.merged.push_back(std::move(merged));
 }
 
 void SyncerState::restore_fragment(int p, std::vector<float> theta, std::vector<float> momentum, int64_t version) {

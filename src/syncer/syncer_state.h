@@ -28,6 +28,7 @@
 #include "core/fragments.h"
 #include "core/merge.h"
 #include "core/state_machine.h"
+#include "transport/codec.h"
 
 namespace dloco {
 
@@ -63,7 +64,11 @@ struct MergedFragmentData {
   int64_t version = 0;
   int64_t round_step = 0;
   std::vector<int> participants;
-  std::vector<float> theta;  // Θ_p after the outer step
+  std::vector<float> theta;  // Θ_p after the outer step (with diloco.wire_down: Θ_p at the base + Û, canonical)
+  // diloco.wire_down ≠ fp32: the outer update U = Θ_p − Θ_p^prev (+ the downlink residual) encoded, and the version
+  // it applies to (version − 1); base_version −1 when the downlink sends Θ_p whole.
+  int64_t base_version = -1;
+  wire::Payload update;
 };
 
 /// What the service must do after a call, in order: send pulls; persist each merged fragment, then broadcast it.
@@ -160,6 +165,7 @@ class SyncerState {
     std::vector<float> momentum;   // v_p
     int64_t version = 0;
     std::deque<std::pair<int64_t, std::vector<float>>> anchors;  // recent (version, Θ_p) for re-anchoring
+    wire::ErrorFeedback down_feedback;  // diloco.wire_down with error feedback: what the last U's codec dropped
   };
   struct Round {
     int64_t step = 0;  // u; -1 for the final flush

@@ -222,7 +222,20 @@ std::string decode(const Payload& payload, std::vector<float>& out, int64_t expe
   return "";
 }
 
-Payload ErrorFeedback::encode(std::vector<float>& values, Codec codec, int64_t block) {
+std::string apply_update(std::span<const float> base, const Payload& update, std::vector<float>& out) {
+  std::string bad = decode(update, out, static_cast<int64_t>(base.size()));
+  if (!bad.empty()) return bad;
+  for (size_t i = 0; i < base.size(); ++i) {
+    out[i] = base[i] + out[i];
+    if (!std::isfinite(out[i])) {
+      return "value " + std::to_string(i) + " of the updated fragment is not finite (" + std::to_string(base[i]) +
+             " + update)";
+    }
+  }
+  return "";
+}
+
+Payload ErrorFeedback::encode(std::vector<float>& values, Codec codec, int64_t block, std::vector<float>* decoded) {
   if (residual_.size() == values.size()) {
     for (size_t i = 0; i < values.size(); ++i) values[i] += residual_[i];
   }
@@ -238,6 +251,7 @@ Payload ErrorFeedback::encode(std::vector<float>& values, Codec codec, int64_t b
   DLOCO_CHECK(bad.empty() && "the codec cannot decode what it encoded");
   residual_.resize(values.size());
   for (size_t i = 0; i < values.size(); ++i) residual_[i] = values[i] - sent[i];
+  if (decoded) *decoded = std::move(sent);
   return payload;
 }
 

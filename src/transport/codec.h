@@ -42,15 +42,22 @@ Payload encode(std::span<const float> values, Codec codec, int64_t block = 0);
 /// fp32 and bf16 values is the caller's check (the syncer refuses non-finite deltas and counts them).
 std::string decode(const Payload& payload, std::vector<float>& out, int64_t expected_numel = -1);
 
+/// Θ_p at the next version from Θ_p at the base and an encoded outer update U (the compressed downlink, issue 14
+/// part 3): out[i] = base[i] + Û[i] in fp32, the one formula the syncer and every learner use, so every copy equals
+/// the syncer's Θ_p bit for bit. Returns "" on success, else what was wrong (decode()'s reasons, a size other than
+/// the base's, a sum that is not finite); `out` is then unspecified.
+std::string apply_update(std::span<const float> base, const Payload& update, std::vector<float>& out);
+
 /// Error feedback for one stream of vectors of one size (issue 14 part 2; a learner keeps one per fragment): what
 /// the codec dropped from the last vector sent is added to the next, so the sum of what was sent tracks the sum of
 /// the inputs to within one rounding (|Σ x − Σ x̂| = |e| ≤ one block's bound) instead of drifting by the codec's bias
 /// every round. Not thread-safe.
 class ErrorFeedback {
  public:
-  /// Sends x = `values` + e as `codec` (`values` becomes x, in place) and keeps e ← x − decode(sent). A size other
-  /// than the last one's starts from e = 0. Throws InputError as encode() does (e is then cleared).
-  Payload encode(std::vector<float>& values, Codec codec, int64_t block = 0);
+  /// Sends x = `values` + e as `codec` (`values` becomes x, in place) and keeps e ← x − decode(sent); `decoded`
+  /// (if given) receives decode(sent). A size other than the last one's starts from e = 0. Throws InputError as
+  /// encode() does (e is then cleared).
+  Payload encode(std::vector<float>& values, Codec codec, int64_t block = 0, std::vector<float>* decoded = nullptr);
   /// e = 0 (the next vector is relative to another base: a re-anchor, a restart).
   void reset() { residual_.clear(); }
   /// e, empty before the first vector.

@@ -16,7 +16,8 @@ namespace dloco::wire {
 /// The wire protocol's version; a peer with another one is refused with both versions named.
 inline constexpr uint32_t kProtocolVersion = 1;
 
-/// An encoded tensor payload: `codec` names the encoding ("fp32" | "bf16"), `bytes` the little-endian values.
+/// An encoded tensor payload: `codec` names the encoding ("fp32" | "bf16" | "q8/<B>" | "q4/<B>",
+/// transport/codec.h), `bytes` the encoded values.
 struct Payload {
   std::string codec;
   std::string bytes;
@@ -106,10 +107,14 @@ struct PullRequest {
   int64_t oldest_anchor = 0;  // oldest version of Θ_p the syncer can rebuild a delta against
 };
 
+/// A merge's result. `base_version` −1: `fragment.payload` is Θ_p itself (fp32). ≥ 0 (diloco.wire_down, issue 14
+/// part 3): the payload is the outer update U encoded, and Θ_p = apply_update(Θ_p at base_version, U)
+/// (transport/codec.h), bit for bit what the syncer holds; a session's first merge of each fragment is always whole.
 struct MergedFragment {
   Fragment fragment;
   int64_t round_step = 0;         // u of the round that produced it
   std::vector<int> participants;  // learners whose answers were merged
+  int64_t base_version = -1;
 };
 
 struct GlobalStep { int64_t step = 0; };  // the clock, when it moves

@@ -340,13 +340,15 @@ TEST_F(Baselines, CompareWritesTheTableTheRunsAndThePlot) {
   std::ofstream(cfg) << to_toml(c);
   const fs::path log = root_ / "compare.log";
   ASSERT_EQ(std::system((kDloco + " compare --config " + cfg.string() + " --modes dp,decoupled --variant "
-                         "\"mean:diloco.merge=mean;diloco.weights=uniform\" --seeds 1 --name cmp > " + log.string() +
+                         "\"mean:diloco.merge=mean;diloco.weights=uniform\" --variant "
+                         "\"q4:diloco.wire_up=q4;diloco.wire_down=q4;diloco.error_feedback=true\" --seeds 1 --name cmp > " +
+                         log.string() +
                          " 2>&1").c_str()),
             0)
       << "see " << log;
   const fs::path dir = root_ / "cmp";
   const auto report = nlohmann::json::parse(std::ifstream(dir / "compare.json"));
-  ASSERT_EQ(report["runs"].size(), 3u);
+  ASSERT_EQ(report["runs"].size(), 4u);
   for (const auto& run : report["runs"]) {
     EXPECT_EQ(run["report"]["status"], "finished") << run.dump();
     EXPECT_EQ(run["report"]["tokens_trained"], c.train.total_tokens) << "runs compare at equal tokens";
@@ -356,7 +358,21 @@ TEST_F(Baselines, CompareWritesTheTableTheRunsAndThePlot) {
   EXPECT_EQ(report["runs"][2]["config"]["diloco"]["merge"], "mean");  // the variant's overrides were applied
   std::ifstream md(dir / "compare.md");
   const std::string table((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
-  for (const char* row : {"| dp |", "| decoupled |", "| mean |"}) EXPECT_NE(table.find(row), std::string::npos) << table;
+  for (const char* row : {"| dp |", "| decoupled |", "| mean |", "| q4 |"}) {
+    EXPECT_NE(table.find(row), std::string::npos) << table;
+  }
+  // Bytes per direction and per learner-step (issue 14 part 4): decoupled sends a fragment every H steps where dp
+  // all-reduces every step, and q4 both ways sends about 4.5 / 32 of fp32's bytes.
+  ASSERT_EQ(report["variants"].size(), 4u);
+  const auto& dp = report["variants"][0];
+  const auto& decoupled = report["variants"][1];
+  const auto& q4 = report["variants"][3];
+  EXPECT_NEAR(dp["fewer_bytes_than_dp"].get<double>(), 1.0, 1e-9);
+  EXPECT_GT(decoupled["fewer_bytes_than_dp"].get<double>(), 1.5) << table;
+  EXPECT_GT(decoupled["mb_down_per_learner"].get<double>(), 0) << table;
+  EXPECT_GT(decoupled["mb_up_per_learner"].get<double>(), 0) << table;
+  EXPECT_LT(q4["bytes_per_learner_step"].get<double>(), 0.35 * decoupled["bytes_per_learner_step"].get<double>()) << table;
+  EXPECT_LT(q4["mb_down_per_learner"].get<double>(), 0.35 * decoupled["mb_down_per_learner"].get<double>()) << table;
   EXPECT_TRUE(fs::exists(dir / "loss.png")) << "see " << log;
   // A typo in a variant fails before any training.
   EXPECT_NE(std::system((kDloco + " compare --config " + cfg.string() + " --variant \"bad:diloco.merj=mean\" --name "

@@ -42,15 +42,18 @@ TEST(Config, OptionsAreParsedOnceIntoTheirChoicesAndSavedByName) {
   EXPECT_NE(bad.find("'diloco.mode' must be \"local\", \"decoupled\", \"dp\", \"diloco\", \"streaming\" (got \"async\")"),
             std::string::npos) << bad;
   EXPECT_NE(bad.find(":2"), std::string::npos) << "the error does not give the line: " << bad;
-  const Config c = parse_config("[diloco]\nmode = \"streaming\"\nweights = \"uniform\"\n[run]\n", {"diloco.wire_dtype=bf16"});
+  const Config c = parse_config("[diloco]\nmode = \"streaming\"\nweights = \"uniform\"\n[run]\n", {"diloco.wire_up=bf16"});
   EXPECT_EQ(c.diloco.mode, Mode::kStreaming);
   EXPECT_EQ(c.diloco.weights, WeightRule::kUniform);
-  EXPECT_EQ(c.diloco.wire_dtype, WireDtype::kBf16);
+  EXPECT_EQ(c.diloco.wire_up, WireDtype::kBf16);
   const nlohmann::json j = to_json(c);
   EXPECT_EQ(j["diloco"]["mode"], "streaming");
   EXPECT_EQ(j["run"]["recovery"], "stop");
-  EXPECT_NE(to_toml(c).find("wire_dtype = 'bf16'"), std::string::npos) << to_toml(c);
-  EXPECT_EQ(parse_config(to_toml(c)).diloco.wire_dtype, WireDtype::kBf16);  // round trip through the saved file
+  EXPECT_NE(to_toml(c).find("wire_up = 'bf16'"), std::string::npos) << to_toml(c);
+  EXPECT_EQ(parse_config(to_toml(c)).diloco.wire_up, WireDtype::kBf16);  // round trip through the saved file
+  EXPECT_EQ(parse_config("[diloco]\n", {"diloco.wire_down=q4"}).diloco.wire_down, WireDtype::kQ4);
+  const std::string renamed = error_of("[diloco]\nwire_dtype = \"q4\"\n");  // the field's earlier name
+  EXPECT_NE(renamed.find("renamed: it is diloco.wire_up now"), std::string::npos) << renamed;
 }
 
 TEST(Config, RangeChecksNameTheKey) {

@@ -405,6 +405,54 @@ TEST_F(ProtocolTest, Q4OuterGradientsWithErrorFeedbackMergeAndEveryCopyEndsEqual
   expect_copies_equal_theta(results);
 }
 
+// Issue 14 part 3: q4 both ways with error feedback both ways. The syncer sends each merge as an encoded update
+// (after a whole first copy per session) and keeps as Θ exactly what the learners rebuild; two merges to learner 1
+// vanish on the way, so its next update is against a version it lacks: it refuses to guess, re-opens its session,
+// gets a whole copy and goes on applying updates. Sized in versions (learner 1 trains until it has applied three
+// more of every fragment after re-attaching; the others until it is done), so it holds on any machine. Every copy
+// ends bitwise equal to Θ.
+TEST_F(ProtocolTest, Q4BothWaysKeepsEveryCopyBitwiseEqualToThetaAndRecoversFromALostUpdate) {
+  codec_ = wire::Codec::kQ4;
+  error_feedback_ = true;
+  config_.diloco.wire_down = WireDtype::kQ4;
+  config_.diloco.error_feedback = true;
+  start_syncer();
+  std::atomic<bool> learner_1_done{false};
+  const StepHook learner_1 = [&](int64_t step, const OuterSync& sync, const LearnerLink& link) {
+    if (step == 40) net_.drop_merges("learner 1", 2);
+    static thread_local std::vector<int64_t> at_reattach;
+    if (at_reattach.empty() && link.reconnects() >= 1) at_reattach = sync.versions();
+    bool done = !at_reattach.empty();
+    for (size_t p = 0; done && p < at_reattach.size(); ++p) done = sync.versions()[p] >= at_reattach[p] + 3;
+    learner_1_done = done;
+    return done;
+  };
+  const StepHook others = [&](int64_t step, const OuterSync&, const LearnerLink&) {
+    return step >= kSteps && learner_1_done.load();
+  };
+  const auto results = run_all({{0, others}, {1, learner_1}, {2, others}}, {{0, 1'000'000}, {1, 1'000'000}, {2, 1'000'000}});
+  EXPECT_EQ(net_.dropped_merges("learner 1"), 2);
+  const auto learner_1_events = events_of("learner_1.jsonl");
+  const auto gaps = named(learner_1_events, "merged_gap");
+  ASSERT_FALSE(gaps.empty()) << "an update against a version learner 1 never got was not noticed";
+  EXPECT_GE(results[1].reconnects, 1) << "learner 1 did not re-open its session for a whole copy";
+  int updates_after_gap = 0;
+  for (const auto& e : named(learner_1_events, "applied")) {
+    updates_after_gap += e["from"] == "update" && e["t"].get<double>() > gaps[0]["t"].get<double>() ? 1 : 0;
+  }
+  EXPECT_GE(updates_after_gap, 4) << "learner 1 did not go back to applying updates after its whole copy";
+  // Learner 0 kept one session: one whole copy of each fragment, then updates only.
+  int whole = 0, updates = 0;
+  for (const auto& e : named(events_of("learner_0.jsonl"), "applied")) (e["from"] == "whole" ? whole : updates) += 1;
+  EXPECT_LE(whole, 2);
+  EXPECT_GE(updates, 10);
+  for (const char* who : {"learner_0.jsonl", "learner_1.jsonl", "learner_2.jsonl"}) {
+    EXPECT_TRUE(named(events_of(who), "merged_refused").empty()) << who;
+  }
+  EXPECT_TRUE(named(events_of("syncer_1.jsonl"), "answer_refused").empty());
+  expect_copies_equal_theta(results);
+}
+
 // A learner whose answers arrive malformed (an unknown codec, a cut payload, a wrong count, a NaN, an infinite and a
 // negative scale, an integer outside the range): the syncer refuses each with its reason, counts it, merges nothing
 // from it, and the run goes on to the end with every copy equal to Θ.

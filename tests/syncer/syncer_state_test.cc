@@ -16,8 +16,11 @@ namespace {
 class SyncerStateTest : public ::testing::Test {
  protected:
   SyncerState make(int M, int K, bool grace, const std::string& merge = "mean", const std::string& weights = "uniform",
-                   double outer_lr = 1.0, double momentum = 0.0) {
+                   double outer_lr = 1.0, double momentum = 0.0, WireDtype down = WireDtype::kFp32,
+                   bool error_feedback = false) {
     Config c = parse_config("");
+    c.diloco.wire_down = down;
+    c.diloco.error_feedback = error_feedback;
     c.diloco.learners = M;
     c.diloco.quorum = K;
     c.diloco.grace_window = grace;
@@ -118,6 +121,51 @@ TEST_F(SyncerStateTest, MergeAppliesTheOuterStepAndVersionsOnlyIncrease) {
   s.tick(2.6);
   EXPECT_EQ(s.version(1), 2);
   EXPECT_FLOAT_EQ(s.theta(1)[0], 1.0f);
+}
+
+// diloco.wire_down = q4 (issue 14 part 3): the merge carries the outer update encoded against the version before,
+// and the syncer's Θ_p is exactly what a learner rebuilds from it (Θ^prev + Û, bitwise), not the exact outer step;
+// with error feedback what the codec dropped is carried into the next update, so after many rounds of the same
+// exact step Θ tracks the exact sum to within one rounding where without it the bias would pile up.
+TEST_F(SyncerStateTest, ACompressedDownlinkMakesTheRebuiltThetaCanonical) {
+  for (const bool feedback : {false, true}) {
+    auto s = make(1, 1, false, "mean", "uniform", 1.0, 0.0, WireDtype::kQ4, feedback);
+    s.on_join(0, 0.0);
+    std::vector<float> theta = s.theta(1), exact = s.theta(1);
+    const std::vector<float> step = {0.3f, -0.011f, 0.05f, 0.0f};  // Δ: Θ moves by −Δ each round (η = 1, μ = 0)
+    std::string why;
+    for (int round = 0; round < 40; ++round) {
+      const int64_t u = 2 * round + 1;  // fragment 1 is due at odd steps
+      s.on_report(0, report(u), u);
+      const auto pulls = s.tick(u).pulls;  // fragment 1's round, and fragment 0's of step u − 1 after the first
+      ASSERT_FALSE(pulls.empty()) << round;
+      for (const auto& pull : pulls) {
+        const std::vector<float> delta = pull.fragment == 1 ? step : std::vector<float>(4, 0.0f);
+        ASSERT_EQ(s.on_answer(0, answer(pull.fragment, pull.round_step, delta, s.version(pull.fragment)), u + 0.1, &why),
+                  AnswerOutcome::kAccepted) << why;
+      }
+      const auto a = s.tick(u + 0.2);
+      ASSERT_EQ(a.merged.size(), pulls.size());
+      const MergedFragmentData& m = a.merged.back();
+      ASSERT_EQ(m.fragment, 1);
+      EXPECT_EQ(m.base_version, m.version - 1);
+      EXPECT_EQ(m.update.codec, "q4/64");
+      std::vector<float> rebuilt;
+      ASSERT_EQ(wire::apply_update(theta, m.update, rebuilt), "");
+      ASSERT_EQ(rebuilt, m.theta) << "round " << round << ": the broadcast Θ is not what a learner rebuilds";
+      ASSERT_EQ(rebuilt, s.theta(1));
+      theta = rebuilt;
+      for (size_t i = 0; i < exact.size(); ++i) exact[i] -= step[i];
+    }
+    // Value 1 (−0.011 a round) is below q4's resolution beside 0.3 in the same block (0.3 / 7 / 2 = 0.021): without
+    // feedback it is rounded to 0 every round (off by 0.44 after 40); with feedback it stays within one step.
+    const double drift = std::fabs(theta[1] - exact[1]);
+    if (feedback) {
+      EXPECT_LT(drift, 0.3 / 7 + 1e-4);
+    } else {
+      EXPECT_GT(drift, 0.4);
+    }
+  }
 }
 
 TEST_F(SyncerStateTest, AnswersAreValidatedLateOnesDroppedBadOnesRefused) {

@@ -232,6 +232,28 @@ namespace {
 
 // The bandwidth simulator (sim/bandwidth.h, `dloco sim bandwidth`) prices int8 and int4 at the codec's own size:
 // bits_per_value = 8 · encoded_bytes / n for a fragment-sized n (the 8-byte header is below 1e-6 of it).
+// The compressed downlink's one formula: Θ' = Θ + Û in fp32, the same on the syncer and on every learner.
+TEST(Codec, ApplyUpdateIsBaseplusTheDecodedUpdateAndRefusesWhatCannotBeApplied) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<float> base(300), update(300);
+  for (auto& x : base) x = g(rng);
+  for (auto& x : update) x = 1e-3f * g(rng);
+  const wire::Payload u = wire::encode(update, wire::Codec::kQ4);
+  std::vector<float> decoded, out;
+  ASSERT_EQ(wire::decode(u, decoded), "");
+  ASSERT_EQ(wire::apply_update(base, u, out), "");
+  ASSERT_EQ(out.size(), base.size());
+  for (size_t i = 0; i < base.size(); ++i) ASSERT_EQ(out[i], base[i] + decoded[i]) << i;  // bitwise
+  EXPECT_NE(wire::apply_update(std::span<const float>(base).first(299), u, out).find("expected"), std::string::npos);
+  std::vector<float> huge(300, 3e38f);
+  const wire::Payload big = wire::encode(huge, wire::Codec::kFp32);
+  EXPECT_NE(wire::apply_update(huge, big, out).find("not finite"), std::string::npos);  // 3e38 + 3e38 overflows
+  wire::Payload cut = u;
+  cut.bytes.pop_back();
+  EXPECT_NE(wire::apply_update(base, cut, out), "");
+}
+
 TEST(Codec, TheBandwidthModelUsesTheCodecsSizes) {
   const int64_t n = int64_t{64} * 1000 * 1000 * 10;  // the 64-bit header costs 8·8 / n = 1e-7 bits a value
   EXPECT_NEAR(dloco::sim::bits_per_value(dloco::sim::Precision::kInt4, 64),

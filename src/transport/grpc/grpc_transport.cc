@@ -264,6 +264,7 @@ void to_proto(const wire::SyncerMessage& m, v1::SyncerMessage* out) {
     to_proto(merged->fragment, out->mutable_merged()->mutable_fragment());
     out->mutable_merged()->set_round_step(merged->round_step);
     for (int who : merged->participants) out->mutable_merged()->add_participants(who);
+    if (merged->base_version >= 0) out->mutable_merged()->set_base_version(merged->base_version);
   } else if (const auto* clock = std::get_if<wire::GlobalStep>(&m)) {
     out->set_global_step(clock->step);
   } else if (std::holds_alternative<wire::Stop>(m)) {
@@ -280,7 +281,8 @@ bool from_proto(const v1::SyncerMessage& m, wire::SyncerMessage* out) {
       return true;
     case v1::SyncerMessage::kMerged: {
       const auto& p = m.merged().participants();
-      *out = wire::MergedFragment{from_proto(m.merged().fragment()), m.merged().round_step(), {p.begin(), p.end()}};
+      *out = wire::MergedFragment{from_proto(m.merged().fragment()), m.merged().round_step(), {p.begin(), p.end()},
+                                  m.merged().has_base_version() ? m.merged().base_version() : -1};
       return true;
     }
     case v1::SyncerMessage::kGlobalStep: *out = wire::GlobalStep{m.global_step()}; return true;
