@@ -7,13 +7,14 @@
 # Usage (from the repository root, after scripts/build.sh and `dloco data prepare --kjv --out data/kjv`):
 #   [SEEDS=1,2] [NAME=frontier] [POINTS="h12 large"] bench/frontier.sh
 # POINTS: h12 = dp and every codec at H = 12 (6 runs per seed); large = fp32, q4 and q4 + error feedback at
-# H = 24 and 48 (6 runs). ~5.5 min a run on 2 cores. Results: runs/<NAME>/compare.md.
+# H = 24 and 48 (6 runs); h96 = q4 and q4 + error feedback at H = 96 (2 runs). ~3.5 min a run on 2 cores.
+# Results: runs/<NAME>/compare.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DLOCO=${DLOCO:-build/bin/dloco}
 SEEDS=${SEEDS:-1}
 NAME=${NAME:-frontier}
-POINTS=${POINTS:-h12 large}
+POINTS=${POINTS:-h12 large h96}
 variant() {  # name codec error_feedback H
   echo "--variant=$1:diloco.wire_up=$2;diloco.wire_down=$2;diloco.error_feedback=$3;diloco.inner_steps=$4"
 }
@@ -30,7 +31,8 @@ for point in $POINTS; do
         args+=("$(variant fp32-h$H fp32 false $H)" "$(variant q4-h$H q4 false $H)" "$(variant q4ef-h$H q4 true $H)")
       done
       ;;
-    *) echo "unknown point '$point' (h12, large)" >&2; exit 2 ;;
+    h96) args+=("$(variant q4-h96 q4 false 96)" "$(variant q4ef-h96 q4 true 96)") ;;
+    *) echo "unknown point '$point' (h12, large, h96)" >&2; exit 2 ;;
   esac
 done
 exec "$DLOCO" compare --config configs/demo.toml --seeds "$SEEDS" --name "$NAME" "${args[@]}"

@@ -2,7 +2,8 @@
 // core, against a plain memcpy of the same fp32 bytes, for the demo model's size (1.4M values, one outer
 // gradient) and the ~8× larger preset's. Throughput counts the fp32 input: GB/s = 4·n / (encode + decode time).
 // Repeats alternate memcpy and codec; medians are compared, so the printed ratios hold within one run on a noisy
-// machine. Also prints the error feedback's cost (encode with the residual kept) and the bytes on the wire.
+// machine. Also prints the error feedback's rate (encode, keep the residual and the decoded copy: what a learner or
+// the syncer does per fragment) and the bytes on the wire.
 // Usage: build/bin/bench_codec [REPEATS=9]
 #include <algorithm>
 #include <chrono>
@@ -67,9 +68,11 @@ int main(int argc, char** argv) {
       }
       const double fp32_gb = 4.0 * static_cast<double>(n) / 1e9;
       const double codec_gbs = fp32_gb / median(t_codec), copy_gbs = fp32_gb / median(t_copy);
-      std::printf("%9lld %-6s %10lld %10.3f %10.2f %11.2f %10.3f %12.2f\n", static_cast<long long>(n),
+      char ef[32] = "-";  // error feedback is for the lossy codecs only
+      if (codec != wire::Codec::kFp32) std::snprintf(ef, sizeof(ef), "%.2f", fp32_gb / median(t_ef));
+      std::printf("%9lld %-6s %10lld %10.3f %10.2f %11.2f %10.3f %12s\n", static_cast<long long>(n),
                   wire::to_string(codec), static_cast<long long>(bytes), 8.0 * static_cast<double>(bytes) / n, codec_gbs,
-                  copy_gbs, codec_gbs / copy_gbs, fp32_gb / median(t_ef));
+                  copy_gbs, codec_gbs / copy_gbs, ef);
     }
   }
   return sink == 12345.0f ? 1 : 0;

@@ -85,8 +85,12 @@ std::vector<std::pair<double, double>> eval_curve(const fs::path& run_dir, const
   return curve;
 }
 
-// Bytes a learner (or worker) sent and received, averaged over the report's learners: {up, down}.
-std::pair<double, double> mean_bytes_per_learner(const nlohmann::json& report) {
+// Bytes the report's learners (or workers) sent and received: {up, down} summed over them, and how many there were.
+struct LearnerBytes {
+  double up = 0, down = 0;
+  int learners = 0;
+};
+LearnerBytes learner_bytes(const nlohmann::json& report) {
   double up = 0, down = 0;
   int n = 0;
   const nlohmann::json bytes = report.value("bytes", nlohmann::json::object());  // a named copy: items() refers to it
@@ -97,7 +101,7 @@ std::pair<double, double> mean_bytes_per_learner(const nlohmann::json& report) {
       ++n;
     }
   }
-  return n ? std::pair{up / n, down / n} : std::pair{0.0, 0.0};
+  return {up, down, n};
 }
 
 std::string fmt(const char* f, double v) {
@@ -214,14 +218,15 @@ VariantRow variant_row(const Variant& v, const std::vector<Run>& runs, nlohmann:
     row.ppl += r.report.value("final_val_perplexity", NAN);
     row.wall += r.report.value("wall_seconds", NAN);
     row.tps += r.report.value("tokens_per_second", NAN);
-    const auto [up, down] = mean_bytes_per_learner(r.report);
-    row.mb_up += up / 1e6;
-    row.mb_down += down / 1e6;
-    // A learner-step: one inner step of one learner (B·T·grad_accum tokens); the tokens trained over M learners.
+    const LearnerBytes b = learner_bytes(r.report);
+    const double n = std::max(1, b.learners);
+    row.mb_up += b.up / n / 1e6;
+    row.mb_down += b.down / n / 1e6;
+    // A learner-step: one inner step of one learner (B·T·grad_accum tokens). All learners' bytes over all their
+    // steps, so learners that joined late or restarted count as what they sent and trained.
     const double learner_steps = r.report.value("tokens_trained", 0.0) /
-                                 static_cast<double>(r.config.train.tokens_per_step(r.config.model) *
-                                                     std::max<int64_t>(1, r.config.diloco.learners));
-    row.bytes_per_step += learner_steps > 0 ? (up + down) / learner_steps : 0;
+                                 static_cast<double>(r.config.train.tokens_per_step(r.config.model));
+    row.bytes_per_step += learner_steps > 0 ? (b.up + b.down) / learner_steps : 0;
     row.syncs += r.report.contains("merges") ? r.report.value("merges", 0.0) : r.report.value("syncs", 0.0);
     row.per_seed += std::string(row.per_seed.empty() ? "" : ", ") + fmt("%.4f", r.report.value("final_val_loss", NAN));
     const auto curve = eval_curve(r.config.run_dir(), r.config);
@@ -279,7 +284,7 @@ void write_compare_report(const CompareOptions& o, const Config& base, const fs:
   }
   md << "\nSyncs: merges of fragments (decoupled), outer all-reduces (diloco, streaming) or gradient all-reduces "
         "(dp). Bytes: up = what a learner sent, down = what it received; decoupled counts the protocol's payloads "
-        "(codec bytes plus ~64 bytes a message) both ways; the baselines count a ring all-reduce's "
+        "(codec bytes plus ~64 bytes a message) both ways, bootstrap included; the baselines count a ring all-reduce's "
         "2·(M−1)/M·size per worker each way. A learner-step is one inner step of one learner; \"fewer bytes than "
         "dp\" divides the dp variant's bytes per learner-step by the row's. Curves: in-training evaluations on "
         "train.eval_tokens validation tokens, ending at the final loss on the whole validation split (the "

@@ -21,6 +21,7 @@
 #include "sim/goodput_config.h"
 #include "sim/goodput_sim.h"
 #include "sim/report.h"
+#include "transport/codec.h"
 
 namespace dloco::apps {
 namespace {
@@ -288,7 +289,13 @@ void add_bandwidth(CLI::App& sim) {
       }
       std::cout << j.dump() << '\n';
     } else {
-      std::cout << format_reference_points() << '\n' << format_table4();
+      // dloco's own codecs at their real encoded size (transport/codec.h), one reference fragment of 5e9 / 24 values.
+      constexpr int64_t kFragment = 5'000'000'000 / 24;
+      std::vector<CodecSize> codecs;
+      for (const wire::Codec c : {wire::Codec::kQ8, wire::Codec::kQ4}) {
+        codecs.push_back({wire::to_string(c), kFragment, wire::encoded_bytes(c, kFragment)});
+      }
+      std::cout << format_reference_points(codecs) << '\n' << format_table4();
     }
     if (args->plot_path.empty()) return;
     struct Line { std::string title; SyncMethod method; int64_t tau; Precision p; };

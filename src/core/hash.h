@@ -1,4 +1,5 @@
-// FNV-1a 64-bit hashing for layout, config and tokenizer fingerprints exchanged in handshakes.
+// FNV-1a 64-bit hashing for layout, config and tokenizer fingerprints exchanged in handshakes, and for naming a
+// fragment's contents (end-of-run copy checks, the base of a compressed-downlink update).
 // Not cryptographic: it detects mismatches between honest peers, the shared secret guards the rest.
 #pragma once
 
@@ -18,6 +19,11 @@ inline uint64_t fnv1a64(std::string_view bytes, uint64_t seed = 1469598103934665
     h *= 1099511628211ull;
   }
   return h;
+}
+
+/// FNV-1a 64 of the bytes of `values` (the compressed downlink names its base's, docs/protocol.md §9).
+inline uint64_t fnv1a64_floats(std::span<const float> values) {
+  return fnv1a64(std::string_view(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)));
 }
 
 /// FNV-1a 64 of the bytes of `values`, as 16 hex digits: end-of-run checks that every learner's copy of a

@@ -191,7 +191,11 @@ void LearnerLink::session_loop() {
         out = std::move(outbox_.front());
         outbox_.pop_front();
       }
-      if (!stream->write(out)) break;
+      if (!stream->write(out)) {  // the session broke (or resync() ended it): the next one sends it
+        std::lock_guard lock(mu_);
+        outbox_.push_front(std::move(out));
+        break;
+      }
     }
     stream->cancel();
     reader.join();

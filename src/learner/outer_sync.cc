@@ -19,6 +19,7 @@ OuterSync::OuterSync(OuterSyncConfig config, InnerJob& job, LearnerLink& link, E
       version_(static_cast<size_t>(config_.fragments), 0),
       newest_(static_cast<size_t>(config_.fragments)),
       newest_version_(static_cast<size_t>(config_.fragments), 0),
+      newest_hash_(static_cast<size_t>(config_.fragments), 0),
       resync_asked_(static_cast<size_t>(config_.fragments), false),
       steps_since_(static_cast<size_t>(config_.fragments), 0),
       tokens_since_(static_cast<size_t>(config_.fragments), 0),
@@ -33,6 +34,7 @@ void OuterSync::emit(const char* event, const nlohmann::json& fields) const {
 void OuterSync::adopt(int p, int64_t version, std::shared_ptr<const std::vector<float>> theta) {
   job_.write_fragment(p, *theta);
   version_[p] = newest_version_[p] = version;
+  newest_hash_[p] = fnv1a64_floats(*theta);
   newest_[p] = theta;
   base_[p] = std::move(theta);
   if (board_) board_->publish(p, version, base_[p]);
@@ -48,6 +50,10 @@ void OuterSync::count_step(int64_t tokens) {
 void OuterSync::fill_counters(wire::Metadata& metadata) const {
   metadata.steps = steps_since_;
   metadata.tokens = tokens_since_;
+  metadata.versions = newest_version_;
+  for (int p = 0; p < config_.fragments; ++p) {
+    if (resync_asked_[p]) metadata.versions[p] = -1;  // it wants p whole: its copy may not be the one it numbers
+  }
 }
 
 BoundaryOutcome OuterSync::boundary(int64_t step, bool finished) {
@@ -83,7 +89,10 @@ void OuterSync::answer(const wire::PullRequest& pull, int64_t step) {
   wire::PullAnswer a{p, pull.round_step, step, version_[p], steps_since_[p], tokens_since_[p], {}};
   std::vector<float> theta(static_cast<size_t>(config_.fragment_numel[p]));
   job_.read_fragment(p, theta);
-  if (version_[p] < pull.oldest_anchor && config_.reanchor) {
+  // The syncer no longer holds the base (it is older than the oldest anchor), or never held it (the syncer came
+  // back with an older history: this learner's version is above the syncer's).
+  const bool ahead = pull.version >= 0 && version_[p] > pull.version;
+  if ((version_[p] < pull.oldest_anchor || ahead) && config_.reanchor) {
     a.base_version = -1;  // re-anchoring: raw θ in fp32
     a.delta = wire::encode(theta, wire::Codec::kFp32);
     feedback_[static_cast<size_t>(p)].reset();  // what it held was relative to the old base
@@ -117,23 +126,36 @@ wire::Payload OuterSync::encode_delta(int p, std::vector<float>& delta) {
 // or applied at the next boundary when this learner was not part of it.
 void OuterSync::receive(wire::MergedFragment merged, int64_t step) {
   const int p = merged.fragment.fragment;
-  if (p < 0 || p >= config_.fragments || merged.fragment.version <= newest_version_[p]) return;  // stale or duplicate
-  Pending m{p, merged.fragment.version, step, false, {}, merged.base_version == -1};
+  if (p < 0 || p >= config_.fragments) return;
+  const bool whole = merged.base_version == -1;
+  // A whole copy asked for (after a gap) replaces this learner's copy even at a lower version: the syncer may have
+  // come back with an older history (a persisted fragment it could not read), and its word is Θ.
+  // A whole copy at a lower version than this learner's can only come from a syncer whose history went back (within
+  // one syncer, versions only grow and none is handed out before it is persisted).
+  const bool replaces = whole && (resync_asked_[p] || merged.fragment.version < newest_version_[p]);
+  if (merged.fragment.version <= newest_version_[p] && !replaces) return;  // stale or duplicate
+  Pending m{p, merged.fragment.version, step, false, {}, whole, replaces};
   std::vector<float> theta;
   std::string bad;
-  if (merged.base_version == -1) {  // Θ_p whole
+  if (whole) {  // Θ_p whole
     try {
       theta = wire::fragment_values(merged.fragment);
       if (static_cast<int64_t>(theta.size()) != config_.fragment_numel[p]) bad = "wrong size";
     } catch (const InputError& e) {
       bad = e.what();
     }
-    resync_asked_[p] = false;
-  } else if (merged.base_version != newest_version_[p]) {  // an update against a version this learner lacks
+  } else if (merged.base_version < 0 || merged.fragment.version != merged.base_version + 1) {
+    bad = "an update from version " + std::to_string(merged.base_version) + " to " +
+          std::to_string(merged.fragment.version) + ": an update moves one version from a version ≥ 0";
+  } else if (merged.base_version != newest_version_[p] || merged.base_hash != newest_hash_[p]) {
+    // An update against a version this learner lacks (a merge lost on the way), or against other contents under
+    // the same number (a syncer restarted with an older history): refuse to guess, ask for a whole copy.
     emit("merged_gap", {{"fragment", p}, {"version", m.version}, {"base_version", merged.base_version},
                         {"holds", newest_version_[p]},
-                        {"reason", resync_asked_[p] ? "waiting for the whole copy asked for"
-                                                    : "asking for a whole copy: re-opening the session"}});
+                        {"reason", std::string(merged.base_version == newest_version_[p] ? "same version, other contents"
+                                                                                         : "a version it lacks") +
+                                       (resync_asked_[p] ? ": waiting for the whole copy asked for"
+                                                         : ": asking for a whole copy (re-opening the session)")}});
     if (!resync_asked_[p]) link_.resync();
     resync_asked_[p] = true;
     return;
@@ -142,10 +164,18 @@ void OuterSync::receive(wire::MergedFragment merged, int64_t step) {
   }
   if (!bad.empty()) {
     emit("merged_refused", {{"fragment", p}, {"version", m.version}, {"reason", bad}});
+    if (!resync_asked_[p]) link_.resync();  // the next merges would be updates against a copy it does not have
+    resync_asked_[p] = true;
     return;
   }
+  if (whole) resync_asked_[p] = false;
   m.theta = newest_[p] = std::make_shared<const std::vector<float>>(std::move(theta));
   newest_version_[p] = m.version;
+  newest_hash_[p] = fnv1a64_floats(*newest_[p]);
+  if (replaces) {  // nothing older may be applied after it
+    pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [p](const Pending& q) { return q.fragment == p; }),
+                   pending_.end());
+  }
   if (auto it = answered_.find(p); it != answered_.end() && it->second.round == merged.round_step) {
     m.participated = std::find(merged.participants.begin(), merged.participants.end(), config_.learner_id) !=
                      merged.participants.end();
@@ -164,7 +194,7 @@ void OuterSync::receive(wire::MergedFragment merged, int64_t step) {
 void OuterSync::apply(Pending& m, int64_t step) {
   const int p = m.fragment;
   if (m.participated) awaiting_merge_.erase(p);
-  if (m.version <= version_[p]) return;
+  if (m.version <= version_[p] && !m.replaces) return;
   if (!m.participated && steps_since_[p] > 0) {
     lost_steps_ += steps_since_[p];
     emit("work_lost", {{"fragment", p}, {"steps", steps_since_[p]}, {"version", m.version},

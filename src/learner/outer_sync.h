@@ -55,7 +55,7 @@ class OuterSync {
   void adopt(int p, int64_t version, std::shared_ptr<const std::vector<float>> theta);
   /// Step 3: counters after an inner step of `tokens` tokens.
   void count_step(int64_t tokens);
-  /// Step 4's per-fragment counters (steps[m][p], tokens[m][p]).
+  /// Step 4's per-fragment counters (steps[m][p], tokens[m][p]) and the newest version of each fragment it holds.
   void fill_counters(wire::Metadata& metadata) const;
   /// Steps 5–6 at the boundary after step `step`: answers pulls, queues merges, applies those due (all of them
   /// once `finished`: τ has nothing left to overlap with).
@@ -79,7 +79,8 @@ class OuterSync {
     int64_t apply_at = 0;  // first boundary at which it may be applied
     bool participated = false;
     std::shared_ptr<const std::vector<float>> theta;
-    bool whole = true;  // arrived as Θ_p itself, not as an update of the compressed downlink
+    bool whole = true;      // arrived as Θ_p itself, not as an update of the compressed downlink
+    bool replaces = false;  // a whole copy asked for after a gap: applied even at a version not above this one
   };
   struct Answered {  // the last pull of p this learner answered
     int64_t round = 0;
@@ -107,6 +108,7 @@ class OuterSync {
   // (diloco.wire_down) must be against; and whether a whole copy was asked for (LearnerLink::resync).
   std::vector<std::shared_ptr<const std::vector<float>>> newest_;
   std::vector<int64_t> newest_version_;
+  std::vector<uint64_t> newest_hash_;  // FNV-1a of newest_: an update names the hash of its base
   std::vector<bool> resync_asked_;
   std::vector<int64_t> steps_since_, tokens_since_;  // since p was last applied
   std::map<int, Answered> answered_;

@@ -157,7 +157,7 @@ std::string format_table4() {
   return os.str();
 }
 
-std::string format_reference_points() {
+std::string format_reference_points(const std::vector<CodecSize>& codecs) {
   BandwidthModel dp;
   dp.params = 5e9;
   dp.layers = 24;
@@ -173,6 +173,13 @@ std::string format_reference_points() {
      << fmt("%+.1f%%", 100 * (bf16 / 1.7 - 1)) << ")\n"
      << "  Decoupled, P = 24, tau = 2, int4 (block 256): " << fmt("%7.3f", int4) << " Gbit/s  (paper 0.43, "
      << fmt("%+.1f%%", 100 * (int4 / 0.43 - 1)) << ")\n";
+  for (const CodecSize& c : codecs) {
+    DLOCO_CHECK_GT(c.values, 0);
+    const double bits = 8.0 * static_cast<double>(c.bytes);  // one fragment of 5e9 / 24 values, as encoded
+    os << "  Decoupled, P = 24, tau = 2, dloco " << c.name << " (its codec: "
+       << fmt("%.4f", bits / static_cast<double>(c.values)) << " bits a value): " << fmt("%7.3f", bits / 2.0 / 1e9)
+       << " Gbit/s\n";
+  }
   return os.str();
 }
 

@@ -42,8 +42,16 @@ std::string format_fit(const DpFit& fit);
 /// Table 4 reproduction: per row and CU target, our bandwidth, its value on the paper's grid, the paper's,
 /// and the difference in %; then a summary count.
 std::string format_table4();
-/// The spec's reference points (5B, 1 s step): DP at 90% CU, Decoupled bf16 and int4.
-std::string format_reference_points();
+/// A codec's measured size on the wire for the reference points: `bytes` that encode `values` values.
+struct CodecSize {
+  std::string name;  // as the config names it ("q8", "q4")
+  int64_t values = 0;
+  int64_t bytes = 0;
+};
+/// The spec's reference points (5B, 1 s step): DP at 90% CU, Decoupled bf16 and int4; then, for each of `codecs`
+/// (dloco's own codecs, sized by transport/codec.h for one fragment of the reference's P = 24), the bandwidth that
+/// hides that fragment's transfer behind τ = 2 steps.
+std::string format_reference_points(const std::vector<CodecSize>& codecs = {});
 
 /// `dloco sim advise` answers.
 std::string format_learner_advice(const LearnerAdvice& advice, double target_goodput, double target_uptime);

@@ -151,12 +151,19 @@ wire::Result<wire::JoinReply> SyncerService::join(const wire::JoinRequest& req) 
 
 wire::Result<wire::Fragment> SyncerService::fragment(uint64_t session_id, int p) {
   std::lock_guard lock(mu_);
-  if (!session_valid(session_id, nullptr)) return wire::Status{wire::Code::kUnauthenticated, "unknown session: join first"};
+  int learner = -1;
+  if (!session_valid(session_id, &learner)) return wire::Status{wire::Code::kUnauthenticated, "unknown session: join first"};
   if (p < 0 || p >= static_cast<int>(published_.size())) {
     return wire::Status{wire::Code::kInvalid, "fragment " + std::to_string(p) + " does not exist"};
   }
   wire::Fragment out{p, published_[p].version, wire::encode(*published_[p].theta, wire::Codec::kFp32)};
-  bytes_sent_ += static_cast<int64_t>(out.payload.bytes.size());
+  const auto size = static_cast<int64_t>(out.payload.bytes.size());
+  bytes_sent_ += size;  // a bootstrap's fetch is the learner's download too
+  if (auto it = state_->learners().find(learner); it != state_->learners().end()) {
+    it->second.bytes_sent += size;
+  } else if (learner >= 0) {
+    bootstrap_bytes_[learner] += size;  // before its first metadata the learner has no record yet
+  }
   return out;
 }
 
@@ -286,7 +293,8 @@ void SyncerService::merger_loop() {
       for (const auto& pull : actions.pulls) {
         const wire::SyncerMessage msg = wire::PullRequest{
             pull.fragment, pull.round_step,
-            std::max<int64_t>(0, state_->version(pull.fragment) - (config_.diloco.anchor_versions - 1))};
+            std::max<int64_t>(0, state_->version(pull.fragment) - (config_.diloco.anchor_versions - 1)),
+            state_->version(pull.fragment)};
         for (int id : pull.learners) send(id, msg);
       }
       if (config_.train.checkpoint_interval > 0 &&
@@ -313,16 +321,23 @@ void SyncerService::merger_loop() {
         return;
       }
       store_.write_fragment(m.fragment, m.version, m.theta, momenta[i]);
-      const wire::SyncerMessage whole = wire::MergedFragment{
-          {m.fragment, m.version, wire::encode(m.theta, wire::Codec::kFp32)}, m.round_step, m.participants, -1};
-      const wire::SyncerMessage update =
-          wire::MergedFragment{{m.fragment, m.version, std::move(m.update)}, m.round_step, m.participants, m.base_version};
+      const wire::SyncerMessage update = wire::MergedFragment{
+          {m.fragment, m.version, std::move(m.update)}, m.round_step, m.participants, m.base_version, m.base_hash};
+      std::optional<wire::SyncerMessage> whole;  // encoded only if a session needs it
       std::lock_guard lock(mu_);
       published_[m.fragment] = {m.version, std::make_shared<const std::vector<float>>(std::move(m.theta))};
       const auto p = static_cast<size_t>(m.fragment);
       for (const auto& [id, box] : outboxes_) {
         if (box->carried.size() <= p) box->carried.resize(p + 1, false);
-        send(id, m.base_version >= 0 && box->carried[p] ? update : whole);
+        if (m.base_version >= 0 && box->carried[p]) {
+          send(id, update);
+        } else {
+          if (!whole) {
+            whole = wire::MergedFragment{{m.fragment, m.version, wire::encode(*published_[p].theta, wire::Codec::kFp32)},
+                                         m.round_step, m.participants};
+          }
+          send(id, *whole);
+        }
         box->carried[p] = true;
       }
     }

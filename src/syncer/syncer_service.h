@@ -64,9 +64,11 @@ class SyncerService final : public wire::SyncerHandler {
     std::deque<wire::SyncerMessage> queue;
     bool closed = false;
     uint64_t session_id = 0;
-    // diloco.wire_down: fragments this session has carried a merge of (under the service's mu_). The first merge
-    // of each goes whole, later ones as updates against the version before (a session drops nothing).
+    // diloco.wire_down: fragments this session has carried a merge of, or that the learner's first metadata said
+    // it holds at the latest version (under the service's mu_). Until then a merge of p goes whole, afterwards as
+    // an update against the version before (a session drops nothing).
     std::vector<bool> carried;
+    bool greeted = false;  // the session's first metadata was read
   };
 
   void merger_loop();
@@ -92,6 +94,7 @@ class SyncerService final : public wire::SyncerHandler {
   std::unique_ptr<SyncerState> state_;
   std::map<uint64_t, int> sessions_;                  // session id -> learner slot (-1: evaluator)
   std::map<int, std::shared_ptr<Outbox>> outboxes_;   // learner id -> its live session's outbox
+  std::map<int, int64_t> bootstrap_bytes_;  // fragments fetched by a learner before its first metadata (under mu_)
   SyncerStore store_;
   StreamLeases streams_;  // data.streams leases (docs/protocol.md §7)
   // Θ_p as handed out: the newest durable version of each fragment (persisted before it appears here).

@@ -22,8 +22,15 @@ wire::Status SyncerService::session(uint64_t session_id, wire::SessionPeer& peer
       old->second->cv.notify_all();
     }
     outboxes_[learner] = outbox;
-    // A learner re-attaching after the run finished (its link was down during the final flush) is told at once.
-    if (finished_.load()) outbox->queue.push_back(wire::Stop{});
+    // A learner re-attaching after the run finished (its link was down during the final flush) gets Θ whole, so it
+    // ends on Θ even if it lost the final merges, and is told at once.
+    if (finished_.load()) {
+      for (int p = 0; p < static_cast<int>(published_.size()); ++p) {
+        outbox->queue.push_back(wire::MergedFragment{
+            {p, published_[p].version, wire::encode(*published_[p].theta, wire::Codec::kFp32)}, -2, {}});
+      }
+      outbox->queue.push_back(wire::Stop{});
+    }
   }
   // The writer: drains this session's outbox onto the session.
   std::thread writer([this, &peer, outbox, learner] {
@@ -52,6 +59,15 @@ wire::Status SyncerService::session(uint64_t session_id, wire::SessionPeer& peer
     bytes_received_ += size;
     if (auto it = state_->learners().find(learner); it != state_->learners().end()) it->second.bytes_received += size;
     if (const auto* m = std::get_if<wire::Metadata>(&msg)) {
+      if (!outbox->greeted) {  // the session's first metadata: fragments it already holds at the latest version
+        outbox->greeted = true;  // get their next merge as an update (docs/protocol.md §9)
+        if (m->versions.size() == published_.size()) {
+          outbox->carried.resize(published_.size(), false);
+          for (size_t p = 0; p < published_.size(); ++p) {
+            if (!outbox->carried[p] && m->versions[p] == published_[p].version) outbox->carried[p] = true;
+          }
+        }
+      }
       on_metadata(learner, *m);
     } else {
       on_answer(learner, std::get<wire::PullAnswer>(msg));
@@ -87,6 +103,10 @@ void SyncerService::on_metadata(int learner, const wire::Metadata& m) {
   const auto rec = state_->learners().find(learner);
   if (holds && !m.leaving && (rec == state_->learners().end() || !rec->second.state.joined)) {
     state_->on_join(learner, now_s());  // bootstrapped and training: live from now on
+  }
+  if (auto b = bootstrap_bytes_.find(learner); b != bootstrap_bytes_.end()) {  // its bootstrap's download
+    if (auto it = state_->learners().find(learner); it != state_->learners().end()) it->second.bytes_sent += b->second;
+    bootstrap_bytes_.erase(b);
   }
   state_->on_report(learner, r, now_s());
   if (m.leaving) {  // scavenging: a graceful leave frees the stream and the quorum at once

@@ -6,6 +6,7 @@
 #include <iterator>
 
 #include "core/check.h"
+#include "core/hash.h"
 
 namespace dloco {
 
@@ -370,7 +371,7 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
   if (down != wire::Codec::kFp32) previous = frag.theta;
   nesterov_outer_step(frag.theta, frag.momentum, delta, static_cast<float>(config_.diloco.outer_lr),
                       static_cast<float>(config_.diloco.outer_momentum));
-  MergedFragmentData merged{p, frag.version + 1, round.step, ids, {}, -1, {}};
+  MergedFragmentData merged{p, frag.version + 1, round.step, ids, {}, -1, 0, {}};
   if (down != wire::Codec::kFp32) {
     // 7b) the compressed downlink (docs/protocol.md §9): the canonical Θ_p is what every learner rebuilds from the
     // encoded update, Θ_p^prev + Û; with error feedback what the codec dropped goes into the next update of p.
@@ -383,6 +384,7 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
       if (!bad.empty()) throw InputError(bad);
       frag.theta = std::move(rebuilt);
       merged.base_version = frag.version;
+      merged.base_hash = fnv1a64_floats(previous);
     } catch (const InputError& e) {  // a non-finite update: the integer codecs cannot carry it, Θ_p goes whole
       frag.down_feedback.reset();
       merged.update = {};

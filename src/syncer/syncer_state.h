@@ -68,6 +68,7 @@ struct MergedFragmentData {
   // diloco.wire_down ≠ fp32: the outer update U = Θ_p − Θ_p^prev (+ the downlink residual) encoded, and the version
   // it applies to (version − 1); base_version −1 when the downlink sends Θ_p whole.
   int64_t base_version = -1;
+  uint64_t base_hash = 0;  // FNV-1a 64 of Θ_p at base_version (core/hash.h)
   wire::Payload update;
 };
 

@@ -26,7 +26,7 @@ const char* to_string(Code code) {
 int64_t approximate_bytes(const LearnerMessage& message) {
   if (const auto* a = std::get_if<PullAnswer>(&message)) return kOverhead + static_cast<int64_t>(a->delta.bytes.size());
   const auto& m = std::get<Metadata>(message);
-  return kOverhead + static_cast<int64_t>(16 * m.steps.size() + m.cursor_json.size());
+  return kOverhead + static_cast<int64_t>(16 * m.steps.size() + 8 * m.versions.size() + m.cursor_json.size());
 }
 
 int64_t approximate_bytes(const SyncerMessage& message) {

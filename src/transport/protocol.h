@@ -1,5 +1,5 @@
 // The learner ↔ syncer protocol as plain C++ types (docs/protocol.md): what the roles send and receive,
-// independent of how it travels. transport/grpc maps these one to one onto proto/dloco.proto (wire version 1);
+// independent of how it travels. transport/grpc maps these one to one onto proto/dloco.proto (wire version 2);
 // transport/inproc passes them between threads of one process. Tensor payloads stay encoded (a codec name and
 // its bytes, transport/codec.h) so every transport refuses the same malformed payloads.
 // Deliberately not here: gRPC, protobuf, sockets, threads, LibTorch.
@@ -14,7 +14,7 @@
 namespace dloco::wire {
 
 /// The wire protocol's version; a peer with another one is refused with both versions named.
-inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 2;  // 2: merged fragments may be updates (base_version, base_hash)
 
 /// An encoded tensor payload: `codec` names the encoding ("fp32" | "bf16" | "q8/<B>" | "q4/<B>",
 /// transport/codec.h), `bytes` the encoded values.
@@ -85,6 +85,8 @@ struct Metadata {
   bool finished = false;             // spent its token budget
   std::optional<int64_t> stream;     // the data stream it trains; unset before it has one
   bool leaving = false;              // leaves gracefully after this message: release its lease now
+  std::vector<int64_t> versions;     // the newest version of each fragment it holds (P entries; empty = unknown):
+                                     // a new session's first merge of p is an update when it holds the latest
 };
 
 /// The answer to PullRequest(p, u): Δ = Θ_p^base − θ_{m,p}, or raw θ_{m,p} in fp32 when base_version = −1
@@ -105,16 +107,21 @@ struct PullRequest {
   int fragment = 0;
   int64_t round_step = 0;     // u; −1 for the final flush
   int64_t oldest_anchor = 0;  // oldest version of Θ_p the syncer can rebuild a delta against
+  int64_t version = -1;       // the syncer's version of Θ_p now (−1 unknown): a learner holding a higher one (the
+                              // syncer came back with an older history) re-anchors
 };
 
 /// A merge's result. `base_version` −1: `fragment.payload` is Θ_p itself (fp32). ≥ 0 (diloco.wire_down, issue 14
 /// part 3): the payload is the outer update U encoded, and Θ_p = apply_update(Θ_p at base_version, U)
 /// (transport/codec.h), bit for bit what the syncer holds; a session's first merge of each fragment is always whole.
+/// round_step −2: a whole copy sent to a session opened after the run finished (no round produced it).
 struct MergedFragment {
   Fragment fragment;
   int64_t round_step = 0;         // u of the round that produced it
   std::vector<int> participants;  // learners whose answers were merged
   int64_t base_version = -1;
+  uint64_t base_hash = 0;         // with base_version ≥ 0: FNV-1a 64 of Θ_p at base_version (core/hash.h), so an
+                                  // update is applied only to the very copy it was built against
 };
 
 struct GlobalStep { int64_t step = 0; };  // the clock, when it moves

@@ -213,6 +213,7 @@ void to_proto(uint64_t session, const wire::LearnerMessage& m, v1::LearnerMessag
     o->set_finished(meta->finished);
     if (meta->stream) o->set_stream(*meta->stream);
     o->set_leaving(meta->leaving);
+    for (int64_t v : meta->versions) o->add_versions(v);
   } else {
     const auto& a = std::get<wire::PullAnswer>(m);
     auto* o = out->mutable_answer();
@@ -243,6 +244,7 @@ bool from_proto(const v1::LearnerMessage& m, wire::LearnerMessage* out) {
     meta.finished = i.finished();
     if (i.has_stream()) meta.stream = i.stream();
     meta.leaving = i.leaving();
+    meta.versions = vec(i.versions());
     *out = std::move(meta);
     return true;
   }
@@ -260,11 +262,15 @@ void to_proto(const wire::SyncerMessage& m, v1::SyncerMessage* out) {
     out->mutable_pull()->set_fragment(pull->fragment);
     out->mutable_pull()->set_round_step(pull->round_step);
     out->mutable_pull()->set_oldest_anchor(pull->oldest_anchor);
+    if (pull->version >= 0) out->mutable_pull()->set_version(pull->version);
   } else if (const auto* merged = std::get_if<wire::MergedFragment>(&m)) {
     to_proto(merged->fragment, out->mutable_merged()->mutable_fragment());
     out->mutable_merged()->set_round_step(merged->round_step);
     for (int who : merged->participants) out->mutable_merged()->add_participants(who);
-    if (merged->base_version >= 0) out->mutable_merged()->set_base_version(merged->base_version);
+    if (merged->base_version >= 0) {
+      out->mutable_merged()->set_base_version(merged->base_version);
+      out->mutable_merged()->set_base_hash(merged->base_hash);
+    }
   } else if (const auto* clock = std::get_if<wire::GlobalStep>(&m)) {
     out->set_global_step(clock->step);
   } else if (std::holds_alternative<wire::Stop>(m)) {
@@ -277,12 +283,14 @@ void to_proto(const wire::SyncerMessage& m, v1::SyncerMessage* out) {
 bool from_proto(const v1::SyncerMessage& m, wire::SyncerMessage* out) {
   switch (m.body_case()) {
     case v1::SyncerMessage::kPull:
-      *out = wire::PullRequest{m.pull().fragment(), m.pull().round_step(), m.pull().oldest_anchor()};
+      *out = wire::PullRequest{m.pull().fragment(), m.pull().round_step(), m.pull().oldest_anchor(),
+                               m.pull().has_version() ? m.pull().version() : -1};
       return true;
     case v1::SyncerMessage::kMerged: {
       const auto& p = m.merged().participants();
       *out = wire::MergedFragment{from_proto(m.merged().fragment()), m.merged().round_step(), {p.begin(), p.end()},
-                                  m.merged().has_base_version() ? m.merged().base_version() : -1};
+                                  m.merged().has_base_version() ? m.merged().base_version() : -1,
+                                  m.merged().base_hash()};
       return true;
     }
     case v1::SyncerMessage::kGlobalStep: *out = wire::GlobalStep{m.global_step()}; return true;
