@@ -179,6 +179,16 @@ class ProtocolTest : public ::testing::Test {
     return out;
   }
 
+  // A hook's end: true once the link has re-attached and the learner has since applied `more` versions of every
+  // fragment; `at_reattach` (the hook's own) keeps the versions it held when it first saw the re-attach.
+  static bool applied_since_reattach(const OuterSync& sync, const LearnerLink& link, int64_t more,
+                                     std::vector<int64_t>& at_reattach) {
+    if (at_reattach.empty() && link.reconnects() >= 1) at_reattach = sync.versions();
+    bool done = !at_reattach.empty();
+    for (size_t p = 0; done && p < at_reattach.size(); ++p) done = sync.versions()[p] >= at_reattach[p] + more;
+    return done;
+  }
+
   // Runs learners 0..2 to the end; `faults[id]` is learner id's step hook.
   // Runs learners 0..2 to the end, kSteps each unless `steps` says otherwise; `faults[id]` is learner id's hook.
   std::vector<LearnerResult> run_all(std::map<int, StepHook> faults = {}, std::map<int, int64_t> steps = {}) {
@@ -318,13 +328,10 @@ TEST_F(ProtocolTest, ALearnerCutOffReattachesAndIsMergedAgain) {
     if (step == 160) net_.cut("learner 1", false);
     static thread_local std::vector<int64_t> at_reattach;
     if (at_reattach.empty() && link.reconnects() >= 1) {
-      at_reattach = sync.versions();
       back_at = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     }
-    bool done = !at_reattach.empty();
-    for (size_t p = 0; done && p < at_reattach.size(); ++p) done = sync.versions()[p] >= at_reattach[p] + 3;
-    learner_1_done = done;
-    return done;
+    learner_1_done = applied_since_reattach(sync, link, 3, at_reattach);
+    return learner_1_done.load();
   };
   const StepHook others = [&](int64_t step, const OuterSync&, const LearnerLink&) {
     return step >= kSteps && learner_1_done.load();
@@ -421,12 +428,9 @@ TEST_F(ProtocolTest, Q4BothWaysKeepsEveryCopyBitwiseEqualToThetaAndRecoversFromA
   const StepHook learner_1 = [&](int64_t step, const OuterSync& sync, const LearnerLink& link) {
     if (step == 40) net_.drop_merges("learner 1", 2);
     static thread_local std::vector<int64_t> at_reattach;
-    if (at_reattach.empty() && link.reconnects() >= 1) at_reattach = sync.versions();
-    bool done = !at_reattach.empty();
     // Six versions past the ones held at the re-attach: the whole copies may jump a few, the rest are updates.
-    for (size_t p = 0; done && p < at_reattach.size(); ++p) done = sync.versions()[p] >= at_reattach[p] + 6;
-    learner_1_done = done;
-    return done;
+    learner_1_done = applied_since_reattach(sync, link, 6, at_reattach);
+    return learner_1_done.load();
   };
   const StepHook others = [&](int64_t step, const OuterSync&, const LearnerLink&) {
     return step >= kSteps && learner_1_done.load();
@@ -528,8 +532,16 @@ TEST_F(ProtocolTest, ACompressedDownlinkFollowsASyncerThatCameBackWithAnOlderHis
     if (step >= 60 && sync.versions()[0] >= 3 && sync.versions()[1] >= 3) restart = true;
     return false;
   };
-  const StepHook others = [&](int64_t step, const OuterSync&, const LearnerLink&) {
-    return step >= kSteps && restarted.load();
+  // Each learner trains on until it has seen its copies change 12 times since the restart (merges of the new
+  // syncer, up or down in version): sized in merges, not time.
+  const StepHook others = [&](int64_t step, const OuterSync& sync, const LearnerLink&) {
+    static thread_local std::vector<int64_t> last;
+    static thread_local int changes = 0;
+    if (restarted.load()) {
+      if (!last.empty() && sync.versions() != last) ++changes;
+      last = sync.versions();
+    }
+    return step >= kSteps && changes >= 12;
   };
   const auto results = run_all({{0, [&](int64_t step, const OuterSync& sync, const LearnerLink& link) {
                                    trigger(step, sync, link);
