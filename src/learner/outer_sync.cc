@@ -34,10 +34,17 @@ void OuterSync::emit(const char* event, const nlohmann::json& fields) const {
 void OuterSync::adopt(int p, int64_t version, std::shared_ptr<const std::vector<float>> theta) {
   job_.write_fragment(p, *theta);
   version_[p] = newest_version_[p] = version;
-  newest_hash_[p] = fnv1a64_floats(*theta);
+  newest_hash_[p] = 0;
   newest_[p] = theta;
   base_[p] = std::move(theta);
   if (board_) board_->publish(p, version, base_[p]);
+}
+
+// Hashed on the first update against this copy only: an fp32 downlink (whole copies) never pays for it on the
+// training thread. 0 marks "not computed yet" (a true FNV-1a 64 of 0 is a 2^-64 chance: one extra hash).
+uint64_t OuterSync::newest_hash(int p) {
+  if (newest_hash_[p] == 0) newest_hash_[p] = fnv1a64_floats(*newest_[p]);
+  return newest_hash_[p];
 }
 
 void OuterSync::count_step(int64_t tokens) {
@@ -147,7 +154,7 @@ void OuterSync::receive(wire::MergedFragment merged, int64_t step) {
   } else if (merged.base_version < 0 || merged.fragment.version != merged.base_version + 1) {
     bad = "an update from version " + std::to_string(merged.base_version) + " to " +
           std::to_string(merged.fragment.version) + ": an update moves one version from a version ≥ 0";
-  } else if (merged.base_version != newest_version_[p] || merged.base_hash != newest_hash_[p]) {
+  } else if (merged.base_version != newest_version_[p] || merged.base_hash != newest_hash(p)) {
     // An update against a version this learner lacks (a merge lost on the way), or against other contents under
     // the same number (a syncer restarted with an older history): refuse to guess, ask for a whole copy.
     emit("merged_gap", {{"fragment", p}, {"version", m.version}, {"base_version", merged.base_version},
@@ -171,7 +178,7 @@ void OuterSync::receive(wire::MergedFragment merged, int64_t step) {
   if (whole) resync_asked_[p] = false;
   m.theta = newest_[p] = std::make_shared<const std::vector<float>>(std::move(theta));
   newest_version_[p] = m.version;
-  newest_hash_[p] = fnv1a64_floats(*newest_[p]);
+  newest_hash_[p] = 0;
   if (replaces) {  // nothing older may be applied after it
     pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [p](const Pending& q) { return q.fragment == p; }),
                    pending_.end());

@@ -94,6 +94,7 @@ class OuterSync {
   /// goes as fp32 for the syncer to refuse and count (the integer codecs cannot carry it).
   wire::Payload encode_delta(int p, std::vector<float>& delta);
   void receive(wire::MergedFragment merged, int64_t step);
+  uint64_t newest_hash(int p);  // newest_hash_[p], computed when first needed
   void apply(Pending& merge, int64_t step);
   void emit(const char* event, const nlohmann::json& fields) const;
 
@@ -108,7 +109,7 @@ class OuterSync {
   // (diloco.wire_down) must be against; and whether a whole copy was asked for (LearnerLink::resync).
   std::vector<std::shared_ptr<const std::vector<float>>> newest_;
   std::vector<int64_t> newest_version_;
-  std::vector<uint64_t> newest_hash_;  // FNV-1a of newest_: an update names the hash of its base
+  std::vector<uint64_t> newest_hash_;  // FNV-1a of newest_ (0: not computed yet): an update names its base's
   std::vector<bool> resync_asked_;
   std::vector<int64_t> steps_since_, tokens_since_;  // since p was last applied
   std::map<int, Answered> answered_;
