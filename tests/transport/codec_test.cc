@@ -4,6 +4,7 @@
 // decode with the reason, and a fixed-seed regression of the relative L2 error on Gaussian data.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -87,6 +88,52 @@ TEST(Codec, RoundsHalfToEvenAndZeroBlocksStayZero) {
   EXPECT_EQ(y, (std::vector<float>{7, 0, 2, 2, 0, -2, 4}));
   const auto zeros = decoded(encode(std::vector<float>(300, 0.0f), Codec::kQ8));
   for (float v : zeros) EXPECT_EQ(v, 0.0f);
+}
+
+// The codec as the format's plain formula (codec.h): s_b = max|x| / q_max, q = clamp(nearbyint(x / s_b)), nibble 2i
+// in the low half of byte i. The codec's vectorised loops must write exactly these bytes.
+std::string reference_bytes(const std::vector<float>& x, Codec codec, int64_t block) {
+  const int qm = codec == Codec::kQ8 ? 127 : 7;
+  const auto n = static_cast<int64_t>(x.size());
+  const int64_t nb = (n + block - 1) / block;
+  std::string out(static_cast<size_t>(encoded_bytes(codec, n, block)), '\0');
+  const auto count = static_cast<uint64_t>(n);
+  std::memcpy(out.data(), &count, sizeof(count));
+  auto* q = reinterpret_cast<unsigned char*>(out.data() + 8 + 4 * nb);
+  for (int64_t b = 0; b < nb; ++b) {
+    float absmax = 0;
+    for (int64_t i = b * block; i < std::min(n, (b + 1) * block); ++i) absmax = std::max(absmax, std::fabs(x[i]));
+    const float scale = absmax / static_cast<float>(qm);
+    std::memcpy(out.data() + 8 + 4 * b, &scale, sizeof(scale));
+    for (int64_t i = b * block; i < std::min(n, (b + 1) * block); ++i) {
+      const int v = scale > 0 ? std::clamp(static_cast<int>(std::nearbyint(x[i] / scale)), -qm, qm) : 0;
+      if (codec == Codec::kQ8) {
+        q[i] = static_cast<unsigned char>(static_cast<int8_t>(v));
+      } else {
+        q[i / 2] = static_cast<unsigned char>(q[i / 2] | (i % 2 == 0 ? v & 0xF : (v & 0xF) << 4));
+      }
+    }
+  }
+  return out;
+}
+
+TEST(Codec, WritesTheBytesOfThePlainFormula) {
+  std::mt19937 rng(7);
+  std::student_t_distribution<float> heavy(2.0f);  // heavy tails: blocks with one large value and many small ones
+  for (int t = 0; t < 120; ++t) {
+    std::vector<float> x(static_cast<size_t>((t * 37) % 3001));
+    const float magnitude = std::pow(10.0f, static_cast<float>(t % 24 - 12));
+    for (auto& v : x) v = heavy(rng) * magnitude;
+    if (t % 7 == 0) {
+      for (size_t i = 0; i < x.size(); i += 3) x[i] = 0;
+    }
+    for (Codec codec : {Codec::kQ8, Codec::kQ4}) {
+      for (int64_t block : {1, 3, 63, 64, 256}) {
+        ASSERT_EQ(encode(x, codec, block).bytes, reference_bytes(x, codec, block))
+            << to_string(codec) << "/" << block << ", " << x.size() << " values at magnitude " << magnitude;
+      }
+    }
+  }
 }
 
 TEST(Codec, GaussianRelativeErrorRegression) {
