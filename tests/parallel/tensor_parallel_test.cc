@@ -2,8 +2,11 @@
 // threads of this process, joined through one c10d FileStore (tests/support/gloo_ranks.h); the whole Gloo world is
 // the tensor-parallel group. Each result is compared against the plain (one-process) layer or model.
 // Dimension letters: B, T, C, V, N = B·T, t the tensor-parallel degree.
-// Tolerances, fp32 (ε = 2⁻²⁴ ≈ 6e-8 relative): the column-parallel forward, the vocab-parallel embedding and every
-// gather are exact (each output element is the same dot product, or has one non-zero summand); anything behind a
+// Tolerances, fp32 (ε = 2⁻²⁴ ≈ 6e-8 relative): the vocab-parallel embedding and every gather are exact (one non-zero
+// summand). The column-parallel forward computes each output element as the same dot product as the plain linear, but
+// which BLAS kernel computes it depends on the output width and the CPU: bitwise equal with OpenBLAS on an AVX2 EPYC,
+// not on an AVX-512 one where the 4-column slices (t = 4) take another kernel that sums the 8 products in another order
+// — so same_dot_products() allows a few roundings (1e-6 of the largest element, ~16 ε). Anything behind a
 // row-parallel reduction or the cross-entropy's split sums adds partial sums in another order: compared with near()
 // (1e-5 of each tensor's largest element, ~100 ε: a handful of roundings of sums of ≤ 128 terms). Not per element:
 // an output that cancels to near zero keeps the absolute rounding of its terms (2.4e-7 measured with OpenBLAS on a
@@ -25,13 +28,16 @@ namespace {
 
 using testing_support::max_abs_diff;
 using testing_support::near;
+
+// The same dot products, up to the BLAS kernel's summation order (see the tolerances above).
+::testing::AssertionResult same_dot_products(const torch::Tensor& a, const torch::Tensor& b) { return near(a, b, 1e-6); }
 using testing_support::tiny_config;
 // t ranks as threads with a TensorParallelGroup each (tests/support/tp_ranks.h).
 void on_ranks(const std::string& name, int world, const std::function<void(TensorParallelGroup&)>& body) {
   testing_support::on_tp_ranks(name, world, body);
 }
 
-TEST(ColumnParallelLinear, ForwardIsBitwiseThePlainLinearAndGradientsAreItsSlices) {
+TEST(ColumnParallelLinear, ForwardIsThePlainLinearAndGradientsAreItsSlices) {
   // picotron's shape: batch 2, sequence 4, 8 -> 16 with a bias.
   torch::manual_seed(0);
   torch::nn::Linear full(torch::nn::LinearOptions(8, 16).bias(true));
@@ -57,8 +63,9 @@ TEST(ColumnParallelLinear, ForwardIsBitwiseThePlainLinearAndGradientsAreItsSlice
       db[k] = gathered->bias.grad();
     });
     for (int k = 0; k < t; ++k) {
-      EXPECT_TRUE(torch::equal(y_gathered[k].detach(), y_ref.detach())) << "t = " << t << " rank " << k;
-      EXPECT_TRUE(torch::equal(y_local[k], y_ref.detach().narrow(-1, k * rows, rows))) << "t = " << t << " rank " << k;
+      EXPECT_TRUE(same_dot_products(y_gathered[k].detach(), y_ref.detach())) << "t = " << t << " rank " << k;
+      EXPECT_TRUE(same_dot_products(y_local[k], y_ref.detach().narrow(-1, k * rows, rows)))
+          << "t = " << t << " rank " << k;
       EXPECT_TRUE(near(dx[k], x_ref.grad()));
       EXPECT_TRUE(near(dw[k], full->weight.grad().narrow(0, k * rows, rows)));
       EXPECT_TRUE(near(db[k], full->bias.grad().narrow(0, k * rows, rows)));
@@ -142,7 +149,7 @@ TEST(TensorParallelCounts, TwoAllReducesPerLayerForwardAndTwoBackward) {
 
 // The gathers (a column-parallel output, a sharded parameter) are the adapter's all-gather of each rank's piece,
 // not an all-reduce of a zero-padded full tensor: the Collective's own counters say which kind moved the bytes,
-// (t − 1)/t of the full tensor per gather instead of the all-reduce's 2(t − 1)/t; the results stay bitwise.
+// (t − 1)/t of the full tensor per gather instead of the all-reduce's 2(t − 1)/t; the results stay the plain layer's.
 TEST(TensorParallelCounts, GathersAreAllGathersOfThePiecesNotAllReducesOfPaddedTensors) {
   torch::manual_seed(8);
   torch::nn::Linear full(torch::nn::LinearOptions(8, 16).bias(true));
@@ -154,7 +161,7 @@ TEST(TensorParallelCounts, GathersAreAllGathersOfThePiecesNotAllReducesOfPaddedT
       const Traffic before = group.traffic();
       const auto y = layer(x).detach();  // f is the identity forward: the gather is the only collective
       const Traffic mid = group.traffic();
-      EXPECT_TRUE(torch::equal(y, y_ref)) << "t = " << t;
+      EXPECT_TRUE(same_dot_products(y, y_ref)) << "t = " << t;
       EXPECT_EQ(mid.all_gather.calls - before.all_gather.calls, 1) << "t = " << t;
       EXPECT_EQ(mid.all_reduce.calls - before.all_reduce.calls, 0) << "t = " << t;
       EXPECT_EQ(mid.all_gather.bytes - before.all_gather.bytes, (t - 1) * y.nbytes() / t) << "t = " << t;
