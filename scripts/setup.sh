@@ -4,7 +4,9 @@
 # tcmalloc (gperftools; glibc's malloc hands large tensors back to the kernel and re-faults them every step),
 # gRPC + protobuf, Gloo (c10d's collectives for the baselines), SentencePiece, CLI11, spdlog, toml++, nlohmann-json, GoogleTest, Google Benchmark,
 # the KJV corpus (bible-kjv), gnuplot for plots, and Debian's PyTorch + numpy for /usr/bin/python3 (the golden
-# test of the GPT against an independent PyTorch implementation, tests/model/golden_gpt.py).
+# test of the GPT against an independent PyTorch implementation, tests/model/golden_gpt.py), cpp-httplib (the
+# monitoring endpoint: /metrics, /status.json, the dashboard), Chromium (headless, the dashboard's browser test),
+# slurm-wlm + munge (the one-node Slurm cluster of tests/slurm) and iproute2 (network namespaces: tests/launcher).
 set -euo pipefail
 
 packages=(
@@ -15,6 +17,7 @@ packages=(
   libcli11-dev libspdlog-dev libfmt-dev libtomlplusplus-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   bible-kjv gnuplot-nox python3 python3-torch python3-numpy
+  libcpp-httplib-dev chromium slurm-wlm munge iproute2
 )
 
 missing=()

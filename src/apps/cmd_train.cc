@@ -1,10 +1,12 @@
 // `dloco train`, `dloco eval`, `dloco generate`: flags -> config -> run, then the report on the console.
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <optional>
 
 #include "apps/commands.h"
 #include "core/check.h"
+#include "launcher/children.h"
 #include "launcher/launcher.h"
 #include "learner/learner.h"
 #include "learner/worker.h"
@@ -22,10 +24,20 @@ int g_exit_code = 0;  // set by `dloco train` after a signal
 
 void print_report(const nlohmann::json& r) {
   std::printf("\n== report: %s (%s) ==\n", r["run"].get<std::string>().c_str(), r["status"].get<std::string>().c_str());
-  std::printf("final validation loss  %.4f nats/token (perplexity %.1f)\n", r["final_val_loss"].get<double>(),
-              r["final_val_perplexity"].get<double>());
-  std::printf("tokens trained         %lld in %lld steps\n", r["tokens_trained"].get<long long>(),
+  if (r.contains("failure")) std::printf("failure                %s\n", r["failure"].get<std::string>().c_str());
+  if (r["final_val_loss"].is_number()) {
+    std::printf("final validation loss  %.4f nats/token (perplexity %.1f)\n", r["final_val_loss"].get<double>(),
+                r["final_val_perplexity"].get<double>());
+  } else {
+    std::printf("final validation loss  - (%s)\n", r.value("final_eval_skipped", std::string("not evaluated")).c_str());
+  }
+  std::printf("tokens trained         %lld in %lld steps", r["tokens_trained"].get<long long>(),
               r["steps"].get<long long>());
+  if (r.value("status", "") == "incomplete") {
+    std::printf(" — INCOMPLETE: a run that trains its budget reaches %lld of train.total_tokens = %lld",
+                r.value("tokens_complete", 0LL), r.value("tokens_budget", 0LL));
+  }
+  std::printf("\n");
   if (r.contains("syncs")) {
     std::printf("syncs                  %lld (%s; rank 0 waited %.1f s in collectives)\n", r["syncs"].get<long long>(),
                 r["mode"].get<std::string>().c_str(), r.value("wait_seconds_rank0", 0.0));
@@ -36,12 +48,16 @@ void print_report(const nlohmann::json& r) {
   }
   std::printf("wall time              %.1f s (%.0f tokens/s)\n", r["wall_seconds"].get<double>(),
               r["tokens_per_second"].get<double>());
-  std::printf("checkpoint             %s\n", r["checkpoint"].get<std::string>().c_str());
-  std::printf("sample                 %s\n", r["sample"].get<std::string>().c_str());
+  if (r["checkpoint"].is_string()) std::printf("checkpoint             %s\n", r["checkpoint"].get<std::string>().c_str());
+  if (r["sample"].is_string()) std::printf("sample                 %s\n", r["sample"].get<std::string>().c_str());
   for (const auto& [role, b] : r["bytes"].items()) {
     std::printf("bytes %-16s sent %lld, received %lld\n", role.c_str(), b["sent"].get<long long>(),
                 b["received"].get<long long>());
   }
+}
+
+void print_plot(const std::filesystem::path& plot) {
+  if (!plot.empty()) std::printf("loss plot              %s\n", plot.c_str());
 }
 
 // The flags of `dloco train`.
@@ -74,6 +90,14 @@ struct RoleFlags {
 // The config of --config, or (--resume) the run folder's saved one, named after the folder given.
 Config train_config(const TrainFlags& f, RunOptions& options) {
   if (f.resume_dir.empty()) return load_config(f.config_path, f.overrides);
+  std::error_code ec;
+  if (!std::filesystem::is_directory(f.resume_dir, ec)) {
+    throw InputError("--resume " + f.resume_dir + ": no such run folder (runs are folders under run.out_dir, e.g. "
+                     "runs/demo-<time>)");
+  }
+  if (!std::filesystem::exists(std::filesystem::path(f.resume_dir) / "config.toml", ec)) {
+    throw InputError("--resume " + f.resume_dir + ": not a run folder (it has no config.toml)");
+  }
   Config config = load_config(std::filesystem::path(f.resume_dir) / "config.toml", f.overrides);
   // The run folder is the one given, even if the run was copied or renamed since.
   const auto dir = std::filesystem::path(f.resume_dir).lexically_normal();
@@ -114,11 +138,13 @@ void run_train(const TrainFlags& f) {
                             : run_launcher(config, options.resume, *grpc_transport::make_transport(),
                                            plan ? &*plan : nullptr);
     print_report(report);
-    g_exit_code = report.value("signal", 0) ? 128 + report.value("signal", 0) : 0;
+    g_exit_code = report_exit_code(report);
+    if (!report.value("already_finished", false)) print_plot(write_loss_plot(config, report));
   } else {
     const auto report = run_local(config, options);
     print_report(report);
     g_exit_code = report.value("signal", 0) ? 128 + report.value("signal", 0) : 0;
+    print_plot(write_loss_plot(config, report));
   }
 }
 
@@ -138,6 +164,7 @@ void add_train_command(CLI::App& app) {
 
 void add_syncer_command(CLI::App& app, RoleFlags& r) {
   auto* syncer = app.add_subcommand("syncer", "Run the syncer of a decoupled run");
+  syncer->group(kRoleGroup);
   syncer->add_option("--config", r.config, "TOML config")->required();
   syncer->add_option("--run-dir", r.run_dir, "Run folder (default: run.out_dir/run.name)");
   syncer->add_option("--listen", r.listen, "Listen address host:port (port 0 = any free port)")->capture_default_str();
@@ -146,12 +173,14 @@ void add_syncer_command(CLI::App& app, RoleFlags& r) {
   syncer->callback([&r] {
     const Config c = load_config(r.config, r.overrides);
     SyncerOptions o{r.run_dir.empty() ? c.run_dir() : std::filesystem::path(r.run_dir), r.listen, r.address_file};
+    o.by_hand = std::getenv("DLOCO_PARENT_PID") == nullptr;  // no launcher: rows, final evaluation, report
     if (int rc = run_syncer(c, o, *grpc_transport::make_transport()); rc != 0) throw InputError("syncer exited with " + std::to_string(rc));
   });
 }
 
 void add_worker_command(CLI::App& app, RoleFlags& r) {
   auto* worker = app.add_subcommand("worker", "Run one worker of a baseline (diloco.mode = dp, diloco, streaming)");
+  worker->group(kRoleGroup);
   worker->add_option("--config", r.config, "TOML config (the same for every rank)")->required();
   worker->add_option("--rank", r.id, "Rank, 0 ≤ rank < M")->required();
   worker->add_option("--store", r.store, "Gloo rendezvous file (c10d FileStore), the same for every rank")->required();
@@ -171,16 +200,32 @@ void add_worker_command(CLI::App& app, RoleFlags& r) {
   });
 }
 
+// A learner's id under srun when --id is not given: its Slurm task rank (SLURM_PROCID), as torchrun-style launchers
+// take RANK from it. Throws InputError outside Slurm.
+int slurm_learner_id() {
+  const char* rank = std::getenv("SLURM_PROCID");
+  if (rank == nullptr || *rank == '\0') {
+    throw InputError("--id is required (or start the learner with srun, which sets SLURM_PROCID)");
+  }
+  try {
+    return std::stoi(rank);
+  } catch (const std::exception&) {
+    throw InputError(std::string("SLURM_PROCID = '") + rank + "' is not a task rank");
+  }
+}
+
 void add_learner_and_evaluator_commands(CLI::App& app, RoleFlags& r) {
   for (const char* name : {"learner", "evaluator"}) {
     const bool is_learner = std::string(name) == "learner";
     auto* cmd = app.add_subcommand(name, is_learner ? "Run one learner of a decoupled run"
                                                     : "Run the evaluator of a decoupled run");
+    cmd->group(kRoleGroup);
     cmd->add_option("--config", r.config, "TOML config (the same as the syncer's)")->required();
     auto* syncer = cmd->add_option("--syncer", r.syncer, "Syncer address host:port (not for --rank)");
     if (!is_learner) syncer->required();
     if (is_learner) {
-      cmd->add_option("--id", r.id, "Learner id: 0 ≤ id < M for the launcher's slots; any other id below 65536 joins a running job (scavenging)")->required();
+      cmd->add_option("--id", r.id, "Learner id: 0 ≤ id < M for the launcher's slots; any other id below 65536 "
+                      "joins a running job (scavenging). Under srun: SLURM_PROCID when not given");
       cmd->add_option("--rank", r.rank, "Learner group ([parallel], R > 1 ranks): run rank 1 … R − 1 of learner --id "
                       "instead of its leader (needs --group-store)");
       cmd->add_option("--group-store", r.group_store, "Learner group: the rendezvous file of its ranks (default for "
@@ -199,8 +244,13 @@ void add_learner_and_evaluator_commands(CLI::App& app, RoleFlags& r) {
     }
     cmd->add_option("--run-dir", r.run_dir, "Folder for this role's events (default: run.out_dir/run.name)");
     cmd->add_option("--set", r.overrides, "Override a config field (repeatable)");
-    cmd->callback([is_learner, &r] {
-      const Config c = load_config(r.config, r.overrides);
+    cmd->callback([is_learner, &r, cmd] {
+      if (is_learner && cmd->count("--id") == 0) r.id = slurm_learner_id();
+      std::vector<std::string> overrides = r.overrides;
+      if (const char* cpus = std::getenv("SLURM_CPUS_PER_TASK"); cpus && *cpus) {  // Slurm gave this task its cores
+        overrides.insert(overrides.begin(), std::string("run.threads=") + cpus);   // (an explicit --set still wins)
+      }
+      const Config c = load_config(r.config, overrides);
       const auto run_dir = r.run_dir.empty() ? c.run_dir() : std::filesystem::path(r.run_dir);
       const GroupOptions group{r.group_store, r.group_host, !r.no_spawn_ranks, r.group_rendezvous_s,
                                r.replica_store, r.replica_rank, r.replicas};
@@ -269,7 +319,10 @@ void add_generate_command(CLI::App& app) {
   gen->add_option("checkpoint", gen_ckpt, "Run folder or checkpoint folder")->required();
   gen->add_option("--prompt", gen_prompt, "Prompt text")->capture_default_str();
   gen->add_option("--tokens", gen_tokens, "Tokens to generate")->capture_default_str();
-  gen->add_option("--temperature", gen_temperature, "Sampling temperature")->capture_default_str();
+  gen->add_option("--temperature", gen_temperature, "Sampling temperature (0 = greedy)")->capture_default_str();
+  static std::string gen_tokenizer;
+  gen->add_option("--tokenizer", gen_tokenizer, "tokenizer.model to use (default: the run folder's copy, else the "
+                  "checkpoint's data.dir)");
   gen->add_option("--top-k", gen_top_k, "Sample among the k most likely tokens (0 = all)")->capture_default_str();
   gen->add_option("--seed", gen_seed, "Sampling seed")->capture_default_str();
   gen->add_option("--threads", gen_threads, "CPU threads (0 = all cores)");
@@ -283,7 +336,7 @@ void add_generate_command(CLI::App& app) {
     if (given_count && gen_sel.count < 1) throw InputError("--stage-count must be ≥ 1");
     if (given_stages) gen_sel.stages = parse_stage_list(gen_stages);
     std::printf("%s\n", generate_from_checkpoint(gen_ckpt, gen_prompt, gen_tokens, gen_temperature, gen_top_k,
-                                                 gen_seed, gen_threads, staged ? &gen_sel : nullptr)
+                                                 gen_seed, gen_threads, staged ? &gen_sel : nullptr, gen_tokenizer)
                             .c_str());
   });
 }

@@ -10,8 +10,13 @@ namespace dloco::apps {
 void add_data_commands(CLI::App& app);
 /// `dloco train`, `dloco eval`, `dloco generate` (src/train).
 void add_train_commands(CLI::App& app);
-/// Exit status the last `dloco train` asks for (128 + signal after SIGINT/SIGTERM, else 0).
+/// Exit status the last `dloco train` asks for: 0 finished, 1 failed, 3 incomplete, 128 + the signal that stopped it
+/// (report_exit_code, launcher/children.h).
 int train_exit_code();
+
+/// The help group of the role subcommands (syncer, learner, evaluator, worker) that `dloco train` starts and that
+/// run by hand on other machines: listed apart from the commands a user types first.
+inline constexpr const char* kRoleGroup = "Roles (started by `dloco train`, or by hand on other machines)";
 /// `dloco compare`: modes/variants × seeds at equal tokens, side by side (table, JSON, loss curves).
 void add_compare_command(CLI::App& app);
 /// `dloco chaos`: a decoupled run under a fault plan beside a fault-free one; goodput, recoveries, checks.

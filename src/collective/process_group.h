@@ -1,4 +1,4 @@
-// The one adapter around c10d (NOTES.md: ProcessGroupGloo derives from ProcessGroup in LibTorch 1.13 and from
+// The one adapter around c10d (measured: ProcessGroupGloo derives from ProcessGroup in LibTorch 1.13 and from
 // Backend in 2.x, so nothing else in dloco includes c10d). Used by the synchronous baselines (dp, diloco,
 // streaming; docs/protocol.md §11): sums of tensors across M worker processes over Gloo, every call with a
 // deadline. Used inside a learner (src/parallel, issue 12) for its sub-groups (TP/DP/PP) and the collectives of
@@ -26,7 +26,7 @@ class CollectiveError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// How reduce_scatter_sum is built: Gloo 1.13 has no reduce-scatter (spec/inner-parallelism.md). Both agree with
+/// How reduce_scatter_sum is built: Gloo 1.13 has no reduce-scatter (docs/parallel.md). Both agree with
 /// all-reduce-then-slice to fp32 rounding (≤ 2.4e-7 relative), not bitwise: the summation order differs.
 enum class ReduceScatterAlgo {
   kAllToAll,        // one all_to_all (the ring volume, (M−1)/M·n sent) + a local sum of the M received chunks

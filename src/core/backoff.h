@@ -1,5 +1,5 @@
-// The one jittered exponential backoff used for every retry (STYLE.md: "Retries go through one jittered backoff
-// helper"): reconnecting to the syncer, re-fetching a snapshot, re-sending a fragment.
+// The one jittered exponential backoff used for every retry (every retry goes through this one helper):
+// reconnecting to the syncer, re-fetching a snapshot, re-sending a fragment.
 //
 // Delay k (k = 0, 1, ...) is base_k·(1 + u), base_k = min(max, initial·multiplier^k), u uniform in
 // [−jitter, +jitter], clamped to [0, max]. The random stream is a seeded std::mt19937_64, so a seed gives the same

@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <fstream>
+#include <cstring>
+#include <functional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -81,6 +83,9 @@ void for_each_field(C& c, F&& f) {
   f("run", "secret", c.run.secret);
   f("run", "syncer_address", c.run.syncer_address);
   f("run", "peer_host", c.run.peer_host);
+  f("run", "peer_advertise", c.run.peer_advertise);
+  f("run", "monitor", c.run.monitor);
+  f("run", "learner_monitor", c.run.learner_monitor);
   f("run", "restart_delay_s", c.run.restart_delay_s);
   f("run", "report_interval_s", c.run.report_interval_s);
   f("run", "slowdown", c.run.slowdown);
@@ -211,6 +216,14 @@ void Config::validate() const {
   require(t.grad_accum >= 1, "train.grad_accum", "must be ≥ 1");
   require(t.total_tokens >= t.tokens_per_step(m), "train.total_tokens",
           "must cover at least one step (" + std::to_string(t.tokens_per_step(m)) + " tokens)");
+  if (!t.shared_budget || diloco.mode != Mode::kDecoupled) {  // a fixed share per stream (or worker)
+    const int64_t S = budget_streams(), tps = t.tokens_per_step(m);
+    require(t.total_tokens / S >= tps, "train.total_tokens",
+            "(" + std::to_string(t.total_tokens) + ") gives each of the " + std::to_string(S) + " " +
+                (is_collective_mode(diloco.mode) ? "workers " : "data streams ") + std::to_string(t.total_tokens / S) +
+                " tokens, less than one step (B·T·grad_accum = " + std::to_string(tps) +
+                " tokens): it must be at least " + std::to_string(S * tps));
+  }
   require(t.lr > 0, "train.lr", "must be > 0");
   require(t.warmup_steps >= 0, "train.warmup_steps", "must be ≥ 0");
   require(t.min_lr_ratio >= 0 && t.min_lr_ratio <= 1, "train.min_lr_ratio", "must be in [0, 1]");
@@ -239,7 +252,6 @@ void Config::validate() const {
           "data.streams",
           "(S = " + std::to_string(data.streams) + ") > diloco.learners (M) needs train.shared_budget = true: with a "
           "fixed share per stream, streams no learner leases would stay untrained");
-  require(!run.peer_host.empty(), "run.peer_host", "must be a host name or address");
   require(!run.name.empty() && run.name.find('/') == std::string::npos && run.name != "." && run.name != "..",
           "run.name", "must be a folder name (not empty, '.', '..' or containing '/')");
   require(run.threads >= 0, "run.threads", "must be ≥ 0 (0 = all cores)");
@@ -252,6 +264,21 @@ void Config::validate() const {
   for (int id = 0; id < d.learners; ++id) (void)slowdown_factor(run, id, d.learners);  // throws on a bad list
   validate_parallel(*this);
   validate_skippipe(*this);
+}
+
+int64_t Config::budget_streams() const {
+  if (diloco.mode == Mode::kLocal) return 1;
+  if (is_collective_mode(diloco.mode)) return diloco.learners;
+  return data.streams > 0 ? data.streams : diloco.learners;
+}
+
+int64_t Config::complete_tokens() const {
+  const int64_t tps = train.tokens_per_step(model);
+  if (train.shared_budget && diloco.mode == Mode::kDecoupled) {
+    return std::max<int64_t>(0, train.total_tokens - diloco.learners * tps);
+  }
+  const int64_t S = budget_streams();
+  return S * (train.total_tokens / S / tps) * tps;
 }
 
 const ParallelConfig& Config::parallel_for(int64_t id) const {
@@ -289,11 +316,42 @@ double slowdown_factor(const RunSettings& run, int id, int64_t learners) {
   return factor;
 }
 
+namespace {
+
+namespace fs = std::filesystem;
+
+// `path` made absolute against `base` (already absolute paths and empty ones stay).
+void absolutize(std::string& path, const fs::path& base) {
+  if (path.empty() || fs::path(path).is_absolute()) return;
+  path = (base / path).lexically_normal().string();
+}
+
+// Every path of the config, with whether `file` (the parsed config file) sets it: data.dir, run.out_dir and the
+// SkipPipe files of [parallel] and of each [[parallel.learner]] (those always come from the file).
+void for_each_path(Config& c, const toml::table& file, const std::function<void(std::string&, bool)>& f) {
+  f(c.data.dir, file.at_path("data.dir").is_value());
+  f(c.run.out_dir, file.at_path("run.out_dir").is_value());
+  f(c.parallel.skippipe_setting, file.at_path("parallel.skippipe_setting").is_value());
+  f(c.parallel.skippipe_schedule, file.at_path("parallel.skippipe_schedule").is_value());
+  for (auto& l : c.parallel_learners) {
+    f(l.parallel.skippipe_setting, true);
+    f(l.parallel.skippipe_schedule, true);
+  }
+}
+
+}  // namespace
+
 Config parse_config(const std::string& toml_text, const std::vector<std::string>& overrides,
-                    const std::string& source_name) {
+                    const std::string& source_name, const std::filesystem::path& file_dir) {
   Config c;
   try {
-    apply_table(c, toml::parse(toml_text, source_name), source_name);
+    const toml::table file = toml::parse(toml_text, source_name);
+    apply_table(c, file, source_name);
+    if (!file_dir.empty()) {  // the file's own paths: relative to the file
+      for_each_path(c, file, [&](std::string& path, bool in_file) {
+        if (in_file) absolutize(path, fs::absolute(file_dir));
+      });
+    }
     for (const auto& ov : overrides) {
       const auto eq = ov.find('=');
       const auto dot = ov.find('.');
@@ -314,6 +372,9 @@ Config parse_config(const std::string& toml_text, const std::vector<std::string>
         text = "[" + section + "]\n" + key + " = " + toml_value(value);
       }
       apply_table(c, toml::parse(text, "override '" + ov + "'"), "override '" + ov + "'");
+    }
+    if (!file_dir.empty()) {  // defaults and overrides: relative to the working directory
+      for_each_path(c, file, [](std::string& path, bool) { absolutize(path, fs::current_path()); });
     }
   } catch (const toml::parse_error& e) {
     const auto& src = e.source();
@@ -337,14 +398,21 @@ Config parse_config(const std::string& toml_text, const std::vector<std::string>
 }
 
 Config load_config(const std::filesystem::path& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path);
-  if (!in) {
-    throw InputError("cannot read config file '" + path.string() +
-                     "' (does it exist? configs/demo.toml is the default training job)");
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    throw InputError("config '" + path.string() + "' is a folder: give a TOML file (configs/demo.toml is the "
+                     "default training job)");
   }
+  if (!fs::exists(path, ec)) {
+    throw InputError("config file '" + path.string() + "' does not exist (configs/demo.toml is the default training "
+                     "job)");
+  }
+  std::ifstream in(path);
+  if (!in) throw InputError("cannot read config file '" + path.string() + "': " + std::strerror(errno));
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse_config(ss.str(), overrides, path.string());
+  const fs::path dir = fs::absolute(path).parent_path();
+  return parse_config(ss.str(), overrides, path.string(), dir);
 }
 
 nlohmann::json to_json(const Config& c) {

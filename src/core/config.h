@@ -199,8 +199,14 @@ struct RunSettings {
   int64_t threads = 0;             // CPU threads for the whole run on this machine; 0 = all cores
   std::string secret = "";         // shared secret of the handshake; env DLOCO_SECRET overrides when set
   std::string syncer_address = "127.0.0.1:0";  // syncer listen address; port 0 = pick a free one
-  std::string peer_host = "127.0.0.1";  // diloco.bootstrap = "peers": host each learner's peer server listens on
-                                        // and advertises (a free port is picked)
+  std::string peer_host = "";      // diloco.bootstrap = "peers": where each learner's peer server listens (a free
+                                   // port): "" = this machine's address on the route to the syncer (127.0.0.1 for a
+                                   // syncer on loopback), "0.0.0.0" = every interface, or one address
+  std::string peer_advertise = ""; // the host a learner's peers dial: "" = peer_host, or for a wildcard or empty
+                                   // peer_host this machine's address on the route to the syncer
+  std::string monitor = "127.0.0.1:0";  // the syncer's HTTP endpoint: /metrics (Prometheus), /status.json and the
+                                        // dashboard at /; port 0 = a free one (printed; run_dir/monitor.url); "" = off
+  std::string learner_monitor = "127.0.0.1:0";  // each learner's /metrics endpoint (port 0 = a free one); "" = off
   double restart_delay_s = 2.0;    // the launcher restarts a learner that died after this delay; < 0 = never
   double report_interval_s = 5.0;  // seconds between the launcher's console rows
   std::string slowdown = "";       // heterogeneous learners: "ID:FACTOR,…", e.g. "3:1.18" makes learner/worker 3
@@ -220,7 +226,7 @@ double slowdown_factor(const RunSettings& run, int id, int64_t learners);
 /// True for the modes whose workers synchronise through collectives (dp, diloco, streaming).
 bool is_collective_mode(Mode mode);
 
-/// Inside one learner (docs/parallel.md, spec/inner-parallelism.md): the learner is a group of R = t·p·d ranks
+/// Inside one learner (docs/parallel.md): the learner is a group of R = t·p·d ranks
 /// in Megatron's layout (tensor-parallel ranks adjacent, pipeline outermost). The syncer still sees one learner.
 /// R = 1 (the default) is today's one-process learner.
 struct ParallelConfig {
@@ -239,7 +245,7 @@ struct ParallelConfig {
                                    // streams through, out of the ranks' resident memory (needs zero ≥ 1)
   double timeout_s = 60;           // deadline of the group's collectives and of a rank's wait for its leader, s
   // A SkipPipe pipeline as the learner (docs/skippipe.md "A SkipPipe learner"): one rank per node of the setting,
-  // micro-batches on the schedule's paths; both files set, or neither. Paths are read from the working directory.
+  // micro-batches on the schedule's paths; both files set, or neither. Paths: relative to the config file.
   std::string skippipe_setting;    // the setting (nodes, regions, links: pipeline/setting.h)
   std::string skippipe_schedule;   // the schedule (placement and paths: pipeline/schedule.h)
   double skippipe_link_scale = 0;     // emulated links: a hop takes scale · its setting time (0 = off)
@@ -289,15 +295,27 @@ struct Config {
   void validate() const;
   /// The run folder: out_dir/name.
   std::filesystem::path run_dir() const { return std::filesystem::path(run.out_dir) / run.name; }
+  /// Data streams the budget is split over with fixed shares: data.streams (0 = M) when decoupled, M workers for the
+  /// baselines, 1 locally.
+  int64_t budget_streams() const;
+  /// Tokens a run that trains its whole budget reaches: each of the budget_streams() trains
+  /// ⌊total_tokens / S / (B·T·grad_accum)⌋ whole steps; with train.shared_budget the learners stop once their sum
+  /// reaches the budget, so the budget less one step per learner (those in flight). A run that ends below it is
+  /// "incomplete".
+  int64_t complete_tokens() const;
 };
 
 /// Parses TOML text into a Config. Each `key=value` in `overrides` (e.g. "train.lr=1e-3") is applied after
 /// the file. A `[model] preset = NAME` first loads the preset, then the other [model] keys override it.
+/// With a non-empty `file_dir`, the config's paths (data.dir, run.out_dir, the SkipPipe files) become absolute:
+/// those the text sets resolve against `file_dir` (the config file's folder), defaults and overrides against the
+/// working directory; with an empty one they stay as written.
 /// Throws InputError on a TOML syntax error (with line), an unknown section or key, or a wrong value type.
 Config parse_config(const std::string& toml_text, const std::vector<std::string>& overrides = {},
-                    const std::string& source_name = "config");
+                    const std::string& source_name = "config", const std::filesystem::path& file_dir = {});
 
-/// Reads and parses a TOML file; throws InputError if it cannot be read.
+/// Reads and parses a TOML file, its paths resolved against the file's folder (parse_config). Throws InputError if
+/// the path is missing, is a folder, or cannot be read.
 Config load_config(const std::filesystem::path& path, const std::vector<std::string>& overrides = {});
 
 /// The resolved config as JSON (every field, defaults included), for manifests and reports.

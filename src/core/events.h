@@ -1,5 +1,5 @@
-// Structured events: one JSON object per line, one schema for every role (STYLE.md "Logs and metrics"; spec
-// decoupled-diloco.md §4: each quorum/grace/drop decision is logged with its reason).
+// Structured events: one JSON object per line, one schema for every role (docs/protocol.md: each quorum, grace and
+// drop decision is logged with its reason).
 //
 // Schema: {"t": unix time in seconds (double), "role": "syncer"|"learner"|"evaluator"|"launcher", "id": int,
 //          "event": name, ...fields}. Lines are appended and flushed one by one, so a crash loses at most the line

@@ -19,6 +19,7 @@
 #include "core/console.h"
 #include "core/events.h"
 #include "launcher/children.h"
+#include "core/stop_signals.h"
 #include "launcher/fault_injector.h"
 #include "launcher/launcher.h"
 #include "train/checkpoint.h"
@@ -30,8 +31,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-std::atomic<int> g_collective_signal{0};
-extern "C" void on_collective_signal(int sig) { g_collective_signal.store(sig); }
 
 // Sums a numeric field over events/worker_<rank>.jsonl "stopped" records (bytes, syncs, waits per rank).
 nlohmann::json worker_summaries(const fs::path& run_dir, int M) {
@@ -78,11 +77,7 @@ namespace {
 
 bool exited_cleanly(const Child& c) { return WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0; }
 
-std::string describe_exit(const Child& c) {
-  if (WIFSIGNALED(c.status)) return "killed by signal " + std::to_string(WTERMSIG(c.status));
-  if (WIFEXITED(c.status)) return "exit status " + std::to_string(WEXITSTATUS(c.status));
-  return "status " + std::to_string(c.status);
-}
+std::string describe_exit(const Child& c) { return exit_text(c.status); }
 
 std::string join_slots(const std::vector<int>& slots) {
   std::string out;
@@ -225,7 +220,7 @@ void CollectiveRun::wait_group(std::chrono::seconds grace) {
   std::vector<Child> members;
   for (int s : group_) members.push_back(children_[s]);
   const auto deadline = Clock::now() + grace;
-  while (Clock::now() < deadline && g_collective_signal.load() == 0 &&
+  while (Clock::now() < deadline && StopSignals::first() == 0 &&
          !std::all_of(members.begin(), members.end(), [](const Child& c) { return c.exited; })) {
     reap(members);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -283,7 +278,7 @@ void CollectiveRun::start() {
 
 // Until a signal, the run's end or a failure the policy cannot recover from.
 void CollectiveRun::supervise() {
-  while (g_collective_signal.load() == 0) {
+  while (StopSignals::first() == 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     if (supervise_once() == Next::kStop) break;
   }
@@ -340,15 +335,20 @@ Next CollectiveRun::stop_failed_group(const std::vector<int>& dead) {
   failures_ += static_cast<int>(dead.size());
   if (recovery_ == RecoveryPolicy::kStop) {
     const int s = dead.empty() ? 0 : dead[0];
+    const std::string log = "logs/worker_" + std::to_string(s) + ".log";
+    const std::string error = dead.empty() ? "" : last_error_line(run_dir_ / log);
     failure_ = dead.empty() ? std::string("a collective failed (a worker hung or passed run.collective_timeout_s)")
-                            : children_[s].role + " " + describe_exit(children_[s]) + " (see logs/worker_" +
-                                  std::to_string(s) + ".log)";
+                            : children_[s].role + " " + describe_exit(children_[s]) +
+                                  (error.empty() ? " (see " + log + ")" : ": " + error);
     return Next::kStop;
   }
   for (int s : dead) {
     hold_out(s);
-    std::printf("[launcher] worker %d died (%s) at step %lld: %s\n", s, describe_exit(children_[s]).c_str(),
-                static_cast<long long>(at_step),
+    const std::string error = failed_by_itself(children_[s].status)
+                                  ? last_error_line(run_dir_ / "logs" / ("worker_" + std::to_string(s) + ".log"))
+                                  : "";
+    std::printf("[launcher] worker %d died (%s%s%s) at step %lld: %s\n", s, describe_exit(children_[s]).c_str(),
+                error.empty() ? "" : ": ", error.c_str(), static_cast<long long>(at_step),
                 recovery_ == RecoveryPolicy::kElastic ? "the others re-form without it from the newest checkpoint"
                                       : "every worker waits for it, then all restart from the newest checkpoint");
     std::fflush(stdout);
@@ -459,31 +459,28 @@ void CollectiveRun::stop_workers() {
     std::printf("[launcher] %s: stopped the other workers (synchronous training needs all %d; run.recovery = "
                 "\"restart\" or \"elastic\" re-forms the group)\n", failure_.c_str(), M_);
   }
-  if (g_collective_signal.load() != 0) {
-    std::printf("[launcher] signal %d: stopping every worker; rank 0 writes a checkpoint\n", g_collective_signal.load());
+  if (StopSignals::first() != 0) {
+    std::printf("[launcher] signal %d: stopping every worker; rank 0 writes a checkpoint (a second Ctrl-C stops at "
+                "once)\n", StopSignals::first());
   }
   std::fflush(stdout);
-  const auto wait_until = Clock::now() + std::chrono::seconds(failure_.empty() && g_collective_signal.load() == 0 ? 60 : 1);
-  while (Clock::now() < wait_until) {
+  const auto wait_until = Clock::now() + std::chrono::seconds(failure_.empty() && StopSignals::first() == 0 ? 60 : 1);
+  while (Clock::now() < wait_until && !StopSignals::hurry()) {
     reap(children_);
     if (std::all_of(children_.begin(), children_.end(), [](const Child& c) { return c.exited; })) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  stop_children(children_, std::chrono::seconds(30));
+  stop_children(children_, std::chrono::seconds(30), [] { return StopSignals::hurry(); });
 }
 
-// The final evaluation and run_dir/report.json. Throws InputError for a status.json of another version or a
-// run that stopped before rank 0 wrote a checkpoint.
+// The final evaluation (none when no checkpoint was written or a second signal asked to hurry) and
+// run_dir/report.json. Throws InputError for a status.json of another version.
 nlohmann::json CollectiveRun::report(int cores) {
   poll_status();
   if (!status_error_.empty()) throw InputError(status_error_);
   const bool finished = last_.is_object() && last_.value("finished", false) && failure_.empty();
-  if (!latest_checkpoint(run_dir_)) {
-    throw InputError(std::string("the ") + to_string(config_.diloco.mode) + " run stopped before rank 0 wrote a checkpoint" +
-                     (failure_.empty() ? std::string() : ": " + failure_));
-  }
-
-  const nlohmann::json final_eval = evaluate_final_checkpoint(config_, cores);
+  const nlohmann::json final_eval =
+      final_evaluation(config_, cores, final_eval_skip_reason(StopSignals::hurry(), failure_));
   const double wall = std::chrono::duration<double>(Clock::now() - started_).count();
   const auto workers = worker_summaries(run_dir_, M_);
   nlohmann::json bytes = nlohmann::json::object();
@@ -495,7 +492,8 @@ nlohmann::json CollectiveRun::report(int cores) {
   nlohmann::json report = {
       {"run", config_.run.name},
       {"mode", config_.diloco.mode},
-      {"status", finished ? "finished" : "stopped"},
+      {"status", run_status(config_, !finished, failure_,
+                            last_.is_object() ? last_.value("tokens_trained", int64_t{0}) : 0)},
       {"final_val_loss", final_eval["val_loss"]},
       {"final_val_perplexity", final_eval["val_perplexity"]},
       {"global_step", last_.value("global_step", 0)},
@@ -504,15 +502,18 @@ nlohmann::json CollectiveRun::report(int cores) {
       {"wait_seconds_rank0", last_.value("wait_s", 0.0)},
       {"eval_seconds", last_.value("eval_s", 0.0)},
       {"tokens_trained", tokens},
+      {"tokens_budget", config_.train.total_tokens},
+      {"tokens_complete", config_.complete_tokens()},
       {"wall_seconds", wall},
       {"tokens_per_second", tokens / std::max(wall, 1e-9)},
       {"workers", workers},
       {"checkpoint", final_eval["checkpoint"]},
       {"sample", final_eval["sample"]},
       {"bytes", bytes},
-      {"signal", g_collective_signal.load()},
+      {"signal", finished ? 0 : StopSignals::first()},  // a signal after the last step stopped nothing
   };
   if (!failure_.empty()) report["failure"] = failure_;
+  if (final_eval.contains("skipped")) report["final_eval_skipped"] = final_eval["skipped"];
   report["recovery"] = recovery_;
   report["generations"] = generation_ + 1;
   report["worker_failures"] = failures_;
@@ -545,14 +546,11 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume, const 
   const auto started = Clock::now();
   check_collective_run(config, resume, plan);
   const RunFolder folder = prepare_run_folder(config);
+  const StopSignals signals;
   CollectiveRun run(config, folder, plan, started);
   run.start();
-  std::signal(SIGINT, on_collective_signal);
-  std::signal(SIGTERM, on_collective_signal);
   run.supervise();
   run.stop_workers();
-  std::signal(SIGINT, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
   return run.report(folder.cores);
 }
 

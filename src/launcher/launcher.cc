@@ -27,6 +27,7 @@
 #include "launcher/children.h"
 #include "launcher/fault_injector.h"
 #include "launcher/launcher.h"
+#include "core/stop_signals.h"
 #include "train/checkpoint.h"
 #include "train/fragment_io.h"
 
@@ -37,12 +38,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-std::atomic<int> g_launcher_signal{0};
-extern "C" void on_launcher_signal(int sig) { g_launcher_signal.store(sig); }
-
 std::string read_address(const fs::path& file, Child& syncer, std::vector<Child>& children) {
   const auto deadline = Clock::now() + std::chrono::seconds(120);
-  while (Clock::now() < deadline) {
+  while (Clock::now() < deadline && StopSignals::first() == 0) {
     std::ifstream in(file);
     std::string address;
     if (in >> address && !address.empty()) return address;
@@ -50,7 +48,12 @@ std::string read_address(const fs::path& file, Child& syncer, std::vector<Child>
     if (syncer.exited) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  throw InputError("the syncer did not start (see " + (file.parent_path() / "logs" / "syncer.log").string() + ")");
+  stop_children(children, std::chrono::seconds(5));
+  if (StopSignals::first() != 0) throw InputError("stopped by signal " + std::to_string(StopSignals::first()) +
+                                                  " while the syncer was starting");
+  const std::string error = last_error_line(syncer.log);
+  throw InputError("the syncer did not start" + (error.empty() ? "" : ": " + error) + " (its log: " +
+                   syncer.log.string() + ")");
 }
 
 // Removes the previous syncer's address file and resolves the fault plan, writing run_dir/plan.json.
@@ -70,9 +73,11 @@ std::vector<FaultEvent> remove_address_and_resolve_plan(const fs::path& run_dir,
 // the link proxies and the syncer's last status. Its methods are those steps, in the order they run.
 class DecoupledRun {
  public:
-  DecoupledRun(const Config& config, const RunFolder& folder, const FaultPlan* plan, Clock::time_point started)
+  DecoupledRun(const Config& config, const RunFolder& folder, const FaultPlan* plan, Clock::time_point started,
+               double prior_wall_s)
       : config_(config),
         started_(started),
+        prior_wall_s_(prior_wall_s),
         run_dir_(config.run_dir()),
         M_(folder.learners),
         learner_threads_(folder.child_threads),
@@ -94,7 +99,11 @@ class DecoupledRun {
   double elapsed_s() const { return std::chrono::duration<double>(Clock::now() - plan_started_).count(); }
   std::vector<std::string> syncer_args(const std::string& listen) const;
   std::vector<std::string> learner_args(int id) const;
-  pid_t spawn_learner(int id) const;
+  Child spawn_child(std::string role, int learner, const std::vector<std::string>& args, const std::string& file,
+                    int threads) const;
+  void respawn(Child& c, const std::vector<std::string>& args, int threads) const;
+  bool crash_loop(Child& c);
+  void note_other_exits();
   void start_link_proxies();
   bool supervise_once();
   void add_joined_learners(double elapsed);
@@ -104,6 +113,7 @@ class DecoupledRun {
 
   const Config& config_;
   const Clock::time_point started_;  // the run's start, for wall times
+  const double prior_wall_s_;        // wall time of the run before this resume (0 for a fresh run)
   const fs::path run_dir_;
   const int M_, learner_threads_;
   const std::string cfg_;
@@ -122,7 +132,14 @@ class DecoupledRun {
   Clock::time_point last_row_ = Clock::now() - std::chrono::hours(1);
   int64_t last_eval_printed_ = -1;
   bool finished_ = false;
+  std::string failure_;        // why the run was stopped without finishing: a crash loop, the syncer failing
+  bool evaluator_noted_ = false;
+  std::string last_error_printed_;  // a learner's error, said once on the console
 };
+
+// A role that fails this many times in a row before its first training step fails the same way on every start
+// (a config, data or device error): the run stops with its error instead of restarting it forever.
+constexpr int kCrashLoopStarts = 3;
 
 std::vector<std::string> DecoupledRun::syncer_args(const std::string& listen) const {
   return std::vector<std::string>{"syncer", "--config", cfg_, "--run-dir", run_dir_.string(), "--listen", listen,
@@ -137,8 +154,69 @@ std::vector<std::string> DecoupledRun::learner_args(int id) const {
                                   "run.threads=" + std::to_string(learner_threads_)};
 }
 
-pid_t DecoupledRun::spawn_learner(int id) const {
-  return spawn(learner_args(id), run_dir_ / "logs" / ("learner_" + std::to_string(id) + ".log"), learner_threads_);
+// `file`: the role's file name stem, for logs/<file>.log and events/<file>.jsonl.
+Child DecoupledRun::spawn_child(std::string role, int learner, const std::vector<std::string>& args,
+                                const std::string& file, int threads) const {
+  Child c{std::move(role), learner};
+  c.log = run_dir_ / "logs" / (file + ".log");
+  c.events = run_dir_ / "events" / (file + ".jsonl");
+  c.events_offset = file_size_or_zero(c.events);
+  c.pid = spawn(args, c.log, threads);
+  return c;
+}
+
+void DecoupledRun::respawn(Child& c, const std::vector<std::string>& args, int threads) const {
+  c.events_offset = file_size_or_zero(c.events);
+  c.pid = spawn(args, c.log, threads);
+  c.exited = false;
+  ++c.restarts;
+}
+
+// A learner that exited: counts its failures before progress and says on the console why it exited. Returns true
+// when that makes a crash loop (failure_ is then set and the run stops).
+bool DecoupledRun::crash_loop(Child& c) {
+  const bool planned = injector_.planned_kill(c);
+  const bool failed = failed_by_itself(c.status) && !planned;
+  if (!failed || stepped_since(c.events, c.events_offset)) {
+    c.failures_before_progress = 0;
+  } else {
+    ++c.failures_before_progress;
+  }
+  const std::string error = failed ? last_error_line(c.log) : "";
+  if (c.failures_before_progress >= kCrashLoopStarts) {
+    failure_ = c.role + " failed " + std::to_string(c.failures_before_progress) +
+               " times in a row before its first training step (" + exit_text(c.status) + "); its last error: " +
+               (error.empty() ? "(none in " + c.log.string() + ")" : error);
+    return true;
+  }
+  if (failed) {  // the error itself once; the same error from another start or learner is only named
+    const bool again = !error.empty() && error == last_error_printed_;
+    std::printf("[launcher] %s exited (%s)%s: %s\n", c.role.c_str(), exit_text(c.status).c_str(),
+                c.failures_before_progress > 0 ? " before its first step" : "",
+                again ? "the same error" : error.empty() ? ("see " + c.log.string()).c_str() : error.c_str());
+    if (!error.empty()) last_error_printed_ = error;
+  }
+  return false;
+}
+
+// The syncer or the evaluator exited on its own: a failing syncer ends the run with its error; a failing evaluator
+// is said once (training goes on without periodic evaluations).
+void DecoupledRun::note_other_exits() {
+  Child& syncer = children_[0];
+  if (syncer.exited && !finished_ && failure_.empty() && failed_by_itself(syncer.status) &&
+      !injector_.planned_kill(syncer)) {
+    const std::string error = last_error_line(syncer.log);
+    failure_ = "the syncer failed (" + exit_text(syncer.status) + "); its last error: " +
+               (error.empty() ? "(none in " + syncer.log.string() + ")" : error);
+  }
+  for (const auto& c : children_) {
+    if (c.role != "evaluator" || !c.exited || evaluator_noted_ || !failed_by_itself(c.status)) continue;
+    evaluator_noted_ = true;
+    const std::string error = last_error_line(c.log);
+    std::printf("[launcher] the evaluator exited (%s): %s; training goes on without periodic evaluations\n",
+                exit_text(c.status).c_str(), error.empty() ? ("see " + c.log.string()).c_str() : error.c_str());
+    std::fflush(stdout);
+  }
 }
 
 void DecoupledRun::start_link_proxies() {
@@ -157,24 +235,30 @@ void DecoupledRun::start_link_proxies() {
 
 // The syncer (waiting for its address), the link proxies, M learners and the evaluator.
 void DecoupledRun::start() {
-  children_.push_back({"syncer", -1, spawn(syncer_args(config_.run.syncer_address), run_dir_ / "logs" / "syncer.log", 1)});
+  children_.push_back(spawn_child("syncer", -1, syncer_args(config_.run.syncer_address), "syncer", 1));
   address_ = read_address(address_file_, children_[0], children_);
   start_link_proxies();
-  for (int id = 0; id < M_; ++id) children_.push_back({"learner " + std::to_string(id), id, spawn_learner(id)});
-  children_.push_back({"evaluator", -1, spawn({"evaluator", "--config", cfg_, "--syncer", address_, "--run-dir",
-                                               run_dir_.string()},
-                                              run_dir_ / "logs" / "evaluator.log", 1)});
+  for (int id = 0; id < M_; ++id) {
+    children_.push_back(spawn_child("learner " + std::to_string(id), id, learner_args(id),
+                                    "learner_" + std::to_string(id), learner_threads_));
+  }
+  children_.push_back(spawn_child("evaluator", -1,
+                                  {"evaluator", "--config", cfg_, "--syncer", address_, "--run-dir", run_dir_.string()},
+                                  "evaluator", 1));
   plan_started_ = Clock::now();
   events_.emit("started", {{"syncer", address_}, {"learners", M_}, {"learner_threads", learner_threads_},
                            {"faults_planned", faults_.size()}});
   std::printf("[launcher] run %s: syncer %s, %d learners × %d BLAS threads, evaluator; logs in %s\n",
               config_.run.name.c_str(), address_.c_str(), M_, learner_threads_, (run_dir_ / "logs").c_str());
+  if (std::string url; std::ifstream(run_dir_ / "monitor.url") >> url) {
+    std::printf("[launcher] dashboard %s (Prometheus metrics: %smetrics)\n", url.c_str(), url.c_str());
+  }
   std::fflush(stdout);
 }
 
 // Until a signal, or the syncer is gone (finished or failed) with no restart pending.
 void DecoupledRun::supervise() {
-  while (g_launcher_signal.load() == 0) {
+  while (StopSignals::first() == 0 && failure_.empty()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     if (!supervise_once()) break;
   }
@@ -185,9 +269,12 @@ bool DecoupledRun::supervise_once() {
   const double elapsed = elapsed_s();
   injector_.tick(elapsed, last_.global_step, finished_, children_);
   add_joined_learners(elapsed);
+  note_other_exits();
+  if (!failure_.empty()) return false;
   if (children_[0].exited && !injector_.syncer_restart_pending()) return false;
   restart_syncer(elapsed);
   restart_learners(elapsed);
+  if (!failure_.empty()) return false;
   progress_row();
   return true;
 }
@@ -195,7 +282,8 @@ bool DecoupledRun::supervise_once() {
 // Scavenging: a learner with a new id joins the running job.
 void DecoupledRun::add_joined_learners(double elapsed) {
   for (int id : injector_.take_joins()) {
-    children_.push_back({"learner " + std::to_string(id), id, spawn_learner(id)});
+    children_.push_back(spawn_child("learner " + std::to_string(id), id, learner_args(id),
+                                    "learner_" + std::to_string(id), learner_threads_));
     events_.emit("learner_added", {{"learner", id}, {"at_s", elapsed}, {"pid", children_.back().pid}});
     std::printf("[launcher] learner %d joins the run\n", id);
     std::fflush(stdout);
@@ -208,9 +296,7 @@ void DecoupledRun::restart_syncer(double elapsed) {
   if (!syncer.exited) return;
   const double delay = injector_.restart_delay(syncer, 0);
   if (delay >= 0 && Clock::now() - syncer.died_at >= std::chrono::duration<double>(delay)) {
-    syncer.pid = spawn(syncer_args(address_), run_dir_ / "logs" / "syncer.log", 1);
-    syncer.exited = false;
-    ++syncer.restarts;
+    respawn(syncer, syncer_args(address_), 1);
     injector_.restarted(syncer);
     events_.emit("syncer_restarted", {{"restarts", syncer.restarts}, {"at_s", elapsed}, {"address", address_}});
     std::printf("[launcher] syncer restarted on %s from its persisted state\n", address_.c_str());
@@ -223,12 +309,12 @@ void DecoupledRun::restart_learners(double elapsed) {
     if (c.learner < 0 || !c.exited || finished_ || injector_.left(c)) continue;
     const double delay = injector_.restart_delay(c, config_.run.restart_delay_s);
     if (delay < 0 || Clock::now() - c.died_at < std::chrono::duration<double>(delay)) continue;
+    if (crash_loop(c)) return;
     events_.emit("learner_restarted", {{"learner", c.learner}, {"exit_status", c.status}, {"restarts", c.restarts + 1},
-                                       {"at_s", elapsed}});
-    std::printf("[launcher] learner %d exited (status %d): restarting it\n", c.learner, c.status);
-    c.pid = spawn_learner(c.learner);
-    c.exited = false;
-    ++c.restarts;
+                                       {"at_s", elapsed}, {"failures_before_progress", c.failures_before_progress}});
+    std::printf("[launcher] restarting %s (restart %d)\n", c.role.c_str(), c.restarts + 1);
+    std::fflush(stdout);
+    respawn(c, learner_args(c.learner), learner_threads_);
     injector_.restarted(c);
   }
 }
@@ -246,17 +332,21 @@ void DecoupledRun::progress_row() {
   const double frac = static_cast<double>(last_.tokens_trained) / std::max<int64_t>(1, last_.tokens_budget);
   std::string tps;
   int live = 0;
+  double loss_sum = 0;
   for (const auto& l : last_.learners) {
     char buf[32];
     std::snprintf(buf, sizeof(buf), "%s%.0f", tps.empty() ? "" : " ", l.live ? l.tokens_per_s : 0.0);
     tps += buf;
     live += l.live ? 1 : 0;
+    loss_sum += l.live && std::isfinite(l.loss) ? l.loss : 0.0;
   }
+  if (live == 0 && last_.global_step == 0 && !new_eval) return;  // nobody trains yet: no row of zeros
   const double elapsed = std::chrono::duration<double>(Clock::now() - started_).count();
-  char val[32] = "  -  ";
+  char val[32] = "  -  ", train[32] = "  -  ";
   if (last_.last_eval_step >= 0) std::snprintf(val, sizeof(val), "%.3f", last_.last_val_loss);
-  std::printf("%s %3.0f%% t %5lld | val %s | merges %5lld | quorum %lld | live %d/%d | tok/s %s | %4.0fs\n",
-              progress_bar(frac).c_str(), 100 * frac, static_cast<long long>(last_.global_step), val,
+  if (live > 0) std::snprintf(train, sizeof(train), "%.3f", loss_sum / live);
+  std::printf("%s %3.0f%% t %5lld | loss %s | val %s | merges %5lld | quorum %lld | live %d/%d | tok/s %s | %4.0fs\n",
+              progress_bar(frac).c_str(), 100 * frac, static_cast<long long>(last_.global_step), train, val,
               static_cast<long long>(last_.merges), static_cast<long long>(last_.last_quorum), live,
               std::max(M_, static_cast<int>(last_.learners.size())),
               tps.c_str(), elapsed);
@@ -265,24 +355,27 @@ void DecoupledRun::progress_row() {
                             {"merges", last_.merges}, {"val_loss", last_.last_val_loss}, {"live", live}});
 }
 
-// Learners and the evaluator exit on the syncer's stop; anything left gets SIGTERM, then SIGKILL. Returns
-// whether the run was interrupted (a signal, or it did not finish).
+// Learners and the evaluator exit on the syncer's stop; anything left gets SIGTERM, then SIGKILL (at once when a
+// second signal asks to hurry). Returns whether the run was interrupted (a signal, a failure, or it did not finish).
 bool DecoupledRun::stop_children_and_syncer_client() {
-  const bool interrupted = g_launcher_signal.load() != 0 || !finished_;
-  if (g_launcher_signal.load() != 0) {
+  const int sig = StopSignals::first();
+  const bool interrupted = sig != 0 || !finished_ || !failure_.empty();
+  if (!failure_.empty()) {
+    std::printf("[launcher] %s: stopping the run\n", failure_.c_str());
+  } else if (sig != 0) {
     std::printf("[launcher] signal %d: stopping every child; the syncer persists and checkpoints Θ (resume with "
-                "--resume %s)\n", g_launcher_signal.load(), run_dir_.c_str());
-    std::fflush(stdout);
+                "--resume %s; a second Ctrl-C stops at once)\n", sig, run_dir_.c_str());
   }
+  std::fflush(stdout);
   syncer_client_.reset();
   injector_.release(children_, elapsed_s());
   const auto wait_until = Clock::now() + std::chrono::seconds(interrupted ? 1 : 20);
-  while (Clock::now() < wait_until) {
+  while (Clock::now() < wait_until && !StopSignals::hurry()) {
     reap(children_);
     if (std::all_of(children_.begin(), children_.end(), [](const Child& c) { return c.exited; })) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  stop_children(children_, std::chrono::seconds(30));
+  stop_children(children_, std::chrono::seconds(30), [] { return StopSignals::hurry(); });
   return interrupted;
 }
 
@@ -290,13 +383,24 @@ bool DecoupledRun::stop_children_and_syncer_client() {
 nlohmann::json DecoupledRun::report(bool interrupted, int cores) {
   // Tokens: the launcher's last Status poll can predate the learners' last metadata (the final flush can finish
   // within one poll interval); the syncer's state.json, written when the run finished, has the final count.
-  int64_t tokens_trained = last_.tokens_trained;
+  // The syncer's state.json, written once more after its merger stopped, is the one source of the global step,
+  // tokens and merges (the final checkpoint names the same step); the last poll only stands in when it is missing.
+  int64_t tokens_trained = last_.tokens_trained, global_step = last_.global_step, merges = last_.merges;
   {
     const auto state = nlohmann::json::parse(std::ifstream(run_dir_ / "syncer" / "state.json"), nullptr, false);
-    if (state.is_object()) tokens_trained = std::max(tokens_trained, state.value("tokens_trained", int64_t{0}));
+    if (state.is_object()) {
+      tokens_trained = state.value("tokens_trained", tokens_trained);
+      global_step = state.value("global_step", global_step);
+      merges = state.value("merges", merges);
+      // The syncer merged the whole budget before a signal reached it: the run finished (a resume would say so),
+      // whatever came after.
+      if (state.value("finished", false) && failure_.empty()) interrupted = false;
+    }
   }
-  const nlohmann::json final_eval = evaluate_final_checkpoint(config_, cores);
-  const double wall = std::chrono::duration<double>(Clock::now() - started_).count();
+  const nlohmann::json final_eval =
+      final_evaluation(config_, cores, final_eval_skip_reason(StopSignals::hurry(), failure_));
+  // A resumed run's report covers the whole run: the wall time of the parts before is added.
+  const double wall = prior_wall_s_ + std::chrono::duration<double>(Clock::now() - started_).count();
   nlohmann::json bytes = {{"syncer", {{"sent", last_.bytes_sent}, {"received", last_.bytes_received}}}};
   nlohmann::json learners = nlohmann::json::array();
   for (const auto& l : last_.learners) {
@@ -308,14 +412,16 @@ nlohmann::json DecoupledRun::report(bool interrupted, int cores) {
   nlohmann::json report = {
       {"run", config_.run.name},
       {"mode", "decoupled"},
-      {"status", interrupted ? "stopped" : "finished"},
+      {"status", run_status(config_, interrupted, failure_, tokens_trained)},
       {"final_val_loss", final_eval["val_loss"]},
       {"final_val_perplexity", final_eval["val_perplexity"]},
-      {"global_step", last_.global_step},
-      {"steps", last_.global_step},
+      {"global_step", global_step},
+      {"steps", global_step},
       {"steps_skipped", 0},
-      {"merges", last_.merges},
+      {"merges", merges},
       {"tokens_trained", tokens_trained},
+      {"tokens_budget", config_.train.total_tokens},
+      {"tokens_complete", config_.complete_tokens()},
       {"wall_seconds", wall},
       {"tokens_per_second", tokens_trained / std::max(wall, 1e-9)},
       {"learners", learners},
@@ -327,8 +433,10 @@ nlohmann::json DecoupledRun::report(bool interrupted, int cores) {
       {"checkpoint", final_eval["checkpoint"]},
       {"sample", final_eval["sample"]},
       {"bytes", bytes},
-      {"signal", g_launcher_signal.load()},
+      {"signal", interrupted ? StopSignals::first() : 0},
   };
+  if (!failure_.empty()) report["failure"] = failure_;
+  if (final_eval.contains("skipped")) report["final_eval_skipped"] = final_eval["skipped"];
   write_file_atomically(run_dir_ / "report.json", report.dump(2) + "\n");
   events_.emit("finished", {{"status", report["status"]}, {"val_loss", report["final_val_loss"]}});
   return report;
@@ -346,16 +454,26 @@ nlohmann::json run_launcher(const Config& config, bool resume, wire::Transport& 
   if (resume && !fs::exists(run_dir / "syncer")) {
     throw InputError("cannot resume: '" + run_dir.string() + "' has no syncer state");
   }
+  double prior_wall_s = 0;
+  if (resume) {  // a finished run stays as it is: its report, checkpoints and state are not touched
+    const auto state = nlohmann::json::parse(std::ifstream(run_dir / "syncer" / "state.json"), nullptr, false);
+    auto previous = nlohmann::json::parse(std::ifstream(run_dir / "report.json"), nullptr, false);
+    if (state.is_object() && state.value("finished", false)) {
+      std::printf("[launcher] run %s already finished (report %s): nothing to resume, nothing changed\n",
+                  config.run.name.c_str(), (run_dir / "report.json").c_str());
+      if (!previous.is_object()) throw InputError("run '" + run_dir.string() + "' finished but has no report.json");
+      previous["already_finished"] = true;
+      return previous;
+    }
+    if (previous.is_object()) prior_wall_s = previous.value("wall_seconds", 0.0);
+  }
   const RunFolder folder = prepare_run_folder(config);
-  DecoupledRun run(config, folder, plan, started);
+  const StopSignals signals;  // from before the first child: a signal during start-up stops the run cleanly too
+  DecoupledRun run(config, folder, plan, started, prior_wall_s);
   run.start();
   run.connect(transport);
-  std::signal(SIGINT, on_launcher_signal);
-  std::signal(SIGTERM, on_launcher_signal);
   run.supervise();
   const bool interrupted = run.stop_children_and_syncer_client();
-  std::signal(SIGINT, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
   return run.report(interrupted, folder.cores);
 }
 

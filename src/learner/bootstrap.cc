@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <thread>
 
 #include "core/backoff.h"
@@ -12,9 +13,25 @@ namespace dloco {
 
 std::optional<Bootstrapped> bootstrap(LearnerLink& link, wire::Transport& transport, const wire::Handshake& handshake,
                                       const std::filesystem::path& run_dir, int P, double timeout_s,
-                                      EventLog& events, const std::atomic<int>& signal) {
+                                      EventLog& events, const std::atomic<int>& signal, const std::string& who) {
   using Clock = std::chrono::steady_clock;
-  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
+  const auto started = Clock::now();
+  const auto deadline = started + std::chrono::duration<double>(timeout_s);
+  auto said = started - std::chrono::hours(1);
+  // The syncer did not answer: said at once, then every 10 s, so a learner started before (or without) its syncer
+  // is never silent.
+  auto say_unreachable = [&](const std::string& why) {
+    if (Clock::now() - said < std::chrono::seconds(10)) return;
+    const bool first = said < started;
+    said = Clock::now();
+    const double waited = std::chrono::duration<double>(said - started).count();
+    const double left = std::chrono::duration<double>(deadline - said).count();
+    const std::string what = first ? "no answer from the syncer at"
+                                   : "still no syncer after " + std::to_string(static_cast<int>(waited)) + " s at";
+    std::printf("%s %s %s (%s); retrying for %.0f s more\n", who.c_str(), what.c_str(), link.address().c_str(),
+                why.c_str(), left);
+    std::fflush(stdout);
+  };
   Bootstrapped out;
   int64_t locked_stream = -1;
   std::string last_error = "no attempt";
@@ -30,10 +47,12 @@ std::optional<Bootstrapped> bootstrap(LearnerLink& link, wire::Transport& transp
                        last_error + ")");
     }
     const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
-    auto joined = link.try_join(std::max(1.0, std::min(5.0, left)));  // in slices: a SIGTERM is seen within seconds
+    // In slices (a SIGTERM is seen within seconds); the first one short, so a missing syncer is said at once.
+    auto joined = link.try_join(std::max(1.0, std::min(said < started ? 1.0 : 5.0, left)));
     if (!joined.ok()) {
       if (!joined.status.retryable()) throw HandshakeRefused(joined.status.message);
       last_error = joined.status.message;
+      say_unreachable(last_error);
       continue;
     }
     out.joined = std::move(joined.value);

@@ -24,8 +24,10 @@ struct Bootstrapped {
 
 /// Bootstraps `P` fragments until `timeout_s`. Returns nullopt when `signal` becomes non-zero first (asked to
 /// leave: nothing to hand back). Throws HandshakeRefused on a refused handshake, InputError at the deadline.
+/// While the syncer does not answer it says so on the console, prefixed by `who` ("[learner 3]"): at the first
+/// failure, then every 10 s with the time left.
 std::optional<Bootstrapped> bootstrap(LearnerLink& link, wire::Transport& transport, const wire::Handshake& handshake,
                                       const std::filesystem::path& run_dir, int P, double timeout_s,
-                                      EventLog& events, const std::atomic<int>& signal);
+                                      EventLog& events, const std::atomic<int>& signal, const std::string& who = "");
 
 }  // namespace dloco

@@ -47,6 +47,8 @@ class LearnerLink {
   void set_held_stream(int64_t stream) { held_stream_ = stream; }
   void add_busy_stream(int64_t stream);
   void set_peer_address(std::string address);
+  /// The syncer's address as given (host:port).
+  const std::string& address() const { return address_; }
   /// Fragment p as the syncer holds it now (deadline 30 s).
   wire::Result<wire::Fragment> fetch_fragment(int p);
   /// A consistent snapshot of every fragment (deadline 60 s); nullopt on failure.

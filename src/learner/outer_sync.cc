@@ -222,6 +222,7 @@ void OuterSync::apply(Pending& m, int64_t step) {
   version_[p] = m.version;
   if (board_) board_->publish(p, version_[p], base_[p]);  // a pointer swap: joiners read it from the peer server
   steps_since_[p] = tokens_since_[p] = 0;
+  ++merges_applied_;
   emit("applied", {{"step", step}, {"fragment", p}, {"version", version_[p]}, {"from", m.whole ? "whole" : "update"}});
 }
 

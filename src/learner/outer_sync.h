@@ -67,6 +67,8 @@ class OuterSync {
   const std::vector<int64_t>& versions() const { return version_; }
   /// Steps overwritten by merges without this learner (its work_lost events, added up).
   int64_t lost_steps() const { return lost_steps_; }
+  /// Merged fragments applied to the local copy so far (whole copies and updates).
+  int64_t merges_applied() const { return merges_applied_; }
   /// The most steps any fragment has trained since it was last applied (lost if the learner leaves now).
   int64_t unmerged_steps() const;
   /// FNV-1a hashes of the job's own fragments now (the end-of-run check: every copy equals Θ).
@@ -116,6 +118,7 @@ class OuterSync {
   std::vector<Pending> pending_;
   std::map<int, int64_t> awaiting_merge_;  // blocking mode: fragment -> step by which its merge must be applied
   int64_t lost_steps_ = 0;
+  int64_t merges_applied_ = 0;
   std::vector<wire::ErrorFeedback> feedback_;  // error feedback: one per fragment
 };
 

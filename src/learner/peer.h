@@ -49,8 +49,10 @@ class PeerServer final : public wire::PeerHandler {
   ~PeerServer() override;
   PeerServer(const PeerServer&) = delete;
   PeerServer& operator=(const PeerServer&) = delete;
-  /// "host:port", as joiners dial it.
+  /// "host:port", as joiners on this machine dial it (a wildcard host given as 127.0.0.1).
   const std::string& address() const { return server_->address(); }
+  /// "host:port" as bound (a wildcard host stays a wildcard).
+  std::string listen_address() const { return server_->listen_address(); }
   /// Fragments served so far.
   int64_t served() const { return served_.load(); }
 

@@ -4,6 +4,8 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cmath>
 #include <cstring>
 #include <thread>
 
@@ -33,6 +35,10 @@ int run_evaluator(const Config& config, const LearnerOptions& options, wire::Tra
   LearnerLink link(transport.connect_syncer(options.syncer), options.syncer, make_handshake(config, layout), -1,
                    "evaluator", config.run.seed ^ 0xE7A1u);
   link.join(options.bootstrap_timeout_s);
+  std::printf("[evaluator] joined %s: the global model every %lld global steps on %lld validation tokens\n",
+              options.syncer.c_str(), static_cast<long long>(config.train.eval_interval),
+              static_cast<long long>(config.train.eval_tokens));
+  std::fflush(stdout);
 
   int64_t next_eval = config.train.eval_interval;
   for (;;) {
@@ -54,6 +60,10 @@ int run_evaluator(const Config& config, const LearnerOptions& options, wire::Tra
     link.report_eval({0, snap->global_step, loss, versions, secs});
     events.emit("eval", {{"global_step", snap->global_step}, {"val_loss", loss}, {"versions", versions},
                          {"seconds", secs}});
+    std::printf("[evaluator] global step %lld: validation loss %.4f (perplexity %.1f) on %lld tokens, %.1f s\n",
+                static_cast<long long>(snap->global_step), loss, std::exp(loss),
+                static_cast<long long>(config.train.eval_tokens), secs);
+    std::fflush(stdout);
     while (next_eval <= snap->global_step) next_eval += config.train.eval_interval;
   }
   return 0;

@@ -8,11 +8,13 @@
 #include <cmath>
 #include <csignal>
 #include <map>
+#include <mutex>
 #include <thread>
 
 #include "core/control_file.h"
 #include "core/decisions.h"
 #include "core/events.h"
+#include "core/prometheus.h"
 #include "data/stream.h"
 #include "learner/bootstrap.h"
 #include "learner/gpt_inner_job.h"
@@ -20,9 +22,11 @@
 #include "learner/group_ranks.h"
 #include "learner/learner.h"
 #include "learner/outer_sync.h"
+#include "monitor/monitor_server.h"
 #include "train/fragment_io.h"
 #include "train/threads.h"
 #include "transport/handshake.h"
+#include "transport/local_address.h"
 
 namespace dloco {
 
@@ -77,6 +81,34 @@ OuterSyncConfig outer_sync_config(const Config& config, int id, const FragmentLa
   return c;
 }
 
+// What the learner's /metrics endpoint shows (docs/monitoring.md): written by the training thread after each step,
+// read by the endpoint's threads.
+struct LearnerGauges {
+  std::mutex mu;
+  int id = 0;
+  int64_t step = 0, tokens = 0, merges_applied = 0, lost_steps = 0, reconnects = 0;
+  double loss = NAN, tokens_per_s = 0, step_s = 0, boundary_s = 0;
+
+  std::string text() {
+    std::lock_guard lock(mu);
+    PrometheusText m;
+    const PrometheusLabels who = {{"learner", std::to_string(id)}};
+    m.gauge("dloco_learner_step", "Inner steps this learner has trained (its step counter).", double(step), who);
+    m.counter("dloco_learner_tokens_trained_total", "Tokens this learner served from its stream.", double(tokens), who);
+    m.gauge("dloco_learner_loss", "Training loss (EMA), nats/token.", loss, who);
+    m.gauge("dloco_learner_tokens_per_second", "Training speed (EMA of the step time), tokens/s.", tokens_per_s, who);
+    m.gauge("dloco_learner_step_seconds", "Compute time of the last inner step, s.", step_s, who);
+    m.gauge("dloco_learner_boundary_seconds", "Time outside compute after the last step (sync, metadata), s.",
+            boundary_s, who);
+    m.counter("dloco_learner_merges_applied_total", "Merged fragments applied to this learner's copy.",
+              double(merges_applied), who);
+    m.counter("dloco_learner_lost_steps_total", "Steps whose work a merge without this learner dropped.",
+              double(lost_steps), who);
+    m.counter("dloco_learner_reconnects_total", "Sessions re-opened to the syncer.", double(reconnects), who);
+    return m.str();
+  }
+};
+
 // The training loop and what it keeps between steps. `phase` is training when it starts.
 class LearnerLoop {
  public:
@@ -92,6 +124,8 @@ class LearnerLoop {
   // Trains until this stream's budget is spent, then keeps answering the final flush until the syncer stops the
   // run or a signal asks the learner to leave.
   void run() {
+    row_tokens_ = job_.cursor().tokens_served;
+    last_row_ = Clock::now();
     while (!phase_.is(LearnerPhase::kStopped) && g_learner_signal.load() == 0) {
       if (const std::string fatal = link_.fatal_error(); !fatal.empty()) throw InputError(fatal);
       if (job_.cursor().tokens_served + tokens_per_step_ > budget_) finish("its token budget is spent");
@@ -127,15 +161,37 @@ class LearnerLoop {
       max_boundary_s_ = std::max(max_boundary_s_, boundary_s);
       events_.emit("step", {{"step", step_}, {"loss", r.loss}, {"step_s", std::chrono::duration<double>(t1 - t0).count()},
                             {"boundary_s", boundary_s}, {"skipped", r.skipped}, {"tokens", job_.cursor().tokens_served}});
+      if (Clock::now() - last_row_ >= std::chrono::duration<double>(config_.run.report_interval_s)) print_row();
+      if (gauges_) {
+        std::lock_guard lock(gauges_->mu);
+        gauges_->step = step_;
+        gauges_->tokens = job_.cursor().tokens_served;
+        gauges_->loss = loss_.value();
+        gauges_->tokens_per_s = step_time_.value() > 0 ? tokens_per_step_ / step_time_.value() : 0;
+        gauges_->step_s = std::chrono::duration<double>(t1 - t0).count();
+        gauges_->boundary_s = boundary_s;
+        gauges_->merges_applied = sync_.merges_applied();
+        gauges_->lost_steps = sync_.lost_steps();
+        gauges_->reconnects = link_.reconnects();
+      }
     }
     boundary();  // merges that arrived with the stop (the final flush) are applied before the copies are reported
     leaving_ = !phase_.is(LearnerPhase::kStopped);  // a signal, not the end of the run: a graceful leave
     if (leaving_) phase_.to(LearnerPhase::kStopped);
   }
 
+  /// The endpoint's gauges, updated after every step (null: no endpoint).
+  void set_gauges(LearnerGauges* gauges) { gauges_ = gauges; }
+
   // After a signal the learner leaves gracefully (stream and quorum freed at once). Reports the final copies
   // (hashes of the job's own parameters) and hands the last words to the link.
   void finish_run(int64_t peer_fragments_served, std::unique_ptr<StreamLog>& log_owner) {
+    // Asked to stop (SIGTERM: Ctrl-C of the launcher, a by-hand stop): its AdamW moments and step are saved, so the
+    // resumed run continues with them (the data cursor is in the stream log already).
+    if (leaving_ && config_.train.learner_state_interval > 0) {
+      job_.save_state(run_dir_ / "learners" / ("learner_" + std::to_string(id_)), step_);
+      events_.emit("state_saved", {{"step", step_}, {"reason", "stopping on a signal"}});
+    }
     log_owner.reset();  // unlock the stream's log before the syncer hands the stream to a joiner
     log_ = nullptr;
     send_metadata();
@@ -160,6 +216,20 @@ class LearnerLoop {
     const BoundaryOutcome out = sync_.boundary(step_, !phase_.is(LearnerPhase::kTraining));
     if (out.budget_spent) finish("the learners' tokens reached the shared budget");
     if (out.stop && !phase_.is(LearnerPhase::kStopped)) phase_.to(LearnerPhase::kStopped);
+  }
+
+  // One console row per run.report_interval_s: what a learner started by hand (or its log) shows.
+  void print_row() {
+    const double elapsed = std::chrono::duration<double>(Clock::now() - last_row_).count();
+    const int64_t tokens = job_.cursor().tokens_served;
+    std::printf("[learner %d step %lld] loss %.4f | %.0f tokens/s | merges applied %lld | %.0f%% of %s\n", id_,
+                static_cast<long long>(step_), loss_.value(),
+                elapsed > 0 ? (tokens - row_tokens_) / elapsed : 0.0,
+                static_cast<long long>(sync_.merges_applied()), 100.0 * tokens / std::max<int64_t>(1, budget_),
+                config_.train.shared_budget ? "the shared budget" : "its stream's budget");
+    std::fflush(stdout);
+    last_row_ = Clock::now();
+    row_tokens_ = tokens;
   }
 
   void send_metadata() {
@@ -218,6 +288,9 @@ class LearnerLoop {
   int64_t steps_here_ = 0;  // steps of this incarnation
   bool leaving_ = false;
   Clock::time_point last_metadata_ = Clock::now();
+  Clock::time_point last_row_ = Clock::now();
+  int64_t row_tokens_ = 0;  // tokens at the last row (or at the start)
+  LearnerGauges* gauges_ = nullptr;
 };
 
 // The inner job: a group of ranks (rank 0 here; `ranks` started the others) or the one-process GPT job.
@@ -304,12 +377,22 @@ int run_learner(const Config& config, const LearnerOptions& options, wire::Trans
   FragmentBoard board(P);  // Θ_p at the version last applied, shared with the peer server (read-only)
   std::unique_ptr<PeerServer> peer_server;
   if (config.diloco.bootstrap == Bootstrap::kPeers) {  // serve our copy to joiners; advertised with every join
-    peer_server = std::make_unique<PeerServer>(transport, config.run.peer_host, handshake, board);
-    link.set_peer_address(peer_server->address());
+    // Listen where the syncer is reached from (or where run.peer_host says) and advertise an address other
+    // machines can dial: never a wildcard, never loopback unless the syncer is on loopback too.
+    const std::string towards = local_address_towards(options.syncer);
+    const std::string listen = config.run.peer_host.empty() ? (towards.empty() ? "127.0.0.1" : towards)
+                                                            : config.run.peer_host;
+    std::string advertise = config.run.peer_advertise;
+    if (advertise.empty()) advertise = is_wildcard_host(listen) ? (towards.empty() ? "127.0.0.1" : towards) : listen;
+    peer_server = std::make_unique<PeerServer>(transport, listen, handshake, board);
+    const std::string& bound = peer_server->address();
+    const std::string advertised = advertise + bound.substr(bound.rfind(':'));
+    link.set_peer_address(advertised);
+    events.emit("peer_server", {{"listening", peer_server->listen_address()}, {"advertised", advertised}});
   }
   LearnerPhaseMachine phase(LearnerPhase::kBootstrapping, kLearnerMoves);
   auto boot = bootstrap(link, transport, handshake, options.run_dir, P, options.bootstrap_timeout_s, events,
-                        g_learner_signal);
+                        g_learner_signal, "[learner " + std::to_string(id) + "]");
   if (!boot) {  // asked to leave before it trained: nothing to hand back
     phase.to(LearnerPhase::kStopped);
     events.emit("stopped", {{"step", 0}, {"signal", g_learner_signal.load()}, {"leaving", true},
@@ -346,6 +429,18 @@ int run_learner(const Config& config, const LearnerOptions& options, wire::Trans
   // Adopt the global step: the lr schedule is global.
   LearnerLoop loop(config, id, options.run_dir, joined.global_step, joined.stream_index, joined.tokens_budget, job,
                    sync, link, *boot->stream_log, events, phase);
+  // Its /metrics endpoint (docs/monitoring.md), on a free port unless the config names one.
+  LearnerGauges gauges;
+  gauges.id = id;
+  std::unique_ptr<MonitorServer> monitor;
+  if (!config.run.learner_monitor.empty()) {
+    monitor = std::make_unique<MonitorServer>(config.run.learner_monitor,
+                                              MonitorServer::Routes{[&gauges] { return gauges.text(); }, {}, ""});
+    loop.set_gauges(&gauges);
+    events.emit("monitor", {{"url", monitor->url()}, {"address", monitor->address()}});
+    std::printf("[learner %d] metrics %smetrics\n", id, monitor->url().c_str());
+    std::fflush(stdout);
+  }
   try {
     loop.run();
   } catch (const CollectiveError& e) {  // a rank of this learner's group died or missed its deadline

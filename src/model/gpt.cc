@@ -180,7 +180,11 @@ torch::Tensor GPTImpl::generate(torch::Tensor prompt, int64_t max_new_tokens, do
   for (int64_t i = 0; i < max_new_tokens; ++i) {
     auto context = idx.size(1) > cfg_.seq_len ? idx.narrow(1, idx.size(1) - cfg_.seq_len, cfg_.seq_len) : idx;
     auto logits = forward(context).select(1, context.size(1) - 1);  // (1, V)
-    logits = logits / std::max(temperature, 1e-6);
+    if (temperature <= 0) {  // greedy: the most likely token
+      idx = torch::cat({idx, logits.argmax(-1, /*keepdim=*/true)}, 1);
+      continue;
+    }
+    logits = logits / temperature;
     if (top_k > 0 && top_k < cfg_.vocab_size) {
       auto kth = std::get<0>(logits.topk(top_k, -1)).select(1, top_k - 1).unsqueeze(1);  // (1, 1)
       logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());

@@ -92,7 +92,8 @@ class GPTImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& idx);
   /// Mean next-token cross-entropy in nats: idx, targets (B, T) int64 -> scalar.
   torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
-  /// Samples `max_new_tokens` continuations of prompt (1, T0) with temperature and top-k (0 = off).
+  /// Samples `max_new_tokens` continuations of prompt (1, T0) with temperature and top-k (0 = off); temperature ≤ 0
+  /// is greedy (the most likely token each time; top-k and the generator unused).
   /// Returns (1, T0 + max_new_tokens). Runs without gradients.
   torch::Tensor generate(torch::Tensor prompt, int64_t max_new_tokens, double temperature, int64_t top_k,
                          torch::Generator* generator = nullptr);

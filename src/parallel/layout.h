@@ -1,4 +1,4 @@
-// The 3D rank layout of a learner (Megatron-LM, spec/inner-parallelism.md "Rank layout"): W = t·p·d ranks,
+// The 3D rank layout of a learner (Megatron-LM, docs/parallel.md): W = t·p·d ranks,
 // rank = tp + t·(dp + d·pp), so tensor-parallel ranks are adjacent (the fastest links) and pipeline stages
 // outermost. Pure arithmetic: the coordinates of a rank and the rank lists of its TP, DP and PP groups, which the
 // caller passes to Collective::subgroup.

@@ -6,7 +6,7 @@
 //     parameter's last backward use (the cost: one bf16 gradient per parameter, transiently, while backward runs);
 //   - fp32 master weights (4 bytes) and AdamW's m, v (4 + 4) live in the optimizer; global-norm clipping runs on
 //     the fp32 gradients, torch::optim::AdamW steps the masters, and the bf16 copy is refreshed from them.
-// 2 + 4 + 12 = 18 bytes per parameter unsharded (spec/inner-parallelism.md). Collectives stay fp32: main_grads()
+// 2 + 4 + 12 = 18 bytes per parameter unsharded (docs/parallel.md). Collectives stay fp32: main_grads()
 // are what a data-parallel group reduces (Gloo cannot all-reduce bf16).
 // Also here: CPU autocast as the other way to run bf16 (fp32 weights cast per op, no master copy). The precision
 // key is `[parallel] precision` (core/config.h), which refuses fp16 (no fp16 matmul on this CPU build).

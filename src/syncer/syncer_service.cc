@@ -1,6 +1,8 @@
 // Syncer service; see syncer_service.h.
 #include "syncer/syncer_service.h"
 
+#include "core/prometheus.h"
+
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -54,6 +56,9 @@ void SyncerService::restore() {
   if (const auto state = store_.read_state(&why)) {
     try {
       state_->restore_clock(state->at("global_step").get<int64_t>());
+      merges_at_start_ = std::max<int64_t>(0, state->value("merges", int64_t{0}));
+      state_->restore_merges(merges_at_start_);
+      wall_before_s_ = std::max(0.0, state->value("wall_s", 0.0));
       for (int64_t s : streams_.restore(*state)) {  // data.streams shrank: that stream is dropped
         emit("persisted_stream_dropped", {{"stream", s}, {"streams", streams_.size()},
                                           {"reason", "data.streams is smaller than before the restart"}});
@@ -202,6 +207,89 @@ wire::StatusReply SyncerService::fill_status() {
   return reply;
 }
 
+nlohmann::json SyncerService::monitor_status() {
+  std::lock_guard lock(mu_);
+  const double now = now_s();
+  const wire::StatusReply r = fill_status();
+  nlohmann::json learners = nlohmann::json::array();
+  int live = 0;
+  for (const auto& [id, rec] : state_->learners()) {
+    const bool is_live = state_->is_live(id, now);
+    live += is_live ? 1 : 0;
+    const char* st = rec.last.finished ? "finished" : is_live ? "live" : rec.state.joined ? "absent" : "left";
+    learners.push_back({{"id", id}, {"state", st}, {"step", rec.state.step}, {"loss", rec.last.loss},
+                        {"tokens_per_s", rec.last.tokens_per_s}, {"tokens_trained", rec.last.tokens_trained},
+                        {"heartbeat_age_s", now - rec.state.last_seen_s}, {"bytes_sent", rec.bytes_received},
+                        {"bytes_received", rec.bytes_sent}});
+  }
+  nlohmann::json evals = nlohmann::json::array();
+  for (const auto& [step, loss] : evals_) evals.push_back({{"global_step", step}, {"val_loss", loss}});
+  const double P = static_cast<double>(state_->versions().size());
+  const double trained = static_cast<double>(state_->tokens_trained());
+  return {{"run", config_.run.name},
+          {"phase", state_->finished() ? "finished" : "training"},
+          {"global_step", r.global_step},
+          {"merges", r.merges},
+          {"quorum", r.last_quorum},
+          {"live", live},
+          {"learners", learners},
+          {"tokens_trained", r.tokens_trained},
+          {"tokens_budget", r.tokens_budget},
+          {"val_loss", last_eval_step_ >= 0 ? nlohmann::json(last_val_loss_) : nlohmann::json(nullptr)},
+          {"evals", evals},
+          {"goodput", trained > 0 ? static_cast<double>(state_->tokens_merged()) / (P * trained) : 0.0},
+          {"grace_wait_s", state_->grace_wait_s()},
+          {"versions", state_->versions()},
+          {"answers_dropped", r.answers_dropped},
+          {"answers_refused", r.answers_refused},
+          {"bytes_sent", r.bytes_sent},
+          {"bytes_received", r.bytes_received},
+          {"uptime_s", now}};
+}
+
+std::string SyncerService::metrics_text() {
+  const nlohmann::json s = monitor_status();
+  PrometheusText m;
+  m.gauge("dloco_global_step", "Global step t of the run (the K-th largest live learner step).", s["global_step"]);
+  m.counter("dloco_merges_total", "Fragment merges so far.", s["merges"]);
+  m.gauge("dloco_quorum_size", "Learners in the last merge.", s["quorum"]);
+  m.gauge("dloco_learners_live", "Learners live now (in quorums and pulls).", s["live"]);
+  m.counter("dloco_tokens_trained_total", "Tokens trained over all data streams.", s["tokens_trained"]);
+  m.gauge("dloco_tokens_budget", "train.total_tokens.", s["tokens_budget"]);
+  m.gauge("dloco_goodput_ratio", "Share of the tokens trained that merges kept so far (tokens_merged / (P tokens)).",
+          s["goodput"]);
+  m.counter("dloco_grace_wait_seconds_total", "Seconds rounds waited in grace windows after reaching the quorum.",
+            s["grace_wait_s"]);
+  m.counter("dloco_answers_dropped_total", "Answers dropped (late: their round had merged).", s["answers_dropped"]);
+  m.counter("dloco_answers_refused_total", "Answers refused (malformed or not mergeable).", s["answers_refused"]);
+  m.counter("dloco_bytes_sent_total", "Bytes the syncer sent, all learners.", s["bytes_sent"]);
+  m.counter("dloco_bytes_received_total", "Bytes the syncer received, all learners.", s["bytes_received"]);
+  if (s["val_loss"].is_number()) {
+    m.gauge("dloco_validation_loss", "Validation loss of the global model at its last evaluation, nats/token.",
+            s["val_loss"]);
+  }
+  m.gauge("dloco_finished", "1 once the run finished.", s["phase"] == "finished" ? 1 : 0);
+  for (const auto& l : s["learners"]) {
+    const PrometheusLabels who = {{"learner", std::to_string(l["id"].get<int>())}};
+    m.gauge("dloco_learner_up", "1 while the learner is live.", l["state"] == "live" ? 1 : 0, who);
+    m.gauge("dloco_learner_step", "The learner's last reported inner step.", l["step"], who);
+    m.gauge("dloco_learner_loss", "The learner's training loss (EMA), nats/token.", l["loss"], who);
+    m.gauge("dloco_learner_tokens_per_second", "The learner's training speed, tokens/s.", l["tokens_per_s"], who);
+    m.counter("dloco_learner_tokens_trained_total", "Tokens the learner trained on its stream.", l["tokens_trained"],
+              who);
+    m.gauge("dloco_learner_heartbeat_age_seconds", "Seconds since the learner's last metadata.",
+            l["heartbeat_age_s"], who);
+    m.counter("dloco_learner_bytes_sent_total", "Bytes the learner sent to the syncer.", l["bytes_sent"], who);
+    m.counter("dloco_learner_bytes_received_total", "Bytes the syncer sent to the learner.", l["bytes_received"], who);
+  }
+  const auto& versions = s["versions"];
+  for (size_t p = 0; p < versions.size(); ++p) {
+    m.gauge("dloco_fragment_version", "Version of Θ_p (merges of fragment p).", versions[p],
+            {{"fragment", std::to_string(p)}});
+  }
+  return m.str();
+}
+
 wire::StatusReply SyncerService::status() {
   std::lock_guard lock(mu_);
   return fill_status();
@@ -213,6 +301,7 @@ wire::Result<wire::StatusReply> SyncerService::report_eval(const wire::EvalRepor
   if (req.global_step >= last_eval_step_) {
     last_val_loss_ = req.val_loss;
     last_eval_step_ = req.global_step;
+    if (evals_.size() < 100000) evals_.emplace_back(req.global_step, req.val_loss);
   }
   if (events_) {
     events_->emit("eval", {{"global_step", req.global_step}, {"val_loss", req.val_loss},
@@ -226,7 +315,20 @@ void SyncerService::persist_state() {
   j["global_step"] = state_->global_step();
   j["versions"] = state_->versions();
   j["tokens_trained"] = state_->tokens_trained();
+  j["merges"] = state_->merges();
+  j["wall_s"] = wall_before_s_ + now_s();
+  j["finished"] = state_->finished();
   store_.write_state(std::move(j));
+}
+
+void SyncerService::persist_final_state() {
+  std::lock_guard lock(mu_);
+  persist_state();
+}
+
+bool SyncerService::merged_since_start() {
+  std::lock_guard lock(mu_);
+  return state_->merges() > merges_at_start_;
 }
 
 fs::path SyncerService::write_checkpoint() {

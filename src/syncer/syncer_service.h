@@ -48,6 +48,17 @@ class SyncerService final : public wire::SyncerHandler {
   void start();
   /// Stops the merger thread and closes every session (learners see the stream end).
   void stop();
+  /// After stop(): persists run_dir/syncer/state.json once more, so it agrees with the final checkpoint and the
+  /// report (one source of truth for the global step, tokens and merges: issue 15, "Exact decoupled resume").
+  void persist_final_state();
+  /// Whether a merge happened since this syncer started (or restored): a resumed run stopped before any merge
+  /// writes no checkpoint over the one it resumed from.
+  bool merged_since_start();
+  /// What the dashboard polls (docs/monitoring.md "status.json"): the run's counters, every learner with its state
+  /// (live, absent, finished, left) and heartbeat age, the evaluations so far and goodput so far. Thread-safe.
+  nlohmann::json monitor_status();
+  /// The syncer's metrics in Prometheus text format (docs/monitoring.md "Metrics"). Thread-safe.
+  std::string metrics_text();
   bool finished() const { return finished_.load(); }
   /// Writes a full checkpoint of the durable Θ (model.safetensors + manifest) under run_dir/checkpoints.
   /// Thread-safe.
@@ -107,8 +118,11 @@ class SyncerService final : public wire::SyncerHandler {
   std::map<int, std::string> peers_;                  // learner id -> its peer server (diloco.bootstrap = "peers")
   double last_val_loss_ = NAN;
   int64_t last_eval_step_ = -1;
+  std::vector<std::pair<int64_t, double>> evals_;  // (global step, validation loss) of every evaluation reported
   int64_t last_checkpoint_step_ = 0;
   int64_t bytes_sent_ = 0, bytes_received_ = 0;
+  int64_t merges_at_start_ = 0;  // merges restored from an earlier incarnation
+  double wall_before_s_ = 0;     // seconds earlier incarnations of this syncer ran
 
   std::atomic<bool> running_{false};
   std::atomic<bool> finished_{false};

@@ -295,6 +295,7 @@ void SyncerState::advance_round(int p, Round& round, double now_s, SyncerActions
                                                           {"participants", d.participants}, {"reason", d.reason}}));
       }
       if (d.action != MergeAction::kPullNow) return;
+      if (round.decision_state.quorum_since_s >= 0) grace_wait_s_ += now_s - round.decision_state.quorum_since_s;
       participants = d.participants;
       reason = d.reason;
     }
@@ -335,6 +336,7 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
   std::vector<int> ids;
   std::vector<std::vector<float>> grads;
   std::vector<double> weights;
+  int64_t round_tokens = 0;  // the tokens the merged answers carry
   for (auto& [id, a] : round.answers) {
     // 4) outer gradient anchored at the current Θ_p: Δ = Θ_p − θ_m with θ_m = Θ_p^base − delta (or raw θ_m).
     std::vector<float> g(n);
@@ -354,6 +356,7 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
     ids.push_back(id);
     grads.push_back(std::move(g));
     weights.push_back(w);
+    round_tokens += a.tokens;
   }
   if (ids.empty() || !merge_has_weight(weights)) {
     actions.events.push_back(event("round_skipped", {{"fragment", p}, {"round", round.step},
@@ -395,6 +398,7 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
   frag.anchors.emplace_back(frag.version, frag.theta);
   while (static_cast<int64_t>(frag.anchors.size()) > config_.diloco.anchor_versions) frag.anchors.pop_front();
   ++merges_;
+  tokens_merged_ += round_tokens;
   last_quorum_ = static_cast<int64_t>(ids.size());
   sync_ema_.update(now_s - round.pull_sent_s);
   const auto normalised = normalise_weights(weights);

@@ -144,6 +144,12 @@ class SyncerState {
   int64_t last_quorum() const { return last_quorum_; }
   int64_t answers_dropped() const { return answers_dropped_; }
   int64_t answers_refused() const { return answers_refused_; }
+  /// Σ over merges of the tokens their answers carried (each answer: the learner's tokens since its last merge of
+  /// that fragment). Divided by P · tokens_trained() it is the share of the work trained that some merge kept so far
+  /// (goodput so far, in tokens; the final flush brings it to ≈ 1 unless work was lost).
+  int64_t tokens_merged() const { return tokens_merged_; }
+  /// Σ over rounds of the seconds between reaching the quorum and pulling: time spent in grace windows, s.
+  double grace_wait_s() const { return grace_wait_s_; }
   /// Counts an answer refused before it reached on_answer (its payload did not decode).
   void count_refused() { ++answers_refused_; }
   /// Tokens trained over all data streams: Σ_s of the furthest cursor reported for stream s (a stream trained
@@ -159,6 +165,8 @@ class SyncerState {
   /// Restores persisted state (after a syncer restart): fragment p's Θ, momentum and version.
   void restore_fragment(int p, std::vector<float> theta, std::vector<float> momentum, int64_t version);
   void restore_clock(int64_t global_step);
+  /// Merges of earlier incarnations (a resumed run's counters cover the whole run).
+  void restore_merges(int64_t merges) { merges_ = merges; }
 
  private:
   struct FragmentState {
@@ -194,7 +202,8 @@ class SyncerState {
   std::map<int, Round> open_;  // fragment -> its open round
   int64_t global_step_ = 0;
   Ema quorum_ema_, sync_ema_;
-  int64_t merges_ = 0, last_quorum_ = 0, answers_dropped_ = 0, answers_refused_ = 0;
+  int64_t merges_ = 0, last_quorum_ = 0, answers_dropped_ = 0, answers_refused_ = 0, tokens_merged_ = 0;
+  double grace_wait_s_ = 0;
   StateMachine<SyncerPhase, 2> phase_{SyncerPhase::kTraining, kSyncerMoves};
   std::vector<bool> flushed_;
 };

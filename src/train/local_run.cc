@@ -23,15 +23,13 @@
 #include "train/run.h"
 #include "train/threads.h"
 #include "train/trainer.h"
+#include "core/stop_signals.h"
 
 namespace dloco {
 
 namespace fs = std::filesystem;
 
 namespace {
-
-std::atomic<int> g_stop_signal{0};
-extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
 torch::Device parse_device(const std::string& name) {
   try {
@@ -158,7 +156,7 @@ nlohmann::json manifest(const LocalRun& run, double val_loss) {
 }
 
 bool more(const LocalRun& run) {
-  const bool stop_requested = g_stop_signal.load() != 0 || (run.options.stop_after_steps > 0 &&
+  const bool stop_requested = StopSignals::first() != 0 || (run.options.stop_after_steps > 0 &&
                                                             run.step - run.first_step >= run.options.stop_after_steps);
   return run.tokens + run.config.train.tokens_per_step(run.config.model) <= run.config.train.total_tokens &&
          !stop_requested;
@@ -207,19 +205,15 @@ void train_step(LocalRun& run) {
 
 // Until the token budget is spent, a signal or --stop-after-steps. Returns whether it was interrupted.
 bool train(LocalRun& run) {
-  g_stop_signal.store(0);
-  auto old_int = std::signal(SIGINT, on_stop_signal);
-  auto old_term = std::signal(SIGTERM, on_stop_signal);
+  const StopSignals signals;  // SIGINT, SIGTERM, SIGHUP, SIGPIPE: stop after this step with a checkpoint
   run.window_start = Clock::now();
   run.first_step = run.step;
   while (more(run)) train_step(run);
   const bool interrupted = run.tokens + run.config.train.tokens_per_step(run.config.model) <= run.config.train.total_tokens;
-  if (g_stop_signal.load() != 0) {
+  if (StopSignals::first() != 0) {
     std::printf("[local] signal %d: stopping after step %lld with a checkpoint (resume with --resume %s)\n",
-                g_stop_signal.load(), static_cast<long long>(run.step), run.run_dir.c_str());
+                StopSignals::first(), static_cast<long long>(run.step), run.run_dir.c_str());
   }
-  std::signal(SIGINT, old_int);
-  std::signal(SIGTERM, old_term);
   return interrupted;
 }
 
@@ -245,7 +239,7 @@ nlohmann::json finish(LocalRun& run, const std::vector<int32_t>& prompt_ids, boo
       {"checkpoint", ckpt_dir.string()},
       {"sample", sample},
       {"bytes", {{"learner", {{"sent", 0}, {"received", 0}}}}},
-      {"signal", g_stop_signal.load()},
+      {"signal", StopSignals::first()},
   };
   write_file_atomically(run.run_dir / "report.json", report.dump(2) + "\n");
   run.events.emit("finished", {{"status", report["status"]}, {"val_loss", final_val}, {"tokens", run.tokens}});
@@ -273,6 +267,7 @@ nlohmann::json run_local(const Config& config, const RunOptions& options) {
   // Everything is in place: only now does the run folder appear (a failed start leaves nothing to clean up).
   fs::create_directories(run_dir);
   write_file_atomically(run_dir / "config.toml", to_toml(config));
+  copy_tokenizer_into_run(config);
   torch::manual_seed(config.run.seed);
   GPT model(config.model);
   model->to(device);
@@ -404,15 +399,36 @@ nlohmann::json evaluate_checkpoint(const fs::path& checkpoint, const std::option
   return out;
 }
 
+fs::path checkpoint_tokenizer(const fs::path& checkpoint_dir, const Config& config) {
+  const fs::path own = checkpoint_dir.parent_path().parent_path() / "tokenizer.model";  // run/checkpoints/step_N
+  if (fs::exists(own)) return own;
+  const fs::path data = fs::path(config.data.dir) / "tokenizer.model";
+  if (fs::exists(data)) return data;
+  throw InputError("no tokenizer for checkpoint '" + checkpoint_dir.string() + "': neither its run folder (" +
+                   own.string() + ") nor its data.dir (" + data.string() + ") has tokenizer.model; give --tokenizer");
+}
+
+void copy_tokenizer_into_run(const Config& config) {
+  std::error_code ec;
+  fs::create_directories(config.run_dir(), ec);
+  for (const char* file : {"tokenizer.model", "tokenizer.vocab"}) {  // the model and the vocabulary it reads
+    const fs::path from = fs::path(config.data.dir) / file, to = config.run_dir() / file;
+    if (fs::exists(to)) continue;
+    fs::copy_file(from, to, ec);
+    if (ec) throw InputError("cannot copy " + from.string() + " into the run folder: " + ec.message());
+  }
+}
+
 std::string generate_from_checkpoint(const fs::path& checkpoint, const std::string& prompt, int64_t tokens,
                                      double temperature, int64_t top_k, uint64_t seed, int threads,
-                                     const StageSelection* stages) {
+                                     const StageSelection* stages, const fs::path& tokenizer) {
   apply_thread_budget(thread_budget(threads));
   const auto ckpt = resolve_checkpoint(checkpoint);
   const Config c = checkpoint_config(ckpt);
-  Tokenizer tok(fs::path(c.data.dir) / "tokenizer.model");
+  const fs::path tokenizer_file = tokenizer.empty() ? checkpoint_tokenizer(ckpt.dir, c) : tokenizer;
+  Tokenizer tok(tokenizer_file);
   if (ckpt.manifest.contains("tokenizer") && ckpt.manifest["tokenizer"].value("hash", uint64_t{0}) != tok.hash()) {
-    throw InputError("the tokenizer in '" + c.data.dir + "' is not the one this checkpoint was trained with");
+    throw InputError("the tokenizer '" + tokenizer_file.string() + "' is not the one this checkpoint was trained with");
   }
   GPT model(c.model);
   load_model_weights(ckpt, model);
@@ -421,7 +437,7 @@ std::string generate_from_checkpoint(const fs::path& checkpoint, const std::stri
     model->set_active_blocks(fixed_stage_mask(c.model, *stages));
   }
   if (tokens < 1) throw InputError("--tokens must be ≥ 1");
-  if (!(temperature > 0)) throw InputError("--temperature must be > 0");
+  if (!(temperature >= 0)) throw InputError("--temperature must be ≥ 0 (0 = greedy)");
   if (top_k < 0) throw InputError("--top-k must be ≥ 0 (0 = off)");
   return sample_text(model, tok, tok.encode(prompt), tokens, temperature, top_k, seed, torch::kCPU);
 }

@@ -48,10 +48,21 @@ struct StageSelection {
 nlohmann::json evaluate_checkpoint(const std::filesystem::path& checkpoint, const std::optional<std::string>& data_dir,
                                    int64_t max_tokens, int threads, const StageSelection* stages = nullptr);
 
-/// Text sampled from a checkpoint: `prompt` continued by `tokens` tokens (temperature, top-k, seed), with the
-/// fixed stage subset of `stages` when given (skip_random is refused: one sample has one path).
+/// Text sampled from a checkpoint: `prompt` continued by `tokens` tokens (temperature, top-k, seed; temperature 0 =
+/// greedy, the most likely token each time), with the fixed stage subset of `stages` when given (skip_random is
+/// refused: one sample has one path). The tokenizer: `tokenizer` when not empty, else checkpoint_tokenizer().
 std::string generate_from_checkpoint(const std::filesystem::path& checkpoint, const std::string& prompt,
                                      int64_t tokens, double temperature, int64_t top_k, uint64_t seed, int threads,
-                                     const StageSelection* stages = nullptr);
+                                     const StageSelection* stages = nullptr,
+                                     const std::filesystem::path& tokenizer = {});
+
+/// The tokenizer a checkpoint was trained with: the run folder's own copy (run_dir/tokenizer.model, written when the
+/// run started, so a copied run folder can still be sampled), else data.dir/tokenizer.model of its config. Throws
+/// InputError naming both places when neither exists.
+std::filesystem::path checkpoint_tokenizer(const std::filesystem::path& checkpoint_dir, const Config& config);
+
+/// Copies data.dir/tokenizer.model and tokenizer.vocab into the run folder unless they are there already: a run
+/// folder carries what it takes to sample its checkpoints. Throws InputError if they cannot be copied.
+void copy_tokenizer_into_run(const Config& config);
 
 }  // namespace dloco

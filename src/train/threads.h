@@ -1,5 +1,5 @@
 // CPU thread budget of a process: LibTorch's intra-op pool and OpenBLAS's pool are separate, and
-// oversubscribing them is slower than using fewer threads (NOTES.md: on 2 cores, torch 1 + OpenBLAS 2 threads
+// oversubscribing them is slower than using fewer threads (measured on 2 cores:, torch 1 + OpenBLAS 2 threads
 // beat torch 2 + OpenBLAS 2 by 1.5×). Child processes get the same budget through their environment.
 #pragma once
 

@@ -27,7 +27,7 @@ struct StepResult {
 };
 
 /// AdamW on one GPT replica. Parameters are only ever changed in place (the optimizer's state is keyed by the
-/// parameter tensors themselves, NOTES.md), so fragments can be overwritten by merges without losing moments.
+/// parameter tensors themselves in LibTorch 1.13), so fragments can be overwritten by merges without losing moments.
 class InnerTrainer {
  public:
   /// `schedule` gives the lr per global step. The model must already live on `device`.

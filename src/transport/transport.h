@@ -126,6 +126,8 @@ class Server {
   virtual ~Server() = default;
   /// "host:port" as others dial it (for gRPC, a wildcard host is given as 127.0.0.1).
   virtual const std::string& address() const = 0;
+  /// "host:port" as bound: the host asked for (a wildcard stays 0.0.0.0), the port the system picked.
+  virtual std::string listen_address() const { return address(); }
 };
 
 class Transport {

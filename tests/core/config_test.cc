@@ -3,6 +3,10 @@
 #include "core/config.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "core/check.h"
 
@@ -70,6 +74,50 @@ TEST(Config, RangeChecksNameTheKey) {
   for (const char* name : {"..", ".", "a/b", ""}) {  // the run folder must stay inside run.out_dir
     EXPECT_NE(error_of(std::string("[run]\nname = \"") + name + "\"\n").find("run.name"), std::string::npos) << name;
   }
+}
+
+TEST(Config, ABudgetBelowOneStepPerLearnerIsRefusedAndCompleteTokensAreWholeSteps) {
+  // small preset: B·T·grad_accum = 8·128 = 1024 tokens a step. 2048 tokens over M = 4 learners is half a step each:
+  // before this check such a run "finished" with 0 tokens in 0 steps.
+  const std::string bad = error_of("[train]\nbatch_size = 8\ntotal_tokens = 2048\n[diloco]\nlearners = 4\n");
+  EXPECT_NE(bad.find("train.total_tokens"), std::string::npos) << bad;
+  EXPECT_NE(bad.find("less than one step (B·T·grad_accum = 1024 tokens): it must be at least 4096"), std::string::npos)
+      << bad;
+  EXPECT_NE(error_of("[train]\nbatch_size = 8\ntotal_tokens = 2048\n[diloco]\nmode = \"dp\"\nlearners = 4\n").find("workers"),
+            std::string::npos);
+  EXPECT_EQ(error_of("[train]\nbatch_size = 8\ntotal_tokens = 2048\n[diloco]\nmode = \"local\"\n"), "");  // one stream, 2 steps
+  EXPECT_EQ(error_of("[train]\nbatch_size = 8\ntotal_tokens = 2048\nshared_budget = true\n[diloco]\nlearners = 4\n"), "");
+  // Each of the 4 streams trains ⌊10000 / 4 / 1024⌋ = 2 whole steps.
+  EXPECT_EQ(parse_config("[train]\nbatch_size = 8\ntotal_tokens = 10000\n[diloco]\nlearners = 4\n").complete_tokens(), 4 * 2 * 1024);
+  EXPECT_EQ(parse_config("[train]\nbatch_size = 8\ntotal_tokens = 10000\n[diloco]\nmode = \"local\"\n").complete_tokens(), 9 * 1024);
+  // A shared budget: the learners stop once their sum reaches it; up to one step each may be in flight.
+  EXPECT_EQ(parse_config("[train]\nbatch_size = 8\ntotal_tokens = 10000\nshared_budget = true\n").complete_tokens(), 10000 - 4 * 1024);
+}
+
+TEST(Config, PathsResolveAgainstTheConfigFileAndOverridesAgainstTheWorkingDirectory) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("dloco_config_paths_" + std::to_string(::getpid())) / "conf";
+  fs::create_directories(dir);
+  std::ofstream(dir / "run.toml") << "[data]\ndir = \"../data/kjv\"\n[run]\nout_dir = \"/abs/runs\"\n";
+  const Config c = load_config(dir / "run.toml");
+  EXPECT_EQ(c.data.dir, (dir.parent_path() / "data" / "kjv").string());  // relative to the file
+  EXPECT_EQ(c.run.out_dir, "/abs/runs");                                // absolute stays
+  const Config o = load_config(dir / "run.toml", {"data.dir=mine", "run.out_dir=out"});
+  EXPECT_EQ(o.data.dir, (fs::current_path() / "mine").string());  // an override: relative to the working directory
+  EXPECT_EQ(o.run.out_dir, (fs::current_path() / "out").string());
+  std::ofstream(dir / "bare.toml") << "[train]\nlr = 1e-3\n";  // defaults: relative to the working directory
+  EXPECT_EQ(load_config(dir / "bare.toml").run.out_dir, (fs::current_path() / "runs").string());
+  EXPECT_EQ(parse_config("[data]\ndir = \"rel\"\n").data.dir, "rel") << "text without a file stays as written";
+  const std::string folder = [&] {
+    try {
+      load_config(dir);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  }();
+  EXPECT_NE(folder.find("is a folder: give a TOML file"), std::string::npos) << folder;
+  fs::remove_all(dir.parent_path());
 }
 
 TEST(Config, PresetThenKeysThenOverrides) {

@@ -41,8 +41,8 @@ class DpRecoveryTest : public ::testing::Test {
   }
   static void TearDownTestSuite() { testing_support::remove_unless_kept(root_); }
   static json train_under_plan(const fs::path& cfg, const std::string& plan_toml, const std::string& name,
-                               const std::string& sets = "") {
-    return testing_support::train_under_plan(root_, kDloco, cfg, plan_toml, name, sets);
+                               const std::string& sets = "", int expected_exit = 0) {
+    return testing_support::train_under_plan(root_, kDloco, cfg, plan_toml, name, sets, expected_exit);
   }
   static constexpr int64_t kBudget = 3 * 160 * 32 * 32;  // 160 steps of all 3 workers
   static json run(const std::string& name, const std::string& recovery) {
@@ -112,9 +112,10 @@ TEST_F(DpRecoveryTest, RestartGivesUpWithAClearErrorWhenAWorkerWillNeverBeBack) 
   const auto cfg = testing_support::write_decoupled_config(root_, "never", kBudget, "", 32, 96, 3, 0);
   const json report = train_under_plan(cfg, "[[fault]]\nat_step = 7\naction = \"kill_learner\"\nlearner = 1\n"
                                             "restart_after_s = -1\n", "never",
-                                       "--set diloco.mode=dp --set run.recovery=restart --set train.checkpoint_interval=5");
+                                       "--set diloco.mode=dp --set run.recovery=restart --set train.checkpoint_interval=5",
+                                       /*expected_exit=*/1);
   ASSERT_FALSE(report.is_null()) << "no report: the launcher hung or lost the checkpoint";
-  EXPECT_EQ(report["status"], "stopped");
+  EXPECT_EQ(report["status"], "failed");
   EXPECT_NE(report.value("failure", "").find("will not be restarted"), std::string::npos) << report.dump(1);
 }
 

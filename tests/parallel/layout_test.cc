@@ -1,5 +1,5 @@
 // Megatron's 3D rank layout (parallel/layout.h) against the spec's example W = 16, t = 2, p = 4, d = 2
-// (spec/inner-parallelism.md): TP {0,1},{2,3}…; DP {0,2},{1,3}…; PP {0,4,8,12}…. Torch-free.
+// (docs/parallel.md): TP {0,1},{2,3}…; DP {0,2},{1,3}…; PP {0,4,8,12}…. Torch-free.
 #include <gtest/gtest.h>
 
 #include <set>

@@ -1,4 +1,4 @@
-// gRPC settings of every dloco channel and server (NOTES.md "gRPC 1.51"): message limits raised for whole
+// gRPC settings of every dloco channel and server (gRPC 1.51's defaults): message limits raised for whole
 // fragments, SO_REUSEPORT off (a stale and a restarted syncer must not share a port silently), reconnect backoff
 // capped at 2 s instead of 120 s, keepalive pings with a matching server policy, and deadlines.
 // Only transport/grpc includes this.

@@ -507,14 +507,16 @@ class GrpcServer final : public wire::Server {
     if (!server_ || port == 0) throw InputError(what + " cannot listen on '" + address + "' (address in use or invalid)");
     const std::string host = address.substr(0, address.rfind(':'));
     address_ = (host == "0.0.0.0" || host.empty() ? std::string("127.0.0.1") : host) + ":" + std::to_string(port);
+    listen_address_ = (host.empty() ? std::string("0.0.0.0") : host) + ":" + std::to_string(port);
   }
   ~GrpcServer() override { server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2)); }
   const std::string& address() const override { return address_; }
+  std::string listen_address() const override { return listen_address_; }
 
  private:
   std::unique_ptr<grpc::Service> service_;
   std::unique_ptr<grpc::Server> server_;
-  std::string address_;
+  std::string address_, listen_address_;
 };
 
 class GrpcTransport final : public wire::Transport {

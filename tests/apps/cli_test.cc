@@ -1,0 +1,122 @@
+// The `dloco` command line as a new user meets it (issue 15, "CLI and paths"), against the real binary:
+// `--version` names the version and the commit; bare `dloco` lists the commands; a typo gets the nearest command
+// suggested; `--config` must be a file and `--resume` a run folder, each refused with what was wrong; a config's
+// paths resolve against the config file's folder, so a run starts from any working directory and its folder stores
+// them absolute; a run folder carries its tokenizer, so a copy of it can be sampled after the corpus is gone; and
+// `--temperature 0` is greedy (the same text whatever the seed).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include "support/tiny_corpus.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace testing_support = dloco::testing_support;
+
+const std::string kDloco = std::string(DLOCO_BINARY_DIR) + "/bin/dloco";
+const std::string kDataTool = std::string(DLOCO_BINARY_DIR) + "/bin/dloco-data";
+
+struct Result {
+  int exit = -1;
+  std::string output;  // stdout and stderr
+};
+
+// Runs a shell command line; returns its exit status and output.
+Result run(const std::string& command) {
+  const fs::path out = fs::temp_directory_path() / ("dloco_cli_out_" + std::to_string(::getpid()));
+  const int rc = std::system((command + " > " + out.string() + " 2>&1").c_str());
+  std::ifstream in(out);
+  Result r{WIFEXITED(rc) ? WEXITSTATUS(rc) : -1,
+           {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()}};
+  fs::remove(out);
+  return r;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = testing_support::make_tiny_corpus("dloco_cli", kDataTool);
+    ASSERT_FALSE(root_.empty()) << "dloco-data prepare failed on the tiny corpus";
+  }
+  static void TearDownTestSuite() { testing_support::remove_unless_kept(root_); }
+  static fs::path root_;
+};
+fs::path CliTest::root_;
+
+TEST_F(CliTest, VersionNamesTheCommitAndBareDlocoListsTheCommands) {
+  const Result version = run(kDloco + " --version");
+  EXPECT_EQ(version.exit, 0) << version.output;
+  EXPECT_NE(version.output.find("dloco 0.1.0 (commit "), std::string::npos) << version.output;
+  EXPECT_EQ(version.output.find("commit unknown"), std::string::npos) << "built from a checkout: " << version.output;
+  const Result bare = run(kDloco);
+  EXPECT_EQ(bare.exit, 2);
+  for (const char* command : {"train", "data", "compare", "generate", "syncer", "learner"}) {
+    EXPECT_NE(bare.output.find(std::string("  ") + command + " "), std::string::npos) << command << ":\n"
+                                                                                  << bare.output;
+  }
+}
+
+TEST_F(CliTest, ATypoGetsTheNearestCommand) {
+  const Result typo = run(kDloco + " trian --config x.toml");
+  EXPECT_EQ(typo.exit, 2);
+  EXPECT_NE(typo.output.find("'trian' is not a command. Did you mean 'train'?"), std::string::npos) << typo.output;
+  const Result far = run(kDloco + " frobnicate");
+  EXPECT_EQ(far.exit, 2);
+  EXPECT_NE(far.output.find("'frobnicate' is not a command"), std::string::npos) << far.output;
+  EXPECT_EQ(far.output.find("Did you mean"), std::string::npos) << "nothing is near 'frobnicate': " << far.output;
+}
+
+TEST_F(CliTest, AFolderAsConfigAndAMissingRunFolderAreRefusedWithWhatWasWrong) {
+  const Result folder = run(kDloco + " train --config " + root_.string());
+  EXPECT_EQ(folder.exit, 2);
+  EXPECT_NE(folder.output.find("is a folder: give a TOML file"), std::string::npos) << folder.output;
+  EXPECT_FALSE(fs::exists(root_ / "runs")) << "a default job was started";
+  const Result missing = run(kDloco + " train --config " + (root_ / "nope.toml").string());
+  EXPECT_EQ(missing.exit, 2);
+  EXPECT_NE(missing.output.find("does not exist"), std::string::npos) << missing.output;
+  const Result resume = run(kDloco + " train --resume " + (root_ / "runs" / "nope").string());
+  EXPECT_EQ(resume.exit, 2);
+  EXPECT_NE(resume.output.find("no such run folder"), std::string::npos) << resume.output;
+}
+
+TEST_F(CliTest, PathsResolveAgainstTheConfigFileAndACopiedRunFolderCanBeSampled) {
+  // The config lives in root/conf/ and names its data and run folders relative to itself.
+  fs::create_directories(root_ / "conf");
+  std::ofstream(root_ / "conf" / "local.toml")
+      << "[model]\npreset = \"tiny\"\nvocab_size = 400\n[data]\ndir = \"../data\"\n"
+      << "[train]\nbatch_size = 4\ntotal_tokens = 2560\neval_interval = 0\ncheckpoint_interval = 0\n"
+      << "[diloco]\nmode = \"local\"\n[run]\nname = \"elsewhere\"\nout_dir = \"../runs\"\nthreads = 1\n";
+  // Started from another working directory: the paths do not depend on it.
+  const fs::path cwd = root_ / "somewhere" / "else";
+  fs::create_directories(cwd);
+  const Result train = run("cd " + cwd.string() + " && " + kDloco + " train --config ../../conf/local.toml");
+  ASSERT_EQ(train.exit, 0) << train.output;
+  const fs::path run_dir = root_ / "runs" / "elsewhere";
+  ASSERT_TRUE(fs::exists(run_dir / "report.json")) << train.output;
+  std::ifstream saved_file(run_dir / "config.toml");
+  const std::string saved((std::istreambuf_iterator<char>(saved_file)), std::istreambuf_iterator<char>());
+  EXPECT_NE(saved.find("dir = '" + (root_ / "data").string() + "'"), std::string::npos) << saved;
+  EXPECT_TRUE(fs::exists(run_dir / "tokenizer.model")) << "the run folder does not carry its tokenizer";
+
+  // A copy of the run folder, sampled after the corpus (and its tokenizer) moved away.
+  fs::copy(run_dir, root_ / "copied", fs::copy_options::recursive);
+  fs::rename(root_ / "data", root_ / "data.away");
+  const std::string generate = kDloco + " generate " + (root_ / "copied").string() + " --tokens 12 --temperature 0";
+  const Result a = run(generate + " --seed 1"), b = run(generate + " --seed 2");
+  fs::rename(root_ / "data.away", root_ / "data");
+  ASSERT_EQ(a.exit, 0) << a.output;
+  EXPECT_EQ(a.output, b.output) << "temperature 0 is greedy: the seed must not matter";
+  EXPECT_NE(a.output.find("And God said"), std::string::npos) << a.output;
+  const Result sampled = run(kDloco + " generate " + (root_ / "copied").string() + " --tokens 12 --seed 3");
+  EXPECT_EQ(sampled.exit, 0) << sampled.output;
+}
+
+}  // namespace
