@@ -71,6 +71,7 @@ nlohmann::json FaultEvent::to_json() const {
   j["action"] = to_string(action);
   if (targets_learner(action)) j["learner"] = learner;
   if (action == FaultAction::kKillLearner || action == FaultAction::kKillSyncer) j["restart_after_s"] = restart_after_s;
+  if (action == FaultAction::kKillLearner && restart_at_step >= 0) j["restart_at_step"] = restart_at_step;
   if (fault_lasts(action)) j["duration_s"] = duration_s;
   if (fault_lasts(action) && until_step >= 0) j["until_step"] = until_step;
   if (action == FaultAction::kSlowLearner) j["factor"] = factor;
@@ -103,7 +104,12 @@ std::string FaultEvent::describe() const {
   }
   s += at_s >= 0 ? " at " + fmt(at_s) + " s" : " at global step " + std::to_string(at_step);
   if (action == FaultAction::kKillLearner || action == FaultAction::kKillSyncer) {
-    s += restart_after_s >= 0 ? " (restart after " + fmt(restart_after_s) + " s)" : " (no restart)";
+    if (restart_at_step >= 0) {
+      s += " (restart at global step " + std::to_string(restart_at_step) +
+           (restart_after_s > 0 ? ", after " + fmt(restart_after_s) + " s at least)" : ")");
+    } else {
+      s += restart_after_s >= 0 ? " (restart after " + fmt(restart_after_s) + " s)" : " (no restart)";
+    }
   }
   return s;
 }
@@ -137,6 +143,17 @@ void FaultPlan::validate() const {
     }
     if (e.duration_s > 1e7 || (e.at_s >= 0 && e.at_s > 1e9)) {
       throw InputError(where + ": duration_s must be at most 1e7 s and at_s at most 1e9 s");
+    }
+    if (e.restart_at_step >= 0) {
+      if (e.action != FaultAction::kKillLearner) {
+        throw InputError(where + ": restart_at_step applies only to kill_learner (the global step does not move "
+                                 "while the syncer is down)");
+      }
+      if (e.restart_after_s < 0) throw InputError(where + ": restart_at_step restarts the learner: restart_after_s must be ≥ 0");
+      if (e.at_step >= 0 && e.restart_at_step <= e.at_step) {
+        throw InputError(where + ": restart_at_step = " + std::to_string(e.restart_at_step) + " must be after at_step = " +
+                         std::to_string(e.at_step));
+      }
     }
     if (e.action == FaultAction::kKillSyncer && e.restart_after_s < 0) {
       throw InputError(where + ": restart_after_s must be ≥ 0 (a decoupled run cannot finish without its syncer)");
@@ -234,7 +251,7 @@ FaultPlan parse_fault_plan(std::string_view toml_text, const std::string& origin
         const std::string where = "fault plan " + origin + ", fault " + std::to_string(i + 1);
         if (t == nullptr) throw InputError(where + ": must be a table");
         FaultEvent e;
-        bool has_action = false;
+        bool has_action = false, has_restart_after = false;
         for (const auto& [fk, fv] : *t) {
           const std::string f(fk.str());
           const std::string at = where + ": " + f;
@@ -255,6 +272,11 @@ FaultPlan parse_fault_plan(std::string_view toml_text, const std::string& origin
             e.learner = static_cast<int>(*v);
           } else if (f == "restart_after_s") {
             e.restart_after_s = number(fv, at);
+            has_restart_after = true;
+          } else if (f == "restart_at_step") {
+            const auto v = fv.value<int64_t>();
+            if (!v || *v < 0) throw InputError(at + " must be a whole number ≥ 0 (a global step)");
+            e.restart_at_step = *v;
           } else if (f == "duration_s") {
             e.duration_s = number(fv, at);
           } else if (f == "until_step") {
@@ -267,10 +289,12 @@ FaultPlan parse_fault_plan(std::string_view toml_text, const std::string& origin
             e.delay_ms = number(fv, at);
           } else {
             throw InputError(where + ": unknown key '" + f +
-                             "' (known: at_s, at_step, action, learner, restart_after_s, duration_s, until_step, factor, delay_ms)");
+                             "' (known: at_s, at_step, action, learner, restart_after_s, restart_at_step, duration_s, until_step, factor, "
+                             "delay_ms)");
           }
         }
         if (!has_action) throw InputError(where + ": needs action = \"kill_learner\" (or another action)");
+        if (e.restart_at_step >= 0 && !has_restart_after) e.restart_after_s = 0;  // the step alone decides
         plan.events.push_back(e);
       }
     } else if (k == "random") {

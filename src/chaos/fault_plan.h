@@ -16,6 +16,12 @@
 //   learner = 2                      # kill/pause/slow: the learner slot
 //   restart_after_s = 5              # kill_*: restart the process after this delay; < 0 = never
 //   [[fault]]
+//   at_step = 100
+//   action = "kill_learner"          # a kill whose restart is bounded in steps: the learner (or dp worker) comes
+//   learner = 1                      # back once the global step, which the others move on, reaches restart_at_step
+//   restart_at_step = 160            # (> at_step); not for kill_syncer, nor dp with run.recovery = restart, where
+//                                    # the step cannot move while the process is down
+//   [[fault]]
 //   at_s = 120
 //   action = "pause_learner"         # SIGSTOP, then SIGCONT after duration_s: a straggler that stops dead
 //   learner = 1
@@ -98,6 +104,8 @@ struct FaultEvent {
   int learner = -1;              // every action but kill_syncer: the learner id, 0 ≤ learner < M or an id an
                                  // add_learner of the plan starts (add_learner: a new id ≥ M)
   double restart_after_s = 5.0;  // kill_*: seconds until the process is started again; < 0 = never
+  int64_t restart_at_step = -1;  // kill_learner: start it again once the global step (the others' progress) reaches
+                                 // this step (> at_step), and no sooner than restart_after_s (0 unless given)
   double duration_s = 0;         // pause/slow/cut_link/delay_link: seconds the fault lasts (0 = until_step alone)
   int64_t until_step = -1;       // pause/slow/cut_link/delay_link: the fault ends when the global step reaches it
                                  // (-1 = duration_s alone); with both, whichever comes first

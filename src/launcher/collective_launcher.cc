@@ -361,7 +361,9 @@ Next CollectiveRun::stop_failed_group(const std::vector<int>& dead) {
 Next CollectiveRun::regroup() {
   std::vector<int> returning;
   for (int s = 0; s < M_; ++s) {
-    if (down_[s] && Clock::now() >= back_at_[s]) returning.push_back(s);
+    if (down_[s] && Clock::now() >= back_at_[s] && injector_.restart_step_reached(children_[s], global_step())) {
+      returning.push_back(s);
+    }
   }
   if (group_.empty()) return form_when_allowed(returning);  // no group runs: form one when the policy allows
   if (recovery_ == RecoveryPolicy::kElastic && !returning.empty() &&
@@ -375,13 +377,24 @@ Next CollectiveRun::form_when_allowed(const std::vector<int>& returning) {
   const bool any_down = std::count(down_.begin(), down_.end(), true) > static_cast<long>(returning.size());
   // Slots that will never be back (restart delay < 0): restart cannot go on without them, elastic without
   // any slot.
-  int never = 0, up = 0;
+  // A plan's restart_at_step is reached only while a group trains: never while restart waits for every worker,
+  // nor when every slot is down.
+  int never = 0, up = 0, on_step = 0;
   for (int s = 0; s < M_; ++s) {
     never += down_[s] && back_at_[s] == Clock::time_point::max() ? 1 : 0;
+    on_step += down_[s] && back_at_[s] != Clock::time_point::max() &&
+                       !injector_.restart_step_reached(children_[s], global_step())
+                   ? 1
+                   : 0;
     up += down_[s] ? 0 : 1;
   }
+  if (recovery_ == RecoveryPolicy::kRestart || (up == 0 && returning.empty())) never += on_step;
   if ((recovery_ == RecoveryPolicy::kRestart && never > 0) || (recovery_ == RecoveryPolicy::kElastic && never == M_)) {
-    failure_ = std::to_string(never) + " worker(s) died and will not be restarted (restart delay < 0): " +
+    failure_ = std::to_string(never) + " worker(s) died and will not be restarted (restart delay < 0" +
+               (on_step > 0 ? std::string(", or a plan's restart_at_step the global step cannot reach while no group "
+                                          "trains")
+                            : std::string()) +
+               "): " +
                (recovery_ == RecoveryPolicy::kRestart ? "run.recovery = restart needs every worker" : "no worker is left");
     return Next::kStop;
   }

@@ -50,6 +50,9 @@ void FaultInjector::tick(double elapsed_s, int64_t global_step, bool finished, s
   for (size_t i = 0; i < faults_.size(); ++i) {
     const FaultEvent& f = faults_[i];
     if (fired_[i] || (f.at_s >= 0 ? elapsed_s < f.at_s : global_step < f.at_step)) continue;
+    if (const Child* t = target_of(f, children); t != nullptr && killed_.count(t->pid) > 0) {
+      continue;  // the plan killed this process already: the fault is for its next incarnation
+    }
     fired_[i] = true;
     fire(f, elapsed_s, global_step, children);
   }
@@ -58,6 +61,27 @@ void FaultInjector::tick(double elapsed_s, int64_t global_step, bool finished, s
 void FaultInjector::release(std::vector<Child>& children, double elapsed_s) {
   for (const auto& l : lasting_) end(l, elapsed_s, -1, "run stopped", children);
   lasting_.clear();
+  for (size_t i = 0; i < faults_.size(); ++i) {
+    const Child* t = target_of(faults_[i], children);
+    if (fired_[i] || t == nullptr || killed_.count(t->pid) == 0) continue;
+    nlohmann::json fields = faults_[i].to_json();
+    fields["at_s"] = elapsed_s;
+    fields["description"] = faults_[i].describe();
+    fields["reason"] = "due while its target was down after an earlier kill, and it never came back";
+    events_.emit("fault_skipped", fields);
+  }
+}
+
+Child* FaultInjector::target_of(const FaultEvent& f, std::vector<Child>& children) {
+  if (f.action == FaultAction::kCutLink || f.action == FaultAction::kDelayLink ||
+      f.action == FaultAction::kAddLearner) {
+    return nullptr;
+  }
+  Child* target = nullptr;
+  for (auto& c : children) {
+    if (f.action == FaultAction::kKillSyncer ? c.role == "syncer" : c.learner == f.learner) target = &c;
+  }
+  return target;
 }
 
 double FaultInjector::restart_delay(const Child& child, double dflt) const {
@@ -114,10 +138,7 @@ void FaultInjector::fire(const FaultEvent& f, double elapsed_s, int64_t global_s
     std::fflush(stdout);
     return;
   }
-  Child* target = nullptr;
-  for (auto& c : children) {
-    if (f.action == FaultAction::kKillSyncer ? c.role == "syncer" : c.learner == f.learner) target = &c;
-  }
+  Child* target = target_of(f, children);
   if (f.action == FaultAction::kLeaveLearner && target != nullptr && (target->exited || target->pid <= 0)) {
     left_.insert(target->role);  // down (killed, crashed): it leaves for good, the launcher does not restart it
     fields["note"] = "the learner was down: it is not restarted";
@@ -142,7 +163,9 @@ void FaultInjector::fire(const FaultEvent& f, double elapsed_s, int64_t global_s
       // The process group: a learner with the ranks of its group (learner/group_ranks.h), like a machine that dies.
       ::kill(-target->pid, SIGCONT);  // a paused process dies as well, and its pause ends with it
       ::kill(-target->pid, SIGKILL);
+      killed_.insert(target->pid);
       planned_restart_[target->role] = f.restart_after_s;
+      if (f.restart_at_step >= 0) planned_restart_step_[target->role] = f.restart_at_step;
       break;
     case FaultAction::kPauseLearner:
       ::kill(-target->pid, SIGSTOP);  // the learner and its group's ranks: their deadlines pause with them

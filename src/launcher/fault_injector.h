@@ -28,7 +28,10 @@ class FaultInjector {
 
   /// Ends lasting faults that are over at `elapsed_s` or `global_step` (every one once `finished`) and, unless
   /// `finished`, fires every fault due at `elapsed_s` since the learners started or at `global_step` (time and
-  /// step triggers independently). A fault whose target is not running is skipped ("fault_skipped", the reason).
+  /// step triggers independently). A fault whose target is not running is skipped ("fault_skipped", the reason);
+  /// one whose target this plan has just killed (SIGKILL sent, its restart still to come) waits for the target's
+  /// next incarnation: two kills due in one tick (a global step that jumped past both, e.g. after the syncer's
+  /// restart) are two kills of two processes, not one process killed twice.
   void tick(double elapsed_s, int64_t global_step, bool finished, std::vector<Child>& children);
 
   /// The learners' link proxies, indexed by slot (cut_link and delay_link act on them); without them those
@@ -43,7 +46,8 @@ class FaultInjector {
   bool left(const Child& child) const { return left_.count(child.role) > 0; }
 
   /// Ends every lasting fault still in force: SIGCONTs every process still paused (the run is stopping: a stopped
-  /// process cannot exit cleanly), heals links, ends slowdowns.
+  /// process cannot exit cleanly), heals links, ends slowdowns. A fault that was due but still waited for its
+  /// target's next incarnation is logged as skipped.
   void release(std::vector<Child>& children, double elapsed_s);
 
   /// Delay in seconds before restarting `child` after its death: the planned one if this plan killed it, else
@@ -51,8 +55,22 @@ class FaultInjector {
   double restart_delay(const Child& child, double dflt) const;
   /// True if the plan killed `child` and its restart is still to come.
   bool planned_kill(const Child& child) const { return planned_restart_.count(child.role) > 0; }
+  /// False while the plan's kill of `child` has a restart_at_step the global step has not reached yet; true
+  /// otherwise (no kill planned, or none bounded in steps).
+  bool restart_step_reached(const Child& child, int64_t global_step) const {
+    auto it = planned_restart_step_.find(child.role);
+    return it == planned_restart_step_.end() || global_step >= it->second;
+  }
+  /// The restart_at_step of the plan's pending kill of `child`; -1 when none.
+  int64_t restart_step(const Child& child) const {
+    auto it = planned_restart_step_.find(child.role);
+    return it == planned_restart_step_.end() ? -1 : it->second;
+  }
   /// Forget the planned restart of `child` (it has been restarted).
-  void restarted(const Child& child) { planned_restart_.erase(child.role); }
+  void restarted(const Child& child) {
+    planned_restart_.erase(child.role);
+    planned_restart_step_.erase(child.role);
+  }
   /// True while `child` is SIGSTOPped by a pause_learner fault.
   bool paused(const Child& child) const {
     for (const auto& l : lasting_) {
@@ -73,6 +91,8 @@ class FaultInjector {
     double started_s = 0;
     double end_s = 0;
   };
+  // The child a learner or syncer fault acts on (null: none, or a link or add_learner fault, which need none).
+  static Child* target_of(const FaultEvent& f, std::vector<Child>& children);
   void fire(const FaultEvent& f, double elapsed_s, int64_t global_step, std::vector<Child>& children);
   void end(const Lasting& l, double elapsed_s, int64_t global_step, const char* reason, std::vector<Child>& children);
 
@@ -83,9 +103,11 @@ class FaultInjector {
   EventLog& events_;
   std::vector<Lasting> lasting_;                   // pauses, slowdowns, cut and delayed links in force
   std::map<std::string, double> planned_restart_;  // role -> restart delay of a process the plan killed
+  std::map<std::string, int64_t> planned_restart_step_;  // role -> its restart_at_step, where the plan gave one
   bool scavenging_ = false;
   std::vector<int> joins_;                         // add_learner ids not yet started
   std::set<std::string> left_;                     // roles that left (leave_learner)
+  std::set<pid_t> killed_;                         // processes this plan sent SIGKILL (a pid is not reused at once)
   int injected_ = 0;
 };
 

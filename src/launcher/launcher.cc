@@ -305,10 +305,21 @@ void DecoupledRun::restart_syncer(double elapsed) {
 
 // A learner that died is restarted after its delay: it rejoins from the syncer's Θ. One that left stays out.
 void DecoupledRun::restart_learners(double elapsed) {
+  // A plan's restart_at_step waits for the others to move the global step; with no learner up nobody does, so
+  // it no longer holds the restart back.
+  const bool any_up = std::any_of(children_.begin(), children_.end(), [](const Child& c) {
+    return c.learner >= 0 && !c.exited && c.pid > 0;
+  });
   for (auto& c : children_) {
     if (c.learner < 0 || !c.exited || finished_ || injector_.left(c)) continue;
+    // Exit status 0: the learner stopped as told (the syncer's stop once its share or the run was done, or a
+    // SIGTERM: it left). Not a failure, whether or not the launcher has seen the syncer's "finished" yet (the
+    // syncer may have stopped answering Status first): restarting it would bootstrap a learner into a run that is
+    // over.
+    if (WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) continue;
     const double delay = injector_.restart_delay(c, config_.run.restart_delay_s);
     if (delay < 0 || Clock::now() - c.died_at < std::chrono::duration<double>(delay)) continue;
+    if (any_up && !injector_.restart_step_reached(c, last_.global_step)) continue;  // the plan's restart_at_step
     if (crash_loop(c)) return;
     events_.emit("learner_restarted", {{"learner", c.learner}, {"exit_status", c.status}, {"restarts", c.restarts + 1},
                                        {"at_s", elapsed}, {"failures_before_progress", c.failures_before_progress}});

@@ -218,7 +218,7 @@ SyncerActions SyncerState::tick(double now_s) {
   // With fixed shares (no train.shared_budget) the end also waits until every stream has trained: a learner slow
   // to start is neither live nor finished, and ending without it would drop its whole share.
   if (phase_.is(SyncerPhase::kTraining) && live > 0 && live == live_finished &&
-      (config_.train.shared_budget || every_stream_started())) {
+      (config_.train.shared_budget || every_stream_started()) && !awaiting_reattach(now_s)) {
     phase_.to(SyncerPhase::kFlushing);
     pending_.clear();
     for (auto it = open_.begin(); it != open_.end();) {
@@ -422,6 +422,23 @@ void SyncerState::restore_fragment(int p, std::vector<float> theta, std::vector<
   f.anchors.emplace_back(version, f.theta);
 }
 
-void SyncerState::restore_clock(int64_t global_step) { global_step_ = std::max(global_step_, global_step); }
+void SyncerState::restore_clock(int64_t global_step) {
+  global_step_ = std::max(global_step_, global_step);
+  restored_ = true;
+}
+
+bool SyncerState::awaiting_reattach(double now_s) const {
+  if (!restored_ || now_s >= quorum_.lease.min_lease_s) return false;
+  for (const auto& [stream, tokens] : stream_tokens_) {
+    if (tokens <= 0) continue;
+    const bool held = std::any_of(learners_.begin(), learners_.end(), [&](const auto& entry) {
+      const auto& [id, rec] = entry;
+      const int64_t trains = rec.last.stream >= 0 ? rec.last.stream : rec.last.stream == -1 ? id : -2;
+      return trains == stream && is_live(id, now_s);
+    });
+    if (!held) return true;
+  }
+  return false;
+}
 
 }  // namespace dloco

@@ -159,6 +159,11 @@ class SyncerState {
   bool every_stream_started() const;
   /// Restores stream s's served tokens (after a syncer restart, from its persisted cursor).
   void restore_stream_tokens(int64_t stream, int64_t tokens);
+  /// True from a restart (restore_clock) until one liveness lease (diloco's min lease, 5 s) has passed, while a
+  /// stream that has trained has no live learner yet: the learners re-attach one by one, each after its own
+  /// reconnect backoff, and one that has not yet is neither live nor finished, so an end decided without it would
+  /// drop the last work it holds (docs/protocol.md §4). The end waits while this holds.
+  bool awaiting_reattach(double now_s) const;
   bool finished() const { return phase_.is(SyncerPhase::kFinished); }
   bool is_live(int learner, double now_s) const;
 
@@ -198,6 +203,7 @@ class SyncerState {
   std::vector<FragmentState> fragments_;
   std::map<int, LearnerRecord> learners_;
   std::map<int64_t, int64_t> stream_tokens_;  // stream -> furthest tokens_served reported
+  bool restored_ = false;                     // restarted from persisted state (restore_clock)
   std::deque<DueRound> pending_;
   std::map<int, Round> open_;  // fragment -> its open round
   int64_t global_step_ = 0;

@@ -150,6 +150,30 @@ until_step = 20
   EXPECT_THROW(FaultPlanBuilder().at_step(10).until_step(10).pause_learner(0, 0).build(), InputError);
 }
 
+TEST(FaultPlan, AKillsRestartMayWaitForAGlobalStep) {
+  const FaultPlan plan = parse_fault_plan(
+      "[[fault]]\nat_step = 12\naction = \"kill_learner\"\nlearner = 1\nrestart_at_step = 60\n"
+      "[[fault]]\nat_step = 20\naction = \"kill_learner\"\nlearner = 2\nrestart_at_step = 80\nrestart_after_s = 3\n",
+      "test");
+  const auto faults = plan.resolve(3);
+  ASSERT_EQ(faults.size(), 2u);
+  EXPECT_EQ(faults[0].restart_at_step, 60);
+  EXPECT_EQ(faults[0].restart_after_s, 0);  // the step alone decides, unless a delay is given as well
+  EXPECT_EQ(faults[1].restart_after_s, 3);
+  EXPECT_EQ(faults[0].to_json()["restart_at_step"], 60);
+  EXPECT_FALSE(FaultEvent{}.to_json().contains("restart_at_step"));
+  EXPECT_EQ(faults[0].describe(), "kill learner 1 at global step 12 (restart at global step 60)");
+  // Errors: not after the kill, a syncer (the step does not move without it), no restart, not a step.
+  expect_error("[[fault]]\nat_step = 60\naction = \"kill_learner\"\nlearner = 1\nrestart_at_step = 60\n",
+               "must be after at_step = 60");
+  expect_error("[[fault]]\nat_step = 6\naction = \"kill_syncer\"\nrestart_at_step = 60\n",
+               "applies only to kill_learner");
+  expect_error("[[fault]]\nat_step = 6\naction = \"kill_learner\"\nlearner = 1\nrestart_at_step = 60\n"
+               "restart_after_s = -1\n", "restart_after_s must be ≥ 0");
+  expect_error("[[fault]]\nat_step = 6\naction = \"kill_learner\"\nlearner = 1\nrestart_at_step = 6.5\n",
+               "whole number");
+}
+
 TEST(FaultPlan, TheExamplePlansParseForTheDemoConfig) {
   int plans = 0;
   for (const auto& entry : std::filesystem::directory_iterator(std::string(DLOCO_SOURCE_DIR) + "/plans")) {

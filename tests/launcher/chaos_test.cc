@@ -38,9 +38,10 @@ const std::string kDataTool = std::string(DLOCO_BINARY_DIR) + "/bin/dloco-data";
 
 using testing_support::read_events;
 
-// How far past its planned step a fault may fire: the launcher reads the global step every 200 ms (7 steps of
-// ~0.03 s on a machine 3× faster than this one), and while the syncer restarts (~2 s) the step it last read is
-// stale: the kill 60 steps after the syncer's can fire up to ~40 steps late there.
+// How far past its planned step a fault may fire: the launcher reads the global step every 200 ms (~17 steps of
+// ~0.012 s on a machine 3× faster than this one), and a restarted learner's start-up can hold the leader back. No
+// plan here has a fault due while the syncer is down: the launcher cannot read the global step then, and its next
+// reading after the restart is hundreds of steps on (however many the learners trained in the outage).
 constexpr int64_t kFireSlackSteps = 40;
 
 std::vector<json> events_named(const fs::path& run, const std::string& role, const std::string& name) {
@@ -130,14 +131,14 @@ class ChaosTest : public ::testing::Test {
 };
 fs::path ChaosTest::root_;
 
-TEST_F(ChaosTest, KillsSyncerKillAndPauseLoseNoTokenAndKeepEveryCopyConsistent) {
+TEST_F(ChaosTest, KilledAndPausedLearnersLoseNoTokenAndKeepEveryCopyConsistent) {
   // M = 2 learners sharing a budget of 1200 steps; the global step (K = 1: the faster learner's) ends near 700 with steps
-  // of ~0.035 s (2-core AMD EPYC) and near 600 when every learner is 3× slower. Learner 0 is killed 5 times, the syncer
-  // once, learner 1 is paused for 1.5 s, all at global steps. Each restarted learner must bootstrap and contribute before
-  // the next kill: 0.2 s of restart delay plus its start-up, ~30 steps at 0.035 s. The syncer's kill costs more: its 1 s
-  // delay, its start-up and every client's reconnect backoff (up to 2 s) before the global step moves again, ~5.5 s =
-  // ~160 steps at 0.035 s (measured: faults planned 60 steps after it fired 130 steps late), so the next fault comes 220
-  // steps after it; the kills are 60 steps apart and the last one leaves 100 or more steps of budget.
+  // of ~0.035 s (2-core AMD EPYC) and near 600 when every learner is 3× slower. Learner 0 is killed 5 times and
+  // learner 1 is paused for 1.5 s, all at global steps. Each restarted learner must bootstrap and contribute before
+  // the next kill: 0.2 s of restart delay plus its start-up, ~30 steps at 0.035 s (~50 on a machine 3× faster, where
+  // the 0.2 s are 3× as many steps), so the kills are 60 steps apart and the last one leaves 300 or more steps of
+  // budget. The syncer's kill is the next test: the steps it costs are seconds of outage, so its number differs
+  // 3× between machines and would move every fault planned after it.
   const int64_t budget = 2 * 600 * 32 * 32;
   const auto cfg = testing_support::write_decoupled_config(root_, "chaos", budget, "", 32, 96, 2, 0,
                                                            "shared_budget = true\nlearner_state_interval = 10\n");
@@ -161,31 +162,27 @@ learner = 0
 restart_after_s = 0.2
 [[fault]]
 at_step = 160
-action = "kill_syncer"
-restart_after_s = 1.0
-[[fault]]
-at_step = 380
 action = "kill_learner"
 learner = 0
 restart_after_s = 0.2
 [[fault]]
-at_step = 440
+at_step = 220
 action = "kill_learner"
 learner = 0
 restart_after_s = 0.2
 [[fault]]
-at_step = 500
+at_step = 280
 action = "kill_learner"
 learner = 0
 restart_after_s = 0.2
 )", "chaos");
   ASSERT_FALSE(report.is_null());
   EXPECT_EQ(report["status"], "finished");
-  EXPECT_EQ(report["faults_injected"], 7);
+  EXPECT_EQ(report["faults_injected"], 6);
   EXPECT_EQ(report["learner_restarts"], 5);
-  EXPECT_EQ(report["syncer_restarts"], 1);
+  EXPECT_EQ(report["syncer_restarts"], 0);
   const fs::path run = root_ / "chaos";
-  expect_faults_fired_at_their_steps(run, 7);
+  expect_faults_fired_at_their_steps(run, 6);
 
   const dloco::ChaosAnalysis a = dloco::analyze_chaos_run(run, {2, 4, 4, 32 * 32, 2.0});
   std::printf("%s\n", a.to_json().dump(1).c_str());
@@ -194,25 +191,24 @@ restart_after_s = 0.2
   EXPECT_EQ(a.duplicate_batches, 0);
   EXPECT_EQ(a.gaps, 0);
   // The shared budget: the learners together took the budget. Past it: the steps in flight when the syncer's
-  // notice went out, and whatever a learner trains while its session to the syncer is being re-established
-  // (bounded here by 10%). Each stream's log holds one batch per step its learner trained, plus at most one per
-  // kill (the batch whose step the kill cut short, lost, never retrained). (Which learner took more of the budget
-  // is not asserted: it depends on what a restart costs in steps, 10–15 here, 2–3 with every learner 3× slower.)
+  // notice went out (bounded here by 10%). Each stream's log holds one batch per step its learner trained, plus at
+  // most one per kill (the batch whose step the kill cut short, lost, never retrained). (Which learner took more of
+  // the budget is not asserted: it depends on what a restart costs in steps, 10–15 here, 2–3 with every learner 3×
+  // slower.)
   int64_t batches[2] = {0, 0};
   for (int s = 0; s < 2; ++s) {  // the log's records (its header line is not a batch)
     batches[s] = static_cast<int64_t>(dloco::read_stream_log(dloco::stream_log_path(run, s)).size());
   }
   EXPECT_GE((batches[0] + batches[1]) * 32 * 32, budget);
   EXPECT_LE((batches[0] + batches[1]) * 32 * 32, budget + budget / 10);
-  // Versions only increase, through 5 learner restarts and a syncer restart (persist before broadcast).
+  // Versions only increase, through 5 learner restarts.
   EXPECT_EQ(a.version_regressions, 0);
   // At the end every fragment of both learners (learner 0's sixth incarnation) equals Θ; no NaN anywhere.
   expect_every_final_copy_equals_theta(a, 2, 4);
   EXPECT_TRUE(a.nan_free);
   EXPECT_TRUE(a.consistent());
   ASSERT_EQ(a.learners.size(), 2u);
-  // 6 processes; one may be killed before it bootstraps (the syncer kill can land in its bootstrap, which then
-  // waits for the syncer's restart), so 5 or 6 of them bootstrapped.
+  // 6 processes; each killed one had bootstrapped (60 steps between kills), the last one as well.
   EXPECT_GE(a.learners[0].incarnations, 5);
   EXPECT_EQ(a.learners[0].kills, 5);
   EXPECT_GE(batches[0], a.learners[0].steps_trained);
@@ -231,9 +227,7 @@ restart_after_s = 0.2
                 r.contributing_s);
   }
   EXPECT_GE(contributed, 3) << "learner 0 rarely contributed after its restarts";
-  ASSERT_EQ(a.syncer_downtime.size(), 1u);
-  EXPECT_GT(a.syncer_downtime[0].back_s, 0.9);  // restarted after its 1 s delay
-  EXPECT_GT(a.syncer_downtime[0].contributing_s, 0);
+  EXPECT_TRUE(a.syncer_downtime.empty());
   // A restarted learner resumes the AdamW moments its previous incarnation saved (every 10 of its steps; an
   // incarnation killed before its 10th step leaves the older save, so at least 3 of the 5 restarts find one).
   int restored = 0;
@@ -248,6 +242,51 @@ restart_after_s = 0.2
   // never-killed learner kept 82–100% here, 36–100% with every learner 3× slower). Goodput counts both.
   EXPECT_GT(a.learners[1].steps_kept, 0);
   EXPECT_GT(a.goodput, 0.3);
+  EXPECT_TRUE(std::isfinite(a.final_val_loss));
+}
+
+TEST_F(ChaosTest, KilledSyncerComesBackFromItsStateAndNoTokenOrCopyIsLost) {
+  // M = 2 learners with 90 steps each (fixed shares: each learner stops at its own stream's budget whether the
+  // syncer is up or not), the syncer killed at global step 60 and restarted 1 s later from its persisted state.
+  // The learners never wait: they train on through the outage (the delay, the syncer's start-up, each client's
+  // reconnect backoff of up to 2 s: 3–8 s), which is 100–250 of their steps on a 2-core EPYC, so here both finish
+  // their share in it; with every learner 3× slower one may still be training when the syncer is back. Nothing
+  // below depends on which: a learner that finished holds its last work until the syncer is back, the restarted
+  // syncer waits for every stream's learner to re-attach before it ends (it once ended with the first one back,
+  // dropping the other's last work: "incomplete", a copy one version behind Θ), and a learner that exited when
+  // told to stop is never restarted (it once was, into a run that was over).
+  const int64_t per_learner = 90;
+  const auto cfg = testing_support::write_decoupled_config(root_, "syncer_kill", 2 * per_learner * 32 * 32, "", 32,
+                                                           96, 2, 0, "learner_state_interval = 10\n");
+  const json report = train_under_plan(cfg, "[[fault]]\nat_step = 60\naction = \"kill_syncer\"\n"
+                                            "restart_after_s = 1.0\n", "syncer_kill");
+  ASSERT_FALSE(report.is_null());
+  EXPECT_EQ(report["status"], "finished");
+  EXPECT_EQ(report["faults_injected"], 1);
+  EXPECT_EQ(report["syncer_restarts"], 1);
+  EXPECT_EQ(report["learner_restarts"], 0);
+  const fs::path run = root_ / "syncer_kill";
+  expect_faults_fired_at_their_steps(run, 1);
+
+  const dloco::ChaosAnalysis a = dloco::analyze_chaos_run(run, {2, 4, 4, 32 * 32, 2.0});
+  std::printf("%s\n", a.to_json().dump(1).c_str());
+  // Exactly once, and each stream's share exactly: the learners' cursors never depended on the syncer.
+  EXPECT_EQ(a.duplicate_batches, 0);
+  EXPECT_EQ(a.gaps, 0);
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_EQ(static_cast<int64_t>(dloco::read_stream_log(dloco::stream_log_path(run, s)).size()), per_learner)
+        << "stream " << s;
+  }
+  // The restarted syncer continued from what it had persisted (persist before broadcast): no fragment version went
+  // back, and at the end both learners' every fragment equals its Θ; no NaN.
+  EXPECT_EQ(a.version_regressions, 0);
+  expect_every_final_copy_equals_theta(a, 2, 4);
+  EXPECT_TRUE(a.nan_free);
+  EXPECT_TRUE(a.consistent());
+  ASSERT_EQ(a.syncer_downtime.size(), 1u);
+  EXPECT_GT(a.syncer_downtime[0].back_s, 0.9);  // restarted after its 1 s delay
+  EXPECT_GT(a.syncer_downtime[0].contributing_s, a.syncer_downtime[0].back_s) << "nothing merged after its return";
+  // (Goodput is not asserted: with K = 1 the follower's answers miss most grace windows, 24–60% kept in all.)
   EXPECT_TRUE(std::isfinite(a.final_val_loss));
 }
 

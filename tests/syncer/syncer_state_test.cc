@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/check.h"
@@ -278,6 +279,45 @@ TEST_F(SyncerStateTest, WithFixedSharesTheEndWaitsForEveryStreamToHaveTrained) {
   a = shared.tick(1.0);
   ASSERT_FALSE(a.pulls.empty());
   EXPECT_EQ(a.pulls[0].round_step, -1) << "the shared-budget run flushes without stream 1";
+}
+
+TEST_F(SyncerStateTest, ARestartedSyncerWaitsOneLeaseForTheLearnersStillReattaching) {
+  // Restarted from persisted state in which both streams have trained: learner 1 re-attaches first, already
+  // finished (it spent its share while the syncer was down); learner 0 is still in its reconnect backoff. Ending
+  // then would drop learner 0's last work: the end waits until it is live again.
+  auto flushes = [](const SyncerActions& a) {
+    return std::any_of(a.events.begin(), a.events.end(), [](const auto& e) { return e["event"] == "final_flush"; });
+  };
+  auto s = make(2, 1, false);
+  s.restore_clock(40);
+  s.restore_stream_tokens(0, 300);
+  s.restore_stream_tokens(1, 400);
+  s.on_join(1, 0.5);
+  s.on_report(1, report(90, 0.01, /*finished=*/true), 0.5);
+  EXPECT_TRUE(s.awaiting_reattach(0.5));
+  for (double t = 0.5; t < 2.0; t += 0.5) EXPECT_FALSE(flushes(s.tick(t))) << "final flush without learner 0 at " << t;
+  s.on_join(0, 2.0);
+  s.on_report(0, report(90, 0.01, /*finished=*/true), 2.0);
+  EXPECT_FALSE(s.awaiting_reattach(2.0));
+  EXPECT_TRUE(flushes(s.tick(2.0))) << "both back and finished: the final flush";
+  // One that never comes back holds the end for one lease (5 s) at most.
+  auto t = make(2, 1, false);
+  t.restore_clock(40);
+  t.restore_stream_tokens(0, 300);
+  t.restore_stream_tokens(1, 400);
+  t.on_join(1, 0.5);
+  t.on_report(1, report(90, 0.01, /*finished=*/true), 0.5);
+  EXPECT_FALSE(flushes(t.tick(4.9)));
+  EXPECT_TRUE(t.awaiting_reattach(4.9));
+  EXPECT_FALSE(t.awaiting_reattach(5.0));
+  t.on_report(1, report(90, 0.01, /*finished=*/true), 5.0);
+  EXPECT_TRUE(flushes(t.tick(5.0)));
+  // A syncer that was never restarted does not wait.
+  auto fresh = make(1, 1, false);
+  fresh.on_join(0, 0.0);
+  fresh.on_report(0, report(1, 1.0, /*finished=*/true), 0.1);
+  EXPECT_FALSE(fresh.awaiting_reattach(0.1));
+  EXPECT_TRUE(flushes(fresh.tick(0.1)));
 }
 
 TEST_F(SyncerStateTest, MismatchedInitialBuffersAreRefused) {
