@@ -277,6 +277,9 @@ int64_t Config::complete_tokens() const {
   if (train.shared_budget && diloco.mode == Mode::kDecoupled) {
     return std::max<int64_t>(0, train.total_tokens - diloco.learners * tps);
   }
+  if (is_collective_mode(diloco.mode)) {  // the group stops when its next step would pass the budget
+    return std::max<int64_t>(0, train.total_tokens - diloco.learners * tps + 1);
+  }
   const int64_t S = budget_streams();
   return S * (train.total_tokens / S / tps) * tps;
 }

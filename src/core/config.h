@@ -300,8 +300,10 @@ struct Config {
   int64_t budget_streams() const;
   /// Tokens a run that trains its whole budget reaches: each of the budget_streams() trains
   /// ⌊total_tokens / S / (B·T·grad_accum)⌋ whole steps; with train.shared_budget the learners stop once their sum
-  /// reaches the budget, so the budget less one step per learner (those in flight). A run that ends below it is
-  /// "incomplete".
+  /// reaches the budget, so the budget less one step per learner (those in flight); the baselines' group (dp,
+  /// diloco, streaming) stops when its next step would pass the budget, more than the budget less one step of M
+  /// workers (after an elastic generation of fewer workers the group's total is not a multiple of M steps). A run
+  /// that ends below it is "incomplete".
   int64_t complete_tokens() const;
 };
 

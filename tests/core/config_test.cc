@@ -92,6 +92,10 @@ TEST(Config, ABudgetBelowOneStepPerLearnerIsRefusedAndCompleteTokensAreWholeStep
   EXPECT_EQ(parse_config("[train]\nbatch_size = 8\ntotal_tokens = 10000\n[diloco]\nmode = \"local\"\n").complete_tokens(), 9 * 1024);
   // A shared budget: the learners stop once their sum reaches it; up to one step each may be in flight.
   EXPECT_EQ(parse_config("[train]\nbatch_size = 8\ntotal_tokens = 10000\nshared_budget = true\n").complete_tokens(), 10000 - 4 * 1024);
+  // dp's group stops before a step that would pass the budget: any total above budget − one step of M workers is
+  // whole, also one that an elastic generation of 3 of the 4 workers left at no multiple of 4 steps.
+  EXPECT_EQ(parse_config("[train]\nbatch_size = 8\ntotal_tokens = 10000\n[diloco]\nmode = \"dp\"\n").complete_tokens(),
+            10000 - 4 * 1024 + 1);
 }
 
 TEST(Config, PathsResolveAgainstTheConfigFileAndOverridesAgainstTheWorkingDirectory) {
