@@ -362,8 +362,12 @@ TEST_F(Baselines, CompareWritesTheTableTheRunsAndThePlot) {
     EXPECT_NE(table.find(row), std::string::npos) << table;
   }
   // Bytes per direction and per learner-step (issue 14 part 4): decoupled sends a fragment every H steps where dp
-  // all-reduces every step, and q4 sends about 4.5 / 32 of fp32's bytes up; down both pay one fp32 model at
-  // bootstrap, a large share of so short a run.
+  // all-reduces every step, and q4 sends about 4.5 / 32 of fp32's bytes up. Down is not compared here: in so short
+  // a run it is mostly the fp32 model each learner fetches at bootstrap and again whenever it falls behind and
+  // re-anchors, and how often that happens, like the number of merges, depends on the machine's timing (a CI run:
+  // q4 0.222 MB down per learner against fp32's 0.206). That merges go down as q4 updates is asserted in
+  // ProtocolTest.Q4BothWaysKeepsEveryCopyBitwiseEqualToThetaAndRecoversFromALostUpdate, their size in the codec's
+  // tests.
   ASSERT_EQ(report["variants"].size(), 4u);
   const auto& dp = report["variants"][0];
   const auto& decoupled = report["variants"][1];
@@ -373,8 +377,7 @@ TEST_F(Baselines, CompareWritesTheTableTheRunsAndThePlot) {
   EXPECT_GT(decoupled["mb_down_per_learner"].get<double>(), 0) << table;
   EXPECT_GT(decoupled["mb_up_per_learner"].get<double>(), 0) << table;
   EXPECT_LT(q4["mb_up_per_learner"].get<double>(), 0.35 * decoupled["mb_up_per_learner"].get<double>()) << table;
-  EXPECT_LT(q4["mb_down_per_learner"].get<double>(), 0.75 * decoupled["mb_down_per_learner"].get<double>()) << table;
-  EXPECT_LT(q4["bytes_per_learner_step"].get<double>(), 0.6 * decoupled["bytes_per_learner_step"].get<double>()) << table;
+  EXPECT_GT(q4["mb_down_per_learner"].get<double>(), 0) << table;
   EXPECT_TRUE(fs::exists(dir / "loss.png")) << "see " << log;
   // A typo in a variant fails before any training.
   EXPECT_NE(std::system((kDloco + " compare --config " + cfg.string() + " --variant \"bad:diloco.merj=mean\" --name "

@@ -6,10 +6,8 @@
 //   - headless Chromium (Debian's `chromium`) loads the dashboard while the run trains; the DOM it renders has one
 //     row per learner, live, and a validation-loss curve with points.
 // The checks wait for steps and evaluations (counts, not times), so they hold on faster and slower machines.
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,7 +17,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <map>
 #include <regex>
 #include <set>
@@ -34,22 +31,16 @@
 #include "support/process_checks.h"
 #include "support/tiny_corpus.h"
 
-extern char** environ;
-
 namespace {
 
 namespace fs = std::filesystem;
 namespace testing_support = dloco::testing_support;
 using nlohmann::json;
 using testing_support::read_events;
+using testing_support::slurp;
 
 const std::string kDloco = std::string(DLOCO_BINARY_DIR) + "/bin/dloco";
 const std::string kDataTool = std::string(DLOCO_BINARY_DIR) + "/bin/dloco-data";
-
-std::string slurp(const fs::path& file) {
-  std::ifstream in(file);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
 
 // GET http://host:port/path; "" on failure.
 std::string http_get(const std::string& host_port, const std::string& path) {
@@ -106,18 +97,8 @@ TEST(Monitor, MetricsParseAsPrometheusAndChromiumRendersTheDashboardOfALiveRun) 
   const auto cfg = testing_support::write_decoupled_config(root, "live", 2 * 100000 * 8 * 32,
                                                            "learner_monitor = \"127.0.0.1:0\"\n", 8, 32, 2, 5);
   const fs::path run = root / "live";
-  std::vector<std::string> args = {kDloco, "train", "--config", cfg.string()};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  const std::string log = (root / "live.log").string();
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-  pid_t launcher = -1;
-  ASSERT_EQ(::posix_spawn(&launcher, kDloco.c_str(), &actions, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&actions);
+  const pid_t launcher = testing_support::spawn_to_log(kDloco, {"train", "--config", cfg.string()}, root / "live.log");
+  ASSERT_GT(launcher, 0);
   testing_support::ChildGuard guard;
   guard.hold(launcher);
 

@@ -3,13 +3,20 @@
 //     contention stretches as well), with the one bound every test uses;
 //   - signals to child processes that refuse a pid ≤ 0 (kill(0, …) would hit the test's own process group);
 //   - the unigram cross-entropy of a prepared corpus: the score a model that learned anything must beat;
-//   - a run of `dloco train` under a fault plan, to its end.
+//   - a run of `dloco train` under a fault plan, to its end;
+//   - a file's text, a program started with its console in a file, a free loopback port.
 // Deliberately not here: config files and event logs (tiny_corpus.h).
 #pragma once
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -17,6 +24,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <string>
@@ -27,7 +35,50 @@
 
 #include "data/shards.h"
 
+extern "C" char** environ;
+
 namespace dloco::testing_support {
+
+/// The whole text of `file`; "" if it cannot be read (a log not written yet).
+inline std::string slurp(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+/// Starts `program` with `args` (argv[1…]) and this process's environment, stdout and stderr both into `log`
+/// (truncated). Returns its pid, or −1 (and a test failure) if it could not be started. The caller waits for it.
+inline pid_t spawn_to_log(const std::string& program, const std::vector<std::string>& args,
+                          const std::filesystem::path& log) {
+  std::vector<std::string> all = {program};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const std::string log_path = log.string();
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  EXPECT_EQ(rc, 0) << "could not start " << program;
+  return rc == 0 ? pid : -1;
+}
+
+/// A TCP port that was free on loopback a moment ago (the process started next binds it; another process could
+/// take it in between, which a test on one machine does not see).
+inline int free_loopback_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
 
 /// The most time a training thread may spend outside compute between two of its steps, seconds. What it does
 /// there (log the batch's cursor, queue metadata, apply merged fragments, write an event line) takes under 10 ms
