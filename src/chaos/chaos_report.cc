@@ -157,7 +157,20 @@ void collect_faults(const DecoupledLogs& logs, ChaosAnalysis& a, std::vector<Kil
     if (action == "cut_link" || action == "delay_link") {
       a.link_faults.push_back({e.value("learner", -1), action, time_of(e) - t0, e.value("duration_s", 0.0), 0, -1});
     }
-    const Kill kill{time_of(e), e.value("learner", -1), e.value("restart_after_s", 0.0)};
+    double restart_after_s = e.value("restart_after_s", 0.0);
+    if (action == "kill_learner" && e.contains("restart_at_step")) {
+      // Restarted at a global step: its delay is when the launcher restarted it (the wait for the step is not
+      // rejoin cost); without that event (dp's launcher re-forms groups instead) the planned minimum stays.
+      for (const auto& r : logs.launcher) {
+        if (name(r) == "learner_restarted" && r.value("learner", -2) == e.value("learner", -1) &&
+            time_of(r) > time_of(e)) {
+          restart_after_s = time_of(r) - time_of(e);
+          break;
+        }
+      }
+      a.faults.back()["restart_after_s"] = restart_after_s;
+    }
+    const Kill kill{time_of(e), e.value("learner", -1), restart_after_s};
     if (action == "kill_learner") learner_kills.push_back(kill);
     if (action == "kill_syncer") syncer_kills.push_back(kill);
   }

@@ -89,7 +89,16 @@ std::string join_slots(const std::vector<int>& slots) {
 enum class Next { kGoOn, kNextPass, kStop };
 
 // Removes run_dir/gloo (the stores of an earlier run) and resolves the fault plan, writing run_dir/plan.json.
-std::vector<FaultEvent> reset_gloo_and_resolve_plan(const fs::path& run_dir, const FaultPlan* plan, int M) {
+std::vector<FaultEvent> reset_gloo_and_resolve_plan(const fs::path& run_dir, const FaultPlan* plan, int M,
+                                                    RecoveryPolicy recovery) {
+  if (plan != nullptr && recovery == RecoveryPolicy::kRestart) {
+    for (const auto& f : plan->events) {
+      if (f.restart_at_step < 0) continue;
+      throw InputError("plan '" + plan->name + "': " + f.describe() + ": with run.recovery = \"restart\" the " +
+                       "group waits for the dead worker, so the global step cannot reach restart_at_step (use " +
+                       "restart_after_s, or run.recovery = \"elastic\")");
+    }
+  }
   std::error_code ec;
   fs::remove_all(run_dir / "gloo", ec);
   fs::create_directories(run_dir / "gloo");
@@ -114,7 +123,7 @@ class CollectiveRun {
         recovery_(config.run.recovery),
         cfg_(folder.config_path),
         events_(run_dir_ / "events" / "launcher.jsonl", Role::kLauncher, 0),
-        faults_(reset_gloo_and_resolve_plan(run_dir_, plan, M_)),
+        faults_(reset_gloo_and_resolve_plan(run_dir_, plan, M_, recovery_)),
         injector_(faults_, run_dir_, events_),
         down_(M_, false),
         back_at_(M_, Clock::time_point::max()) {

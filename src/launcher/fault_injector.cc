@@ -50,8 +50,11 @@ void FaultInjector::tick(double elapsed_s, int64_t global_step, bool finished, s
   for (size_t i = 0; i < faults_.size(); ++i) {
     const FaultEvent& f = faults_[i];
     if (fired_[i] || (f.at_s >= 0 ? elapsed_s < f.at_s : global_step < f.at_step)) continue;
-    if (const Child* t = target_of(f, children); t != nullptr && killed_.count(t->pid) > 0) {
-      continue;  // the plan killed this process already: the fault is for its next incarnation
+    if (const Child* t = target_of(f, children); t != nullptr && f.action != FaultAction::kLeaveLearner) {
+      if (auto k = killed_.find(t->role); k != killed_.end() && k->second == t->pid) {
+        deferred_.insert(i);
+        continue;  // the plan killed this process already: the fault is for its next incarnation
+      }
     }
     fired_[i] = true;
     fire(f, elapsed_s, global_step, children);
@@ -61,13 +64,12 @@ void FaultInjector::tick(double elapsed_s, int64_t global_step, bool finished, s
 void FaultInjector::release(std::vector<Child>& children, double elapsed_s) {
   for (const auto& l : lasting_) end(l, elapsed_s, -1, "run stopped", children);
   lasting_.clear();
-  for (size_t i = 0; i < faults_.size(); ++i) {
-    const Child* t = target_of(faults_[i], children);
-    if (fired_[i] || t == nullptr || killed_.count(t->pid) == 0) continue;
+  for (size_t i : deferred_) {
+    if (fired_[i]) continue;
     nlohmann::json fields = faults_[i].to_json();
     fields["at_s"] = elapsed_s;
     fields["description"] = faults_[i].describe();
-    fields["reason"] = "due while its target was down after an earlier kill, and it never came back";
+    fields["reason"] = "due while its target was down after an earlier kill; the run ended before it was back";
     events_.emit("fault_skipped", fields);
   }
 }
@@ -163,7 +165,7 @@ void FaultInjector::fire(const FaultEvent& f, double elapsed_s, int64_t global_s
       // The process group: a learner with the ranks of its group (learner/group_ranks.h), like a machine that dies.
       ::kill(-target->pid, SIGCONT);  // a paused process dies as well, and its pause ends with it
       ::kill(-target->pid, SIGKILL);
-      killed_.insert(target->pid);
+      killed_[target->role] = target->pid;
       planned_restart_[target->role] = f.restart_after_s;
       if (f.restart_at_step >= 0) planned_restart_step_[target->role] = f.restart_at_step;
       break;

