@@ -436,7 +436,12 @@ std::string generate_from_checkpoint(const fs::path& checkpoint, const std::stri
     if (stages->skip_random > 0) throw InputError("generate takes a fixed --stages subset, not --skip-random");
     model->set_active_blocks(fixed_stage_mask(c.model, *stages));
   }
-  if (tokens < 1) throw InputError("--tokens must be ≥ 1");
+  // The text comes out at the end: a count that would run for hours looks like a hang (one was left 15 minutes).
+  constexpr int64_t kMaxGenerateTokens = 100000;
+  if (tokens < 1 || tokens > kMaxGenerateTokens) {
+    throw InputError("--tokens must be in [1, " + std::to_string(kMaxGenerateTokens) + "] (got " +
+                     std::to_string(tokens) + ")");
+  }
   if (!(temperature >= 0)) throw InputError("--temperature must be ≥ 0 (0 = greedy)");
   if (top_k < 0) throw InputError("--top-k must be ≥ 0 (0 = off)");
   return sample_text(model, tok, tok.encode(prompt), tokens, temperature, top_k, seed, torch::kCPU);

@@ -117,6 +117,10 @@ TEST_F(CliTest, PathsResolveAgainstTheConfigFileAndACopiedRunFolderCanBeSampled)
   EXPECT_NE(a.output.find("And God said"), std::string::npos) << a.output;
   const Result sampled = run(kDloco + " generate " + (root_ / "copied").string() + " --tokens 12 --seed 3");
   EXPECT_EQ(sampled.exit, 0) << sampled.output;
+  // A count that would run for hours (its text comes out at the end) is refused at once.
+  const Result huge = run(kDloco + " generate " + (root_ / "copied").string() + " --tokens 99999999999");
+  EXPECT_EQ(huge.exit, 2) << huge.output;
+  EXPECT_NE(huge.output.find("--tokens must be in [1, 100000]"), std::string::npos) << huge.output;
 }
 
 }  // namespace
