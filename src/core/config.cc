@@ -214,6 +214,8 @@ void Config::validate() const {
   const auto& t = train;
   require(t.batch_size >= 1, "train.batch_size", "must be ≥ 1");
   require(t.grad_accum >= 1, "train.grad_accum", "must be ≥ 1");
+  // Before anything divides the budget by M (diloco.learners = 0 was a SIGFPE in the per-stream check below).
+  require(diloco.learners >= 1, "diloco.learners", "(M) must be ≥ 1");
   require(t.total_tokens >= t.tokens_per_step(m), "train.total_tokens",
           "must cover at least one step (" + std::to_string(t.tokens_per_step(m)) + " tokens)");
   if (!t.shared_budget || diloco.mode != Mode::kDecoupled) {  // a fixed share per stream (or worker)
@@ -224,7 +226,7 @@ void Config::validate() const {
                 " tokens, less than one step (B·T·grad_accum = " + std::to_string(tps) +
                 " tokens): it must be at least " + std::to_string(S * tps));
   }
-  require(t.lr > 0, "train.lr", "must be > 0");
+  require(t.lr > 0 && std::isfinite(t.lr), "train.lr", "must be a finite number > 0");
   require(t.warmup_steps >= 0, "train.warmup_steps", "must be ≥ 0");
   require(t.min_lr_ratio >= 0 && t.min_lr_ratio <= 1, "train.min_lr_ratio", "must be in [0, 1]");
   require(t.weight_decay >= 0, "train.weight_decay", "must be ≥ 0");
@@ -242,7 +244,7 @@ void Config::validate() const {
   require(d.quorum >= 1 && d.quorum <= d.learners, "diloco.quorum",
           "(K) must be in [1, M = " + std::to_string(d.learners) + "]");
   require(d.gamma > 0 && d.gamma < 1, "diloco.gamma", "(γ) must be in (0, 1)");
-  require(d.outer_lr > 0, "diloco.outer_lr", "(η) must be > 0");
+  require(d.outer_lr > 0 && std::isfinite(d.outer_lr), "diloco.outer_lr", "(η) must be a finite number > 0");
   require(d.outer_momentum >= 0 && d.outer_momentum < 1, "diloco.outer_momentum", "(μ) must be in [0, 1)");
   require(d.alpha >= 0 && d.alpha < 1, "diloco.alpha", "must be in [0, 1)");
   require(d.anchor_versions >= 1, "diloco.anchor_versions", "must be ≥ 1");

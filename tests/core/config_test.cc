@@ -86,6 +86,10 @@ TEST(Config, ABudgetBelowOneStepPerLearnerIsRefusedAndCompleteTokensAreWholeStep
   EXPECT_NE(error_of("[train]\nbatch_size = 8\ntotal_tokens = 2048\n[diloco]\nmode = \"dp\"\nlearners = 4\n").find("workers"),
             std::string::npos);
   EXPECT_EQ(error_of("[train]\nbatch_size = 8\ntotal_tokens = 2048\n[diloco]\nmode = \"local\"\n"), "");  // one stream, 2 steps
+  // M = 0 in a decoupled run (was a SIGFPE dividing the budget by M) and an infinite rate are refused by name.
+  EXPECT_NE(error_of("[diloco]\nlearners = 0\n").find("diloco.learners"), std::string::npos);
+  EXPECT_NE(error_of("[train]\nlr = inf\n").find("train.lr"), std::string::npos);
+  EXPECT_NE(error_of("[diloco]\nouter_lr = inf\n").find("diloco.outer_lr"), std::string::npos);
   EXPECT_EQ(error_of("[train]\nbatch_size = 8\ntotal_tokens = 2048\nshared_budget = true\n[diloco]\nlearners = 4\n"), "");
   // Each of the 4 streams trains ⌊10000 / 4 / 1024⌋ = 2 whole steps.
   EXPECT_EQ(parse_config("[train]\nbatch_size = 8\ntotal_tokens = 10000\n[diloco]\nlearners = 4\n").complete_tokens(), 4 * 2 * 1024);
