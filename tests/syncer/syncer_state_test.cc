@@ -288,12 +288,17 @@ TEST_F(SyncerStateTest, ARestartedSyncerWaitsOneLeaseForTheLearnersStillReattach
   auto flushes = [](const SyncerActions& a) {
     return std::any_of(a.events.begin(), a.events.end(), [](const auto& e) { return e["event"] == "final_flush"; });
   };
-  auto s = make(2, 1, false);
-  s.restore_clock(40);
-  s.restore_stream_tokens(0, 300);
-  s.restore_stream_tokens(1, 400);
-  s.on_join(1, 0.5);
-  s.on_report(1, report(90, 0.01, /*finished=*/true), 0.5);
+  // Restarted at global step 40 with both streams trained; learner 1 is back at `back_s`, finished.
+  auto restarted_with_learner_1_back = [&](double back_s) {
+    auto state = make(2, 1, false);
+    state.restore_clock(40);
+    state.restore_stream_tokens(0, 300);
+    state.restore_stream_tokens(1, 400);
+    state.on_join(1, back_s);
+    state.on_report(1, report(90, 0.01, /*finished=*/true), back_s);
+    return state;
+  };
+  auto s = restarted_with_learner_1_back(0.5);
   EXPECT_TRUE(s.awaiting_reattach(0.5));
   for (double t = 0.5; t < 2.0; t += 0.5) EXPECT_FALSE(flushes(s.tick(t))) << "final flush without learner 0 at " << t;
   s.on_join(0, 2.0);
@@ -302,12 +307,7 @@ TEST_F(SyncerStateTest, ARestartedSyncerWaitsOneLeaseForTheLearnersStillReattach
   EXPECT_TRUE(flushes(s.tick(2.0))) << "both back and finished: the final flush";
   // One that never comes back holds the end for one lease (5 s) from the first one's return at most (on --resume
   // the learners start after the syncer: their start-up does not use the window up).
-  auto t = make(2, 1, false);
-  t.restore_clock(40);
-  t.restore_stream_tokens(0, 300);
-  t.restore_stream_tokens(1, 400);
-  t.on_join(1, 3.0);
-  t.on_report(1, report(90, 0.01, /*finished=*/true), 3.0);
+  auto t = restarted_with_learner_1_back(3.0);
   EXPECT_FALSE(flushes(t.tick(7.9)));
   EXPECT_TRUE(t.awaiting_reattach(7.9));
   EXPECT_FALSE(t.awaiting_reattach(8.0));
