@@ -73,6 +73,8 @@ void for_each_field(C& c, F&& f) {
   f("diloco", "wire_up", c.diloco.wire_up);
   f("diloco", "wire_down", c.diloco.wire_down);
   f("diloco", "error_feedback", c.diloco.error_feedback);
+  f("diloco", "screen_ratio", c.diloco.screen_ratio);
+  f("diloco", "clip_ratio", c.diloco.clip_ratio);
   f("diloco", "blocking", c.diloco.blocking);
   f("diloco", "bootstrap", c.diloco.bootstrap);
   f("run", "name", c.run.name);
@@ -248,6 +250,11 @@ void Config::validate() const {
   require(d.outer_momentum >= 0 && d.outer_momentum < 1, "diloco.outer_momentum", "(μ) must be in [0, 1)");
   require(d.alpha >= 0 && d.alpha < 1, "diloco.alpha", "must be in [0, 1)");
   require(d.anchor_versions >= 1, "diloco.anchor_versions", "must be ≥ 1");
+  require(d.screen_ratio == 0 || (d.screen_ratio >= 1 && std::isfinite(d.screen_ratio)), "diloco.screen_ratio",
+          "must be 0 (off) or a finite number ≥ 1");
+  require(d.clip_ratio == 0 || (d.clip_ratio >= 1 && std::isfinite(d.clip_ratio) &&
+                                (d.screen_ratio == 0 || d.clip_ratio < d.screen_ratio)),
+          "diloco.clip_ratio", "must be 0 (off) or a finite number ≥ 1 and below diloco.screen_ratio");
   require(data.streams >= 0, "data.streams", "must be ≥ 0 (0 = one per learner)");
   require(data.streams == 0 || data.streams >= d.learners, "data.streams", "(S) must be ≥ diloco.learners (M)");
   require(data.streams <= d.learners || train.shared_budget || is_collective_mode(d.mode) || d.mode == Mode::kLocal,

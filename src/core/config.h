@@ -179,6 +179,12 @@ struct DilocoConfig {
                                            // the outer update U with Θ_p := Θ_p^prev + Û (docs/protocol.md §9)
   bool error_feedback = false;     // both directions: what quantization dropped is added to the next Δ (learner)
                                    // or U (syncer) of that fragment
+  double screen_ratio = 10;        // decoupled: an answer whose outer gradient per unit of inner lr (‖Δ‖ / Σ lr over its
+                                   // steps) reaches this multiple of
+                                   // the (lower) median of its round's other answers and the fragment's recent
+                                   // merged answers is refused (docs/protocol.md §10); 0 = off
+  double clip_ratio = 0;           // decoupled: an answer above this multiple (and below screen_ratio) is scaled
+                                   // down to it instead of merged as is; 0 = off
   bool blocking = false;           // decoupled only: learners wait at each due step for the pull and at s + τ for
                                    // the merge (a synchronous configuration, for equivalence tests and ablations)
   Bootstrap bootstrap = Bootstrap::kSyncer;  // where a (re)starting learner takes Θ from (§7): "syncer", or "peers": every

@@ -3,8 +3,11 @@
 // every other learner (docs/protocol.md §4, "A learner adopts t").
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+
+#include "core/config.h"
 
 namespace dloco {
 
@@ -26,5 +29,17 @@ struct LrSchedule {
     return peak_lr * (min_ratio + (1.0 - min_ratio) * cosine);
   }
 };
+
+/// The run's schedule: peak train.lr, train.warmup_steps, train.min_lr_ratio, and the cosine's horizon the global
+/// steps of the budget (train.total_tokens over M learners' B·T·grad_accum).
+inline LrSchedule make_schedule(const Config& c) {
+  LrSchedule s;
+  s.peak_lr = c.train.lr;
+  s.warmup_steps = c.train.warmup_steps;
+  s.min_ratio = c.train.min_lr_ratio;
+  const int64_t per_step = c.train.tokens_per_step(c.model) * std::max<int64_t>(1, c.diloco.learners);
+  s.total_steps = std::max<int64_t>(1, c.train.total_tokens / per_step);
+  return s;
+}
 
 }  // namespace dloco

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "core/atomic_file.h"
+#include "transport/status_json.h"
 #include "core/console.h"
 #include "core/decisions.h"
 #include "core/events.h"
@@ -448,6 +449,7 @@ nlohmann::json DecoupledRun::report(bool interrupted, int cores) {
       {"faults_injected", injector_.injected()},
       {"answers_dropped", last_.answers_dropped},
       {"answers_refused", last_.answers_refused},
+      {"screening", wire::screening_json(last_)},
       {"checkpoint", final_eval["checkpoint"]},
       {"sample", final_eval["sample"]},
       {"bytes", bytes},

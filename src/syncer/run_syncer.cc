@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "core/atomic_file.h"
+#include "transport/status_json.h"
 #include "monitor/dashboard.h"
 #include "monitor/monitor_server.h"
 #include "syncer/syncer.h"
@@ -64,6 +65,7 @@ void write_report(const Config& config, const fs::path& run_dir, const wire::Sta
       {"tokens_complete", config.complete_tokens()}, {"wall_seconds", wall},
       {"tokens_per_second", s.tokens_trained / std::max(wall, 1e-9)}, {"learners", learners},
       {"answers_dropped", s.answers_dropped}, {"answers_refused", s.answers_refused},
+      {"screening", wire::screening_json(s)},
       {"checkpoint", ckpt.string()}, {"bytes", bytes}, {"signal", signal}};
   write_file_atomically(run_dir / "report.json", report.dump(2) + "\n");
   if (eval["val_loss"].is_number()) {

@@ -2,6 +2,7 @@
 #include "syncer/syncer_service.h"
 
 #include "core/prometheus.h"
+#include "transport/status_json.h"
 
 #include <cmath>
 #include <cstring>
@@ -209,6 +210,10 @@ wire::StatusReply SyncerService::fill_status() {
   reply.bytes_received = bytes_received_;
   reply.answers_dropped = state_->answers_dropped();
   reply.answers_refused = state_->answers_refused();
+  reply.answers_refused_by_kind = state_->answers_refused_by_kind();
+  reply.reports_refused = state_->reports_refused();
+  reply.answers_clipped = state_->answers_clipped();
+  reply.merges_dropped = state_->merges_dropped();
   return reply;
 }
 
@@ -247,6 +252,7 @@ nlohmann::json SyncerService::monitor_status() {
           {"versions", state_->versions()},
           {"answers_dropped", r.answers_dropped},
           {"answers_refused", r.answers_refused},
+          {"screening", wire::screening_json(r)},
           {"bytes_sent", r.bytes_sent},
           {"bytes_received", r.bytes_received},
           {"uptime_s", now}};
@@ -267,6 +273,17 @@ std::string SyncerService::metrics_text() {
             s["grace_wait_s"]);
   m.counter("dloco_answers_dropped_total", "Answers dropped (late: their round had merged).", s["answers_dropped"]);
   m.counter("dloco_answers_refused_total", "Answers refused (malformed or not mergeable).", s["answers_refused"]);
+  for (const auto& [kind, n] : s["screening"]["answers_refused_by_kind"].items()) {
+    m.counter("dloco_answers_refused_by_kind_total",
+              "Answers refused, by kind: malformed, counters, stale, norm (docs/protocol.md §10).", n,
+              {{"kind", kind}});
+  }
+  m.counter("dloco_reports_refused_total", "Learner metadata reports refused as impossible (docs/protocol.md §10).",
+            s["screening"]["reports_refused"]);
+  m.counter("dloco_answers_clipped_total", "Answers scaled down to diloco.clip_ratio times the median.",
+            s["screening"]["answers_clipped"]);
+  m.counter("dloco_merges_dropped_total", "Merges dropped because Θ_p came out non-finite.",
+            s["screening"]["merges_dropped"]);
   m.counter("dloco_bytes_sent_total", "Bytes the syncer sent, all learners.", s["bytes_sent"]);
   m.counter("dloco_bytes_received_total", "Bytes the syncer received, all learners.", s["bytes_received"]);
   if (s["val_loss"].is_number()) {

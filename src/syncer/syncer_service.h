@@ -115,6 +115,7 @@ class SyncerService final : public wire::SyncerHandler {
   };
   std::vector<Published> published_;
   std::function<bool(int, int64_t)> before_persist_;
+  std::map<int, int64_t> reports_refused_by_learner_;  // docs/protocol.md §10 (under mu_)
   std::map<int, std::string> peers_;                  // learner id -> its peer server (diloco.bootstrap = "peers")
   double last_val_loss_ = NAN;
   int64_t last_eval_step_ = -1;

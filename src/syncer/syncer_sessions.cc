@@ -96,6 +96,16 @@ void SyncerService::on_metadata(int learner, const wire::Metadata& m) {
   r.tokens_per_s = m.tokens_per_s;
   r.loss = m.loss;
   r.finished = m.finished;
+  // Screening (docs/protocol.md §10): an impossible report is ignored whole (no join, no clock, no lease change) and
+  // counted; logged at the 1st, 10th, 100th … refusal of each learner, so a flood does not flood the event log.
+  if (const std::string bad = state_->screen_report(r); !bad.empty()) {
+    state_->count_report_refused();
+    const int64_t n = ++reports_refused_by_learner_[learner];
+    if (events_ && (n == 1 || n == 10 || n == 100 || n == 1000 || n % 10000 == 0)) {
+      events_->emit("report_refused", {{"learner", learner}, {"refusals", n}, {"reason", bad}});
+    }
+    return;
+  }
   const int64_t stream = m.stream.value_or(-1);  // unset: an empty hello before its first step
   const bool holds = streams_.claim(learner, stream, m.leaving);
   r.stream = holds ? stream : -2;  // a learner that lost its lease (it re-joins and gets it back) counts nothing
@@ -127,7 +137,7 @@ void SyncerService::on_answer(int learner, const wire::PullAnswer& a) {
   AnswerOutcome outcome = AnswerOutcome::kRefused;
   if (!reason.empty()) {
     reason = "undecodable payload: " + reason;
-    state_->count_refused();
+    state_->refuse_undecodable(learner, a.fragment, a.round_step);
   } else {
     outcome = state_->on_answer(learner, std::move(data), now_s(), &reason);
   }

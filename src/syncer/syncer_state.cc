@@ -7,6 +7,7 @@
 
 #include "core/check.h"
 #include "core/hash.h"
+#include "core/schedule.h"
 
 namespace dloco {
 
@@ -24,6 +25,16 @@ const char* to_string(RoundPhase phase) {
   return static_cast<size_t>(phase) < std::size(kNames) ? kNames[static_cast<size_t>(phase)] : "?";  // -1 wraps
 }
 
+const char* to_string(RefusalKind kind) {
+  switch (kind) {
+    case RefusalKind::kMalformed: return "malformed";
+    case RefusalKind::kCounters: return "counters";
+    case RefusalKind::kStale: return "stale";
+    case RefusalKind::kNorm: return "norm";
+  }
+  return "?";
+}
+
 const char* to_string(SyncerPhase phase) {
   static constexpr const char* kNames[] = {"training", "flushing", "finished"};  // in the enum's order
   return static_cast<size_t>(phase) < std::size(kNames) ? kNames[static_cast<size_t>(phase)] : "?";  // -1 wraps
@@ -34,6 +45,7 @@ SyncerState::SyncerState(const Config& config, FragmentLayout layout, std::vecto
     : config_(config),
       quorum_{static_cast<int>(config.diloco.quorum), config.diloco.grace_window, config.diloco.gamma,
               static_cast<double>(config.diloco.overlap), LeaseConfig{}},
+      schedule_(make_schedule(config)),
       layout_(std::move(layout)),
       is_embedding_(std::move(is_embedding)) {
   config_.validate();
@@ -113,8 +125,11 @@ void SyncerState::on_leave(int learner) {
 }
 
 AnswerOutcome SyncerState::on_answer(int learner, PullAnswerData answer, double now_s, std::string* reason) {
-  auto refuse = [&](const std::string& why) {
-    ++answers_refused_;
+  (void)now_s;
+  const int fragment = answer.fragment;
+  const int64_t round_step = answer.round_step;
+  auto refuse_as = [&](RefusalKind kind, const std::string& why) {
+    refuse(learner, fragment, round_step, kind);
     if (reason) *reason = why;
     return AnswerOutcome::kRefused;
   };
@@ -124,22 +139,46 @@ AnswerOutcome SyncerState::on_answer(int learner, PullAnswerData answer, double 
     return AnswerOutcome::kDroppedLate;
   };
   const int P = static_cast<int>(fragments_.size());
-  if (answer.fragment < 0 || answer.fragment >= P) {
-    return refuse("fragment " + std::to_string(answer.fragment) + " does not exist (P = " + std::to_string(P) + ")");
+  const std::string fp = "fragment " + std::to_string(fragment);
+  if (fragment < 0 || fragment >= P) {
+    return refuse_as(RefusalKind::kMalformed, fp + " does not exist (P = " + std::to_string(P) + ")");
   }
-  const auto& frag = fragments_[answer.fragment];
+  const auto& frag = fragments_[fragment];
   if (answer.delta.size() != frag.theta.size()) {
-    return refuse("fragment " + std::to_string(answer.fragment) + " answer has " + std::to_string(answer.delta.size()) +
-                  " values, expected " + std::to_string(frag.theta.size()));
+    return refuse_as(RefusalKind::kMalformed, fp + " answer has " + std::to_string(answer.delta.size()) +
+                                                  " values, expected " + std::to_string(frag.theta.size()));
   }
   if (!std::all_of(answer.delta.begin(), answer.delta.end(), [](float x) { return std::isfinite(x); })) {
-    return refuse("fragment " + std::to_string(answer.fragment) + " answer holds non-finite values");
+    return refuse_as(RefusalKind::kMalformed, fp + " answer holds non-finite values");
   }
-  if (answer.steps < 0 || answer.tokens < 0) return refuse("negative step or token counters");
-  auto it = open_.find(answer.fragment);
-  if (it == open_.end() || !it->second.phase.is(RoundPhase::kPulling) || it->second.step != answer.round_step) {
-    return drop("late answer for fragment " + std::to_string(answer.fragment) + " round " +
-                std::to_string(answer.round_step) + ": that round is closed");
+  // Counters (§10): what the learner can have trained since its last merge of p.
+  if (answer.steps < 0 || answer.tokens < 0 || answer.captured_step < 0) {
+    return refuse_as(RefusalKind::kCounters, "negative step or token counters");
+  }
+  const int64_t tps = config_.train.tokens_per_step(config_.model);
+  if (answer.steps > max_learner_step() || answer.tokens > answer.steps * tps) {
+    return refuse_as(RefusalKind::kCounters, "claims " + std::to_string(answer.tokens) + " tokens in " +
+                                                 std::to_string(answer.steps) + " steps: at most " +
+                                                 std::to_string(tps) + " tokens a step (B·T·grad_accum)");
+  }
+  const int64_t slack = config_.diloco.overlap + 1;
+  if (auto rec = learners_.find(learner); rec != learners_.end()) {
+    if (answer.captured_step > rec->second.state.step + slack) {
+      return refuse_as(RefusalKind::kCounters, "captured at step " + std::to_string(answer.captured_step) +
+                                                   ", ahead of its reported step " +
+                                                   std::to_string(rec->second.state.step));
+    }
+  }
+  // Its steps since p was last applied are at most its step count (which only ever moves up by steps trained, or to
+  // the global step at a join). Nothing tighter holds: a merge can be lost on the way, and the count goes on.
+  if (answer.steps > answer.captured_step + slack) {
+    return refuse_as(RefusalKind::kCounters, "claims " + std::to_string(answer.steps) + " steps on " + fp +
+                                                 " since its last merge, more than its step count at the capture (" +
+                                                 std::to_string(answer.captured_step) + ")");
+  }
+  auto it = open_.find(fragment);
+  if (it == open_.end() || !it->second.phase.is(RoundPhase::kPulling) || it->second.step != round_step) {
+    return drop("late answer for " + fp + " round " + std::to_string(round_step) + ": that round is closed");
   }
   Round& round = it->second;
   if (std::find(round.requested.begin(), round.requested.end(), learner) == round.requested.end() ||
@@ -150,14 +189,72 @@ AnswerOutcome SyncerState::on_answer(int learner, PullAnswerData answer, double 
     const bool known = std::any_of(frag.anchors.begin(), frag.anchors.end(),
                                    [&](const auto& a) { return a.first == answer.base_version; });
     if (!known) {
-      return refuse("stale anchor: delta against version " + std::to_string(answer.base_version) +
-                    " of fragment " + std::to_string(answer.fragment) + ", the syncer keeps versions " +
-                    std::to_string(frag.anchors.front().first) + ".." + std::to_string(frag.anchors.back().first));
+      return refuse_as(RefusalKind::kStale, "stale anchor: delta against version " +
+                                                std::to_string(answer.base_version) + " of " + fp +
+                                                ", the syncer keeps versions " +
+                                                std::to_string(frag.anchors.front().first) + ".." +
+                                                std::to_string(frag.anchors.back().first));
     }
   }
-  (void)now_s;
+  // A well-formed answer after a refused one (in the same round) is taken: the refusal only ended the wait.
+  round.refused.erase(std::remove(round.refused.begin(), round.refused.end(), learner), round.refused.end());
   round.answers.emplace(learner, std::move(answer));
   return AnswerOutcome::kAccepted;
+}
+
+void SyncerState::refuse_undecodable(int learner, int fragment, int64_t round_step) {
+  refuse(learner, fragment, round_step, RefusalKind::kMalformed);
+}
+
+void SyncerState::refuse(int learner, int fragment, int64_t round_step, RefusalKind kind) {
+  ++answers_refused_;
+  ++refused_by_kind_[kind];
+  auto it = open_.find(fragment);
+  if (it == open_.end() || !it->second.phase.is(RoundPhase::kPulling) || it->second.step != round_step) return;
+  Round& round = it->second;
+  if (std::find(round.requested.begin(), round.requested.end(), learner) != round.requested.end() &&
+      !round.answers.count(learner) &&
+      std::find(round.refused.begin(), round.refused.end(), learner) == round.refused.end()) {
+    round.refused.push_back(learner);  // the round waits for it no longer
+  }
+}
+
+std::map<std::string, int64_t> SyncerState::answers_refused_by_kind() const {
+  std::map<std::string, int64_t> out;
+  for (RefusalKind k : {RefusalKind::kMalformed, RefusalKind::kCounters, RefusalKind::kStale, RefusalKind::kNorm}) {
+    const auto it = refused_by_kind_.find(k);
+    out[to_string(k)] = it == refused_by_kind_.end() ? 0 : it->second;
+  }
+  return out;
+}
+
+int64_t SyncerState::max_learner_step() const {
+  const int64_t tps = config_.train.tokens_per_step(config_.model);
+  return 3 * ((config_.train.total_tokens + tps - 1) / tps) + config_.diloco.inner_steps + config_.diloco.overlap;
+}
+
+std::string SyncerState::screen_report(const LearnerReport& r) const {
+  const int64_t tps = config_.train.tokens_per_step(config_.model);
+  if (r.step < 0 || r.step > max_learner_step()) {
+    return "step " + std::to_string(r.step) + " is outside [0, " + std::to_string(max_learner_step()) +
+           "] (3 × the run's steps of train.total_tokens, + H + τ)";
+  }
+  if (r.tokens_trained < 0 || r.tokens_trained > 2 * config_.train.total_tokens) {
+    return "tokens_trained " + std::to_string(r.tokens_trained) + " is outside [0, 2 × train.total_tokens]";
+  }
+  if (!r.steps.empty() && r.steps.size() != fragments_.size()) return "per-fragment step counters of the wrong size";
+  if (!r.tokens.empty() && r.tokens.size() != r.steps.size()) return "per-fragment token counters of the wrong size";
+  for (size_t p = 0; p < r.tokens.size(); ++p) {
+    if (r.steps[p] < 0 || r.tokens[p] < 0 || r.steps[p] > max_learner_step() || r.tokens[p] > r.steps[p] * tps) {
+      return "fragment " + std::to_string(p) + ": " + std::to_string(r.tokens[p]) + " tokens in " +
+             std::to_string(r.steps[p]) + " steps is impossible (at most " + std::to_string(tps) + " a step)";
+    }
+  }
+  if (!std::isfinite(r.step_time_s) || r.step_time_s < 0 || r.step_time_s > 3600) {
+    return "step_time_s " + std::to_string(r.step_time_s) + " is outside [0, 3600] s";
+  }
+  if (!std::isfinite(r.tokens_per_s) || r.tokens_per_s < 0) return "tokens_per_s is negative or not finite";
+  return "";
 }
 
 std::vector<LearnerState> SyncerState::learner_states() const {
@@ -312,7 +409,8 @@ void SyncerState::advance_round(int p, Round& round, double now_s, SyncerActions
   // Answers: wait for every requested learner that is still live, until the answer window closes.
   bool waiting = false;
   for (int id : round.requested) {
-    if (!round.answers.count(id) && is_live(id, now_s)) waiting = true;
+    const bool refused = std::find(round.refused.begin(), round.refused.end(), id) != round.refused.end();
+    if (!round.answers.count(id) && !refused && is_live(id, now_s)) waiting = true;
   }
   const double window_s =
       std::max(2.0, (static_cast<double>(config_.diloco.overlap) + 2.0) * slowest_step_s(now_s));
@@ -320,7 +418,9 @@ void SyncerState::advance_round(int p, Round& round, double now_s, SyncerActions
   if (waiting) {
     std::vector<int> missing;
     for (int id : round.requested) {
-      if (!round.answers.count(id)) missing.push_back(id);
+      if (!round.answers.count(id) && std::find(round.refused.begin(), round.refused.end(), id) == round.refused.end()) {
+        missing.push_back(id);
+      }
     }
     actions.events.push_back(event("answer_window_closed",
                                    {{"fragment", p}, {"round", round.step}, {"missing", missing},
@@ -331,13 +431,33 @@ void SyncerState::advance_round(int p, Round& round, double now_s, SyncerActions
   round.phase.to(RoundPhase::kClosed);
 }
 
+namespace {
+
+// The lower median (the smaller middle value of an even count): one large outlier among two values cannot raise it.
+double lower_median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[(v.size() - 1) / 2];
+}
+
+double l2_norm_double(const std::vector<float>& x) {
+  double sum = 0;
+  for (float v : x) sum += static_cast<double>(v) * v;
+  return std::sqrt(sum);
+}
+
+bool all_finite(const std::vector<float>& x) {
+  return std::all_of(x.begin(), x.end(), [](float v) { return std::isfinite(v); });
+}
+
+}  // namespace
+
 void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& actions) {
   FragmentState& frag = fragments_[p];
   const size_t n = frag.theta.size();
   std::vector<int> ids;
   std::vector<std::vector<float>> grads;
-  std::vector<double> weights;
-  int64_t round_tokens = 0;  // the tokens the merged answers carry
+  std::vector<double> weights, per_step;
+  std::vector<int64_t> tokens, steps;
   for (auto& [id, a] : round.answers) {
     // 4) outer gradient anchored at the current Θ_p: Δ = Θ_p − θ_m with θ_m = Θ_p^base − delta (or raw θ_m).
     std::vector<float> g(n);
@@ -354,10 +474,68 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
     }
     // 5) weights: tokens² / steps ("quantity × quality"), or uniform over learners that trained.
     const double w = config_.diloco.weights == WeightRule::kTokens ? token_weight(a.tokens, a.steps) : (a.steps > 0 ? 1.0 : 0.0);
+    // Its size per unit of inner learning rate: ‖Δ‖ / Σ lr(t) over its steps (AdamW moves each value by about lr(t)
+    // a step whatever the gradient's scale, so warmup and decay do not move the comparison: §10).
+    double lr_sum = 0;
+    for (int64_t t = std::max<int64_t>(0, a.captured_step - a.steps); t < a.captured_step; ++t) lr_sum += schedule_.at(t);
+    per_step.push_back(l2_norm_double(g) / std::max(lr_sum, schedule_.at(std::max<int64_t>(0, a.captured_step))));
     ids.push_back(id);
     grads.push_back(std::move(g));
     weights.push_back(w);
-    round_tokens += a.tokens;
+    tokens.push_back(a.tokens);
+    steps.push_back(a.steps);
+  }
+  // 5b) screening (§10): an answer whose ‖Δ‖ per step is screen_ratio × the lower median of the round's other
+  // answers and the fragment's recent merged answers is refused (clip_ratio: scaled down to it); with fewer than two
+  // reference values there is nothing to compare with. Answers that trained no step carry no weight and no norm.
+  const double screen = config_.diloco.screen_ratio, clip = config_.diloco.clip_ratio;
+  std::vector<bool> keep(ids.size(), true);
+  double largest_ratio = 0;  // of the answers kept: how close an honest round comes to the screen (the merged event)
+  if (screen > 0 || clip > 0) {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (steps[i] <= 0) continue;
+      std::vector<double> ref(frag.recent_norms.begin(), frag.recent_norms.end());
+      for (size_t j = 0; j < ids.size(); ++j) {
+        if (j != i && steps[j] > 0) ref.push_back(per_step[j]);
+      }
+      if (ref.size() < 2) continue;
+      const double median = lower_median(ref);
+      if (!(median > 0)) continue;
+      const double ratio = per_step[i] / median;
+      if (!(screen > 0 && ratio >= screen)) largest_ratio = std::max(largest_ratio, std::min(ratio, clip > 0 ? clip : ratio));
+      if (screen > 0 && ratio >= screen) {
+        keep[i] = false;
+        refuse(ids[i], p, round.step, RefusalKind::kNorm);
+        actions.events.push_back(event("answer_refused",
+                                       {{"learner", ids[i]}, {"fragment", p}, {"round", round.step},
+                                        {"kind", to_string(RefusalKind::kNorm)}, {"ratio", ratio},
+                                        {"reason", "outer gradient per step " + std::to_string(per_step[i]) + " is " +
+                                                       std::to_string(ratio) + "× the median " +
+                                                       std::to_string(median) + " (diloco.screen_ratio " +
+                                                       std::to_string(screen) + ")"}}));
+      } else if (clip > 0 && ratio > clip) {
+        const float scale = static_cast<float>(clip / ratio);
+        for (float& v : grads[i]) v *= scale;
+        per_step[i] *= scale;
+        ++answers_clipped_;
+        actions.events.push_back(event("answer_clipped", {{"learner", ids[i]}, {"fragment", p}, {"round", round.step},
+                                                          {"ratio", ratio}, {"to", clip}}));
+      }
+    }
+  }
+  int64_t round_tokens = 0;  // the tokens the merged answers carry
+  {
+    size_t k = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (!keep[i]) continue;
+      if (k != i) {  // (a vector moved onto itself would be left empty)
+        ids[k] = ids[i], grads[k] = std::move(grads[i]), weights[k] = weights[i], per_step[k] = per_step[i];
+        steps[k] = steps[i];
+      }
+      round_tokens += tokens[i];
+      ++k;
+    }
+    ids.resize(k), grads.resize(k), weights.resize(k), per_step.resize(k), steps.resize(k);
   }
   if (ids.empty() || !merge_has_weight(weights)) {
     actions.events.push_back(event("round_skipped", {{"fragment", p}, {"round", round.step},
@@ -371,12 +549,11 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
   merge_fragment(layout_, p, views, weights,
                  config_.diloco.merge, is_embedding_, delta);
   const wire::Codec down = wire::parse_codec(to_string(config_.diloco.wire_down));
-  std::vector<float> previous;
-  if (down != wire::Codec::kFp32) previous = frag.theta;
+  const std::vector<float> previous = frag.theta, previous_momentum = frag.momentum;
   nesterov_outer_step(frag.theta, frag.momentum, delta, static_cast<float>(config_.diloco.outer_lr),
                       static_cast<float>(config_.diloco.outer_momentum));
   MergedFragmentData merged{p, frag.version + 1, round.step, ids, {}, -1, 0, {}};
-  if (down != wire::Codec::kFp32) {
+  if (down != wire::Codec::kFp32 && all_finite(frag.theta)) {
     // 7b) the compressed downlink (docs/protocol.md §9): the canonical Θ_p is what every learner rebuilds from the
     // encoded update, Θ_p^prev + Û; with error feedback what the codec dropped goes into the next update of p.
     std::vector<float> update(n);
@@ -395,6 +572,24 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
       actions.events.push_back(event("downlink_whole", {{"fragment", p}, {"round", round.step}, {"reason", e.what()}}));
     }
   }
+  // 7c) a merge whose Θ_p or v_p is not finite (an overflow: finite answers can still sum past FLT_MAX) is dropped
+  // before anything is persisted or broadcast; Θ_p and v_p stay as they were (§10).
+  if (!all_finite(frag.theta) || !all_finite(frag.momentum)) {
+    frag.theta = previous;
+    frag.momentum = previous_momentum;
+    frag.down_feedback.reset();
+    ++merges_dropped_;
+    actions.events.push_back(event("merge_dropped", {{"fragment", p}, {"round", round.step}, {"participants", ids},
+                                                     {"reason", "the outer step made Θ_p or its momentum non-finite "
+                                                                "(outer gradient norm " +
+                                                                    std::to_string(l2_norm_double(delta)) + ")"}}));
+    return;
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (steps[i] > 0) frag.recent_norms.push_back(per_step[i]);
+  }
+  const size_t keep_norms = static_cast<size_t>(std::max<int64_t>(8, 2 * config_.diloco.learners));
+  while (frag.recent_norms.size() > keep_norms) frag.recent_norms.pop_front();
   frag.version += 1;
   frag.anchors.emplace_back(frag.version, frag.theta);
   while (static_cast<int64_t>(frag.anchors.size()) > config_.diloco.anchor_versions) frag.anchors.pop_front();
@@ -405,7 +600,7 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
   const auto normalised = normalise_weights(weights);
   actions.events.push_back(event("merged", {{"fragment", p}, {"round", round.step}, {"version", frag.version},
                                             {"participants", ids}, {"weights", normalised},
-                                            {"outer_grad_norm", l2_norm(delta)}}));
+                                            {"outer_grad_norm", l2_norm(delta)}, {"largest_ratio", largest_ratio}}));
   merged.theta = frag.theta;
   actions.merged.push_back(std::move(merged));
 }

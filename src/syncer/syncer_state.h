@@ -27,6 +27,7 @@
 #include "core/decisions.h"
 #include "core/fragments.h"
 #include "core/merge.h"
+#include "core/schedule.h"
 #include "core/state_machine.h"
 #include "transport/codec.h"
 
@@ -103,6 +104,15 @@ inline constexpr std::array<std::pair<SyncerPhase, SyncerPhase>, 2> kSyncerMoves
 /// Outcome of an incoming answer.
 enum class AnswerOutcome { kAccepted, kDroppedLate, kRefused };
 
+/// Why an answer was refused (docs/protocol.md §10): each kind is counted on its own (`answers_refused` by reason).
+enum class RefusalKind {
+  kMalformed,  // fragment out of range, wrong size, non-finite values, a payload that does not decode
+  kCounters,   // steps or tokens impossible for what the learner can have trained since its last merge of p
+  kStale,      // a delta against a base version the syncer no longer keeps (stale_policy "skip")
+  kNorm,       // its outer gradient per step is diloco.screen_ratio × the round's and recent merges' median or more
+};
+const char* to_string(RefusalKind kind);
+
 /// Per-learner bookkeeping the syncer keeps.
 struct LearnerRecord {
   LearnerState state;
@@ -123,11 +133,28 @@ class SyncerState {
   void on_join(int learner, double now_s);
   /// Metadata from a learner (docs/protocol.md §3 step 4). Unknown learners are ignored.
   void on_report(int learner, const LearnerReport& report, double now_s);
+  /// Checks a learner's metadata before on_report (docs/protocol.md §10): "" when it is possible, else why not (the
+  /// caller ignores the report, counts it with count_report_refused and logs the reason). Bounds: step in
+  /// [0, max_learner_step()], tokens_trained in [0, 2·train.total_tokens], per-fragment counters non-negative with
+  /// tokens ≤ steps · B·T·grad_accum, step_time_s finite in [0, 3600] s, tokens_per_s finite ≥ 0.
+  std::string screen_report(const LearnerReport& report) const;
+  /// The largest step a learner can report: 3·⌈train.total_tokens / (B·T·grad_accum)⌉ + H + τ (a learner's step is
+  /// its own count, or the global step it adopted at a join plus its own since; no learner trains the run's whole
+  /// budget three times). Keeps one report from moving the clock (with K = 1) or enumerating 10^12 due rounds.
+  int64_t max_learner_step() const;
+  void count_report_refused() { ++reports_refused_; }
+  int64_t reports_refused() const { return reports_refused_; }
   /// The learner left gracefully (docs/protocol.md §7, scavenging): absent from quorums at once, not after its lease.
   void on_leave(int learner);
   /// An answer to a pull. Late answers (round already merged, or never asked) are dropped; malformed ones
-  /// (wrong size, non-finite, unknown base version under stale_policy "skip") are refused. `reason` says why.
+  /// (wrong size, non-finite, unknown base version under stale_policy "skip") and impossible ones (tokens above
+  /// steps · B·T·grad_accum, more steps than its step count at the capture, a capture step ahead of its reported
+  /// step: docs/protocol.md §10) are refused. `reason` says why.
+  /// A refused answer from a learner the round is waiting for ends that wait at once.
   AnswerOutcome on_answer(int learner, PullAnswerData answer, double now_s, std::string* reason);
+  /// Refuses an answer that did not reach on_answer (its payload did not decode): counted as kMalformed, and the
+  /// round (fragment, round_step) stops waiting for the learner.
+  void refuse_undecodable(int learner, int fragment, int64_t round_step);
   /// Advances the clock, opens due rounds, decides quorum/grace, closes answer windows and merges.
   SyncerActions tick(double now_s);
 
@@ -144,14 +171,18 @@ class SyncerState {
   int64_t last_quorum() const { return last_quorum_; }
   int64_t answers_dropped() const { return answers_dropped_; }
   int64_t answers_refused() const { return answers_refused_; }
+  /// answers_refused by kind (docs/protocol.md §10), every kind present (0 when none).
+  std::map<std::string, int64_t> answers_refused_by_kind() const;
+  /// Answers scaled down to diloco.clip_ratio × the median, and merges dropped because Θ_p or v_p came out
+  /// non-finite (Θ_p and v_p were kept as they were).
+  int64_t answers_clipped() const { return answers_clipped_; }
+  int64_t merges_dropped() const { return merges_dropped_; }
   /// Σ over merges of the tokens their answers carried (each answer: the learner's tokens since its last merge of
   /// that fragment). Divided by P · tokens_trained() it is the share of the work trained that some merge kept so far
   /// (goodput so far, in tokens; the final flush brings it to ≈ 1 unless work was lost).
   int64_t tokens_merged() const { return tokens_merged_; }
   /// Σ over rounds of the seconds between reaching the quorum and pulling: time spent in grace windows, s.
   double grace_wait_s() const { return grace_wait_s_; }
-  /// Counts an answer refused before it reached on_answer (its payload did not decode).
-  void count_refused() { ++answers_refused_; }
   /// Tokens trained over all data streams: Σ_s of the furthest cursor reported for stream s (a stream trained
   /// by several learners in turn, after a kill or a handover, counts once).
   int64_t tokens_trained() const;
@@ -184,6 +215,7 @@ class SyncerState {
     int64_t version = 0;
     std::deque<std::pair<int64_t, std::vector<float>>> anchors;  // recent (version, Θ_p) for re-anchoring
     wire::ErrorFeedback down_feedback;  // diloco.wire_down with error feedback: what the last U's codec dropped
+    std::deque<double> recent_norms;    // ‖Δ‖/Σlr of the last merged answers (screening's reference, §10)
   };
   struct Round {
     int64_t step = 0;  // u; -1 for the final flush
@@ -192,16 +224,20 @@ class SyncerState {
     double pull_sent_s = 0;
     std::vector<int> requested;
     std::map<int, PullAnswerData> answers;
+    std::vector<int> refused;  // requested learners whose answer was refused: not waited for
   };
 
   void open_rounds(double now_s, SyncerActions& actions);
   void advance_round(int p, Round& round, double now_s, SyncerActions& actions);
   void merge_round(int p, Round& round, double now_s, SyncerActions& actions);
+  /// Counts a refusal of `kind`; if the learner was asked in fragment's open round `round_step`, stops waiting.
+  void refuse(int learner, int fragment, int64_t round_step, RefusalKind kind);
   std::vector<LearnerState> learner_states() const;
   double slowest_step_s(double now_s) const;
 
   Config config_;
   QuorumConfig quorum_;  // K, grace window, γ, τ and lease, from config_.diloco
+  LrSchedule schedule_;  // the learners' inner lr schedule (screening compares answers per unit of lr, §10)
   FragmentLayout layout_;
   std::function<bool(const std::string&)> is_embedding_;
   std::vector<FragmentState> fragments_;
@@ -214,6 +250,8 @@ class SyncerState {
   int64_t global_step_ = 0;
   Ema quorum_ema_, sync_ema_;
   int64_t merges_ = 0, last_quorum_ = 0, answers_dropped_ = 0, answers_refused_ = 0, tokens_merged_ = 0;
+  int64_t reports_refused_ = 0, answers_clipped_ = 0, merges_dropped_ = 0;
+  std::map<RefusalKind, int64_t> refused_by_kind_;
   double grace_wait_s_ = 0;
   StateMachine<SyncerPhase, 2> phase_{SyncerPhase::kTraining, kSyncerMoves};
   std::vector<bool> flushed_;

@@ -153,14 +153,4 @@ double evaluate_loss(GPT& model, const TokenSplit& split, int64_t max_tokens, in
   return loss_sum / static_cast<double>(counted);
 }
 
-LrSchedule make_schedule(const Config& c) {
-  LrSchedule s;
-  s.peak_lr = c.train.lr;
-  s.warmup_steps = c.train.warmup_steps;
-  s.min_ratio = c.train.min_lr_ratio;
-  const int64_t per_step = c.train.tokens_per_step(c.model) * std::max<int64_t>(1, c.diloco.learners);
-  s.total_steps = std::max<int64_t>(1, c.train.total_tokens / per_step);
-  return s;
-}
-
 }  // namespace dloco

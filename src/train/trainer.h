@@ -96,7 +96,5 @@ std::unique_ptr<torch::optim::AdamW> make_inner_adamw(const std::vector<torch::T
 /// gradients and restores the model's training mode.
 double evaluate_loss(GPT& model, const TokenSplit& split, int64_t max_tokens, int64_t batch_size, torch::Device device);
 
-/// Builds the LR schedule of a run: the horizon is the token budget divided among M learners, in steps.
-LrSchedule make_schedule(const Config& config);
 
 }  // namespace dloco

@@ -11,8 +11,14 @@ namespace dloco {
 /// FNV-1a 64 of the [model] config's JSON: the model part of the handshake.
 uint64_t model_config_hash(const ModelConfig& model);
 
+/// The settings every process of a run must share, as canonical JSON (compact, keys sorted): [train] without the
+/// role-local intervals (eval_interval, eval_tokens, checkpoint_interval, learner_state_interval, log_interval),
+/// all of [diloco], and data.streams (docs/protocol.md §7 "Handshake").
+std::string training_settings_json(const Config& config);
+
 /// This process's handshake: run id (run.name), protocol version, secret (env DLOCO_SECRET overrides
-/// run.secret), and the hashes of `layout`, the [model] config and the tokenizer in data.dir.
+/// run.secret), the hashes of `layout`, the [model] config and the tokenizer in data.dir, and
+/// training_settings_json().
 /// Throws InputError if the tokenizer is missing.
 wire::Handshake make_handshake(const Config& config, const FragmentLayout& layout);
 

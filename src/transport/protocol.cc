@@ -1,6 +1,8 @@
 // Small helpers of the protocol types; see protocol.h and transport.h.
 #include "transport/protocol.h"
 
+#include <nlohmann/json.hpp>
+
 #include "transport/transport.h"
 
 namespace dloco::wire {
@@ -40,6 +42,40 @@ int64_t approximate_bytes(const SyncerMessage& message) {
 
 namespace dloco::wire {
 
+namespace {
+
+// Names the [train] / [diloco] / [data] fields whose values differ (at most 6), with both values. `got` comes from the
+// other process (already authenticated by the secret): its size is bounded and a text that does not parse is refused
+// as such.
+std::string training_mismatch(const std::string& got, const std::string& want) {
+  if (got.empty()) return "no [train]/[diloco] settings in the handshake (a peer of an older protocol)";
+  if (got.size() > 65536) return "[train]/[diloco] settings in the handshake larger than 64 KiB";
+  const nlohmann::json theirs = nlohmann::json::parse(got, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json ours = nlohmann::json::parse(want, nullptr, false);
+  if (!theirs.is_object() || !ours.is_object()) return "unreadable [train]/[diloco] settings in the handshake";
+  std::string out;
+  int differ = 0;
+  for (const auto& [section, fields] : ours.items()) {
+    for (const auto& [key, value] : fields.items()) {
+      const nlohmann::json* other = nullptr;
+      if (theirs.contains(section) && theirs[section].is_object() && theirs[section].contains(key)) {
+        other = &theirs[section][key];
+      }
+      if (other && *other == value) continue;
+      if (++differ > 6) continue;
+      std::string mine = other ? other->dump() : "missing";
+      if (mine.size() > 64) mine = mine.substr(0, 64) + "…";
+      out += std::string(out.empty() ? "" : ", ") + section + "." + key + " = " + mine + " (expected " +
+             value.dump() + ")";
+    }
+  }
+  if (differ == 0) return "[train]/[diloco] settings differ in fields this process does not know";
+  if (differ > 6) out += " and " + std::to_string(differ - 6) + " more";
+  return "settings differ: " + out + " (every process of a run must share [train], [diloco] and data.streams)";
+}
+
+}  // namespace
+
 std::string check_handshake(const Handshake& got, const Handshake& want) {
   if (got.protocol_version != want.protocol_version) {
     return "protocol version " + std::to_string(got.protocol_version) + " does not match the syncer's " +
@@ -54,6 +90,7 @@ std::string check_handshake(const Handshake& got, const Handshake& want) {
   }
   if (got.model_hash != want.model_hash) return "model config hash differs (a [model] field differs)";
   if (got.tokenizer_hash != want.tokenizer_hash) return "tokenizer hash differs (another tokenizer.model)";
+  if (got.training != want.training) return training_mismatch(got.training, want.training);
   return "";
 }
 

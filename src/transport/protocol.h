@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <variant>
@@ -31,6 +32,7 @@ struct Handshake {
   uint64_t layout_hash = 0;
   uint64_t model_hash = 0;
   uint64_t tokenizer_hash = 0;
+  std::string training;  // the [train] and [diloco] fields that must agree, compact JSON with sorted keys
 };
 
 struct JoinRequest {
@@ -156,6 +158,10 @@ struct StatusReply {
   int64_t bytes_received = 0;
   int64_t answers_dropped = 0;
   int64_t answers_refused = 0;
+  std::map<std::string, int64_t> answers_refused_by_kind;  // docs/protocol.md §10
+  int64_t reports_refused = 0;
+  int64_t answers_clipped = 0;
+  int64_t merges_dropped = 0;
 };
 
 struct EvalReport {

@@ -90,6 +90,12 @@ TEST(Config, ABudgetBelowOneStepPerLearnerIsRefusedAndCompleteTokensAreWholeStep
   EXPECT_NE(error_of("[diloco]\nlearners = 0\n").find("diloco.learners"), std::string::npos);
   EXPECT_NE(error_of("[train]\nlr = inf\n").find("train.lr"), std::string::npos);
   EXPECT_NE(error_of("[diloco]\nouter_lr = inf\n").find("diloco.outer_lr"), std::string::npos);
+  // Screening (docs/protocol.md §10): 0 turns a ratio off; below 1 would refuse the median itself; clip below screen.
+  EXPECT_NE(error_of("[diloco]\nscreen_ratio = 0.5\n").find("diloco.screen_ratio"), std::string::npos);
+  EXPECT_NE(error_of("[diloco]\nscreen_ratio = nan\n").find("diloco.screen_ratio"), std::string::npos);
+  EXPECT_NE(error_of("[diloco]\nclip_ratio = 20\n").find("diloco.clip_ratio"), std::string::npos);
+  EXPECT_EQ(error_of("[diloco]\nscreen_ratio = 0\nclip_ratio = 20\n"), "");
+  EXPECT_EQ(error_of("[diloco]\nclip_ratio = 3\n"), "");
   EXPECT_EQ(error_of("[train]\nbatch_size = 8\ntotal_tokens = 2048\nshared_budget = true\n[diloco]\nlearners = 4\n"), "");
   // Each of the 4 streams trains ⌊10000 / 4 / 1024⌋ = 2 whole steps.
   EXPECT_EQ(parse_config("[train]\nbatch_size = 8\ntotal_tokens = 10000\n[diloco]\nlearners = 4\n").complete_tokens(), 4 * 2 * 1024);

@@ -354,7 +354,11 @@ TEST_F(DecoupledTest, WrongSecretAndWrongLayoutAreRefusedWithTheReason) {
   };
   const std::string wrong_secret = learner_output("--set run.secret=guess");
   const std::string wrong_layout = learner_output("--set diloco.fragments=2 --set diloco.inner_steps=4");
+  // A learner with another inner learning rate joined silently before and pulled the run to a loss worse than the
+  // unigram baseline (issue 16): the handshake names the field and both values.
+  const std::string wrong_lr = learner_output("--set train.lr=0.3");
   children.kill(syncer_pid, SIGKILL, "the syncer");
+  EXPECT_NE(wrong_lr.find("train.lr = 0.3 (expected "), std::string::npos) << wrong_lr;
   EXPECT_NE(wrong_secret.find("wrong shared secret"), std::string::npos) << wrong_secret;
   EXPECT_NE(wrong_layout.find("fragment layout hash differs"), std::string::npos) << wrong_layout;
 }

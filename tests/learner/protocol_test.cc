@@ -88,6 +88,9 @@ class ProtocolTest : public ::testing::Test {
     config_.diloco.anchor_versions = 1;  // a learner one version behind re-anchors
     config_.train.checkpoint_interval = 0;
     config_.train.total_tokens = 3 * kSteps * kTokensPerStep;
+    config_.train.batch_size = 1;  // B·T·grad_accum = the toy job's tokens a step (the syncer bounds claims by it)
+    config_.train.grad_accum = 1;
+    config_.model.seq_len = kTokensPerStep;
     layout_ = make_fragment_layout({{"a.weight", {40, 8}}, {"b.weight", {24, 8}}}, 2);
     handshake_ = {"protocol", wire::kProtocolVersion, "", layout_.hash, 1, 2};
   }
@@ -116,7 +119,7 @@ class ProtocolTest : public ::testing::Test {
 
   // A learner's step hook (fault triggers): runs at each of its step boundaries while it trains; returning true
   // ends its training there.
-  using StepHook = std::function<bool(int64_t step, const OuterSync& sync, const LearnerLink& link)>;
+  using StepHook = std::function<bool(int64_t step, const OuterSync& sync, LearnerLink& link)>;
 
   // One learner: join, bootstrap every fragment from the syncer, then `steps` inner steps with the outer sync at
   // every boundary, then answer the final flush until the syncer stops the run.
@@ -423,6 +426,7 @@ TEST_F(ProtocolTest, Q4BothWaysKeepsEveryCopyBitwiseEqualToThetaAndRecoversFromA
   error_feedback_ = true;
   config_.diloco.wire_down = WireDtype::kQ4;
   config_.diloco.error_feedback = true;
+  config_.train.total_tokens = 3 * 1'000'000 * kTokensPerStep;  // the learners train until the test has seen enough
   start_syncer();
   std::atomic<bool> learner_1_done{false};
   const StepHook learner_1 = [&](int64_t step, const OuterSync& sync, const LearnerLink& link) {
@@ -509,6 +513,99 @@ TEST_F(ProtocolTest, MalformedQuantizedAnswersAreRefusedCountedAndTheRunGoesOn) 
   expect_copies_equal_theta(results);
 }
 
+// Screening end to end (docs/protocol.md §10): from step 8 learner 0's answers carry 10^4 times its outer gradient
+// (a bug or a hostile learner; still finite and well formed). The syncer refuses them as "norm" and merges the
+// others': Θ ends within 2× of where an honest run of the same set-up puts it (max |Θ|), and every copy ends equal
+// to Θ. Screening off, the same outliers throw Θ over 10× beyond it: the test can fail.
+TEST_F(ProtocolTest, OutlierAnswersAreRefusedByNormAndThetaStaysWhereHonestTrainingPutsIt) {
+  float honest = 0;
+  for (const std::string run : {"honest", "screened", "unscreened"}) {
+    SCOPED_TRACE(run);
+    config_.diloco.screen_ratio = run == "unscreened" ? 0.0 : 10.0;
+    fs::remove_all(dir_);  // each run in a clean folder
+    fs::create_directories(dir_ / "events");
+    start_syncer();
+    std::atomic<int> applied{0};
+    auto scale = [&applied](wire::Payload& p) {
+      std::vector<float> values;
+      if (!wire::decode(p, values).empty()) return false;
+      for (float& v : values) v *= 1e4f;
+      p = wire::encode(values, wire::Codec::kFp32);
+      ++applied;
+      return true;
+    };
+    const auto results = run_all({{0, [&](int64_t step, const OuterSync&, LearnerLink&) {
+                                     if (step == 8 && run != "honest") {
+                                       net_.tamper_answers("learner 0", std::vector<std::function<bool(wire::Payload&)>>(6, scale));
+                                     }
+                                     return false;
+                                   }}});
+    const wire::Snapshot snap = snapshot();
+    float largest = 0;
+    for (const auto& f : snap.fragments) {
+      for (float v : wire::fragment_values(f)) largest = std::max(largest, std::fabs(v));
+    }
+    const auto refused = named(events_of("syncer_" + std::to_string(syncer_starts_) + ".jsonl"), "answer_refused");
+    const int64_t by_norm = std::count_if(refused.begin(), refused.end(), [](const json& e) {
+      return e.value("kind", "") == "norm";
+    });
+    if (run == "honest") {
+      honest = largest;
+      EXPECT_EQ(by_norm, 0) << "an honest answer was screened out";
+      expect_copies_equal_theta(results);
+    } else if (run == "screened") {
+      ASSERT_GE(applied.load(), 3);
+      EXPECT_GE(by_norm, applied.load() - 1) << "each outlier that reached a merge with two reference values";
+      for (const auto& e : refused) EXPECT_EQ(e["learner"], 0) << e.dump();
+      EXPECT_LT(largest, 2 * honest) << "honest run: max |Θ| " << honest;
+      EXPECT_EQ(service_->status().answers_refused_by_kind.at("norm"), by_norm);
+      expect_copies_equal_theta(results);
+    } else {
+      EXPECT_EQ(by_norm, 0);
+      EXPECT_GT(largest, 10 * honest) << "unscreened, the outliers should have moved Θ";
+    }
+    stop_syncer();
+  }
+}
+
+// Metadata a learner cannot have sent honestly (docs/protocol.md §10), sent by learner 0 in the middle of the run:
+// a step of 10^12 (the syncer used to enumerate 10^12 due rounds under its lock and die of bad_alloc), 10^15 tokens
+// trained (it would end a shared-budget run), an infinite step time (the lease is 3 step times). Each is ignored
+// whole and counted; the clock never moves past the run's own steps and the run ends with every copy equal to Θ.
+TEST_F(ProtocolTest, ImpossibleMetadataIsIgnoredCountedAndTheRunGoesOn) {
+  start_syncer();
+  // Each is posted once the one before was counted: the link keeps only the newest metadata queued.
+  int posted = 0;
+  const auto results = run_all({{0, [&](int64_t step, const OuterSync& sync, LearnerLink& link) {
+                                   if (step != 10) return false;
+                                   for (int k = 0; k < 3; ++k) {
+                                     wire::Metadata m;
+                                     sync.fill_counters(m);
+                                     m.stream = 0;
+                                     m.step = k == 0 ? 1'000'000'000'000 : step;
+                                     m.tokens_trained = k == 1 ? 1'000'000'000'000'000 : 0;
+                                     m.step_time_s = k == 2 ? std::numeric_limits<double>::infinity() : 0.01;
+                                     link.post(m);
+                                     const auto deadline = std::chrono::steady_clock::now() + 10s;
+                                     while (service_->status().reports_refused <= k &&
+                                            std::chrono::steady_clock::now() < deadline) {
+                                       std::this_thread::sleep_for(1ms);
+                                     }
+                                     ++posted;
+                                   }
+                                   return false;
+                                 }}});
+  ASSERT_EQ(posted, 3);
+  const wire::StatusReply status = service_->status();
+  EXPECT_EQ(status.reports_refused, 3);
+  EXPECT_LT(status.global_step, 1000);
+  EXPECT_LT(status.tokens_trained, 1'000'000);
+  const auto refused = named(events_of("syncer_1.jsonl"), "report_refused");
+  ASSERT_FALSE(refused.empty());
+  EXPECT_EQ(refused[0]["learner"], 0);
+  expect_copies_equal_theta(results);
+}
+
 // A compressed downlink across a syncer that comes back with an older history (its persisted fragments gone: it
 // restarts every fragment from version 0): the learners hold higher versions, so their deltas are against bases
 // the syncer never had (they re-anchor: the pull names the syncer's version) and the new session's whole copies
@@ -517,6 +614,7 @@ TEST_F(ProtocolTest, MalformedQuantizedAnswersAreRefusedCountedAndTheRunGoesOn) 
 TEST_F(ProtocolTest, ACompressedDownlinkFollowsASyncerThatCameBackWithAnOlderHistory) {
   codec_ = wire::Codec::kQ4;
   config_.diloco.wire_down = WireDtype::kQ4;
+  config_.train.total_tokens = 3 * 1'000'000 * kTokensPerStep;  // the learners train until the test has seen enough
   start_syncer();
   std::atomic<bool> restart{false}, restarted{false};
   std::thread restarter([&] {
@@ -543,7 +641,7 @@ TEST_F(ProtocolTest, ACompressedDownlinkFollowsASyncerThatCameBackWithAnOlderHis
     }
     return step >= kSteps && changes >= 12;
   };
-  const auto results = run_all({{0, [&](int64_t step, const OuterSync& sync, const LearnerLink& link) {
+  const auto results = run_all({{0, [&](int64_t step, const OuterSync& sync, LearnerLink& link) {
                                    trigger(step, sync, link);
                                    return others(step, sync, link);
                                  }},

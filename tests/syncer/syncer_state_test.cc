@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "core/check.h"
 
@@ -18,7 +19,7 @@ class SyncerStateTest : public ::testing::Test {
  protected:
   SyncerState make(int M, int K, bool grace, const std::string& merge = "mean", const std::string& weights = "uniform",
                    double outer_lr = 1.0, double momentum = 0.0, WireDtype down = WireDtype::kFp32,
-                   bool error_feedback = false) {
+                   bool error_feedback = false, const std::function<void(Config&)>& tweak = {}) {
     Config c = parse_config("");
     c.diloco.wire_down = down;
     c.diloco.error_feedback = error_feedback;
@@ -32,6 +33,7 @@ class SyncerStateTest : public ::testing::Test {
     c.diloco.weights = *parse_choice<WeightRule>(weights);
     c.diloco.outer_lr = outer_lr;
     c.diloco.outer_momentum = momentum;
+    if (tweak) tweak(c);
     FragmentLayout layout = make_fragment_layout({{"a", {4}}, {"b", {4}}}, 2, false);
     std::vector<std::vector<float>> theta = {std::vector<float>(4, 1.0f), std::vector<float>(4, 2.0f)};
     return SyncerState(c, layout, theta, [](const std::string&) { return false; });
@@ -181,7 +183,9 @@ TEST_F(SyncerStateTest, AnswersAreValidatedLateOnesDroppedBadOnesRefused) {
   EXPECT_EQ(s.on_answer(0, answer(7, 1, std::vector<float>(4, 0.f)), 1.1, &why), AnswerOutcome::kRefused);
   EXPECT_EQ(s.on_answer(0, answer(1, 1, std::vector<float>(4, 0.f), /*base=*/5), 1.1, &why), AnswerOutcome::kRefused);
   EXPECT_NE(why.find("stale anchor"), std::string::npos) << why;
-  EXPECT_EQ(s.on_answer(0, answer(1, 99, std::vector<float>(4, 0.f)), 1.1, &why), AnswerOutcome::kDroppedLate);
+  auto unknown_round = answer(1, 99, std::vector<float>(4, 0.f));
+  unknown_round.captured_step = 1;  // (captured at step 100, ahead of its reported step 1, it would be refused)
+  EXPECT_EQ(s.on_answer(0, unknown_round, 1.1, &why), AnswerOutcome::kDroppedLate);
   EXPECT_EQ(s.on_answer(0, answer(1, 1, std::vector<float>(4, 0.1f)), 1.1, &why), AnswerOutcome::kAccepted);
   EXPECT_EQ(s.on_answer(0, answer(1, 1, std::vector<float>(4, 0.1f)), 1.1, &why), AnswerOutcome::kDroppedLate);
   EXPECT_EQ(s.tick(1.2).merged.size(), 1u);
@@ -328,6 +332,156 @@ TEST_F(SyncerStateTest, ARestartedSyncerWaitsOneLeaseForTheLearnersStillReattach
   fresh.on_report(0, report(1, 1.0, /*finished=*/true), 0.1);
   EXPECT_FALSE(fresh.awaiting_reattach(0.1));
   EXPECT_TRUE(flushes(fresh.tick(0.1)));
+}
+
+// Screening (docs/protocol.md §10): M = 3 answers of which one carries 1000× the others' outer gradient per step
+// (a bug, a bit flip, a hostile learner). It is refused, counted as "norm", and the merge is the other two's mean;
+// with screening off the same round is pulled 333 away by it. With clip_ratio an answer at 5× is scaled to 3×.
+TEST_F(SyncerStateTest, ScreeningRefusesAnOutlierOuterGradientAndMergesTheRest) {
+  for (const double screen : {10.0, 0.0}) {
+    auto s = make(3, 3, false, "mean", "uniform", 1.0, 0.0, WireDtype::kFp32, false,
+                  [&](Config& c) { c.diloco.screen_ratio = screen; });
+    for (int m = 0; m < 3; ++m) s.on_join(m, 0.0);
+    for (int m = 0; m < 3; ++m) s.on_report(m, report(1), 1.0);
+    ASSERT_EQ(s.tick(1.0).pulls.size(), 1u);
+    std::string why;
+    ASSERT_EQ(s.on_answer(0, answer(1, 1, std::vector<float>(4, 0.1f)), 1.1, &why), AnswerOutcome::kAccepted) << why;
+    ASSERT_EQ(s.on_answer(1, answer(1, 1, std::vector<float>(4, 0.3f)), 1.1, &why), AnswerOutcome::kAccepted) << why;
+    ASSERT_EQ(s.on_answer(2, answer(1, 1, std::vector<float>(4, 1000.f)), 1.1, &why), AnswerOutcome::kAccepted) << why;
+    const auto a = s.tick(1.2);
+    ASSERT_EQ(a.merged.size(), 1u);
+    if (screen > 0) {
+      EXPECT_EQ(a.merged[0].participants, (std::vector<int>{0, 1}));
+      EXPECT_FLOAT_EQ(s.theta(1)[0], 2.0f - 0.2f);  // Θ − η·mean(0.1, 0.3)
+      EXPECT_EQ(s.answers_refused_by_kind().at("norm"), 1);
+      EXPECT_EQ(s.answers_refused(), 1);
+      const bool logged = std::any_of(a.events.begin(), a.events.end(), [](const auto& e) {
+        return e["event"] == "answer_refused" && e["learner"] == 2 && e["kind"] == "norm";
+      });
+      EXPECT_TRUE(logged);
+    } else {
+      EXPECT_EQ(a.merged[0].participants.size(), 3u);
+      EXPECT_LT(s.theta(1)[0], -300.0f);
+    }
+  }
+  // clip_ratio 3: 0.1, 0.1, 0.5 (5× the median) → the third is scaled to 0.3; the mean Δ is (0.1 + 0.1 + 0.3) / 3.
+  auto s = make(3, 3, false, "mean", "uniform", 1.0, 0.0, WireDtype::kFp32, false,
+                [](Config& c) { c.diloco.clip_ratio = 3; });
+  for (int m = 0; m < 3; ++m) s.on_join(m, 0.0), s.on_report(m, report(1), 1.0);
+  ASSERT_EQ(s.tick(1.0).pulls.size(), 1u);
+  std::string why;
+  for (int m = 0; m < 3; ++m) s.on_answer(m, answer(1, 1, std::vector<float>(4, m == 2 ? 0.5f : 0.1f)), 1.1, &why);
+  ASSERT_EQ(s.tick(1.2).merged.size(), 1u);
+  EXPECT_NEAR(s.theta(1)[0], 2.0f - 0.5f / 3, 1e-6);
+  EXPECT_EQ(s.answers_clipped(), 1);
+}
+
+// A learner with one answer per round is compared with the fragment's recent merged answers: after three ordinary
+// rounds a 1000× answer is refused (the round has nothing to merge and is skipped).
+TEST_F(SyncerStateTest, ASingleAnswerIsComparedWithTheFragmentsRecentMerges) {
+  auto s = make(1, 1, false);
+  s.on_join(0, 0.0);
+  std::string why;
+  for (int round = 0; round < 4; ++round) {
+    const int64_t u = 2 * round + 1;
+    s.on_report(0, report(u), u);
+    for (const auto& pull : s.tick(u).pulls) {
+      const float v = pull.fragment == 1 && round == 3 ? 1000.f : 0.1f;
+      ASSERT_EQ(s.on_answer(0, answer(pull.fragment, pull.round_step, std::vector<float>(4, v), s.version(pull.fragment)),
+                            u + 0.1, &why),
+                AnswerOutcome::kAccepted) << why;
+    }
+    s.tick(u + 0.2);
+  }
+  EXPECT_EQ(s.version(1), 3) << "rounds 1, 3, 5 merged; round 7's outlier refused";
+  EXPECT_EQ(s.answers_refused_by_kind().at("norm"), 1);
+}
+
+// Counters a learner cannot have (docs/protocol.md §10): more tokens than B·T·grad_accum a step, more steps since its
+// last merge of p than its step count at the capture, a capture ahead of its reported step. Each is refused as
+// "counters", and the round does not wait for that learner any more: with K = M = 2 it merges the other's answer at
+// once instead of after the answer window (2 s).
+TEST_F(SyncerStateTest, ImpossibleCountersAreRefusedAndARefusedAnswerEndsTheWaitForIt) {
+  auto s = make(2, 2, false);
+  const int64_t tps = parse_config("").train.tokens_per_step(parse_config("").model);
+  s.on_join(0, 0.0);
+  s.on_join(1, 0.0);
+  s.on_report(0, report(1), 1.0);
+  s.on_report(1, report(1), 1.0);
+  ASSERT_EQ(s.tick(1.0).pulls.size(), 1u);
+  std::string why;
+  auto tokens = answer(1, 1, std::vector<float>(4, 0.1f));
+  tokens.tokens = tokens.steps * tps + 1;
+  EXPECT_EQ(s.on_answer(1, tokens, 1.1, &why), AnswerOutcome::kRefused);
+  EXPECT_NE(why.find("tokens a step"), std::string::npos) << why;
+  auto ahead = answer(1, 1, std::vector<float>(4, 0.1f));
+  ahead.captured_step = 50;
+  EXPECT_EQ(s.on_answer(1, ahead, 1.1, &why), AnswerOutcome::kRefused);
+  EXPECT_NE(why.find("ahead of its reported step"), std::string::npos) << why;
+  auto steps = answer(1, 1, std::vector<float>(4, 0.1f), 0, /*steps=*/40);
+  EXPECT_EQ(s.on_answer(1, steps, 1.1, &why), AnswerOutcome::kRefused);
+  EXPECT_NE(why.find("more than its step count at the capture (2)"), std::string::npos) << why;
+  EXPECT_EQ(s.answers_refused_by_kind().at("counters"), 3);
+  ASSERT_EQ(s.on_answer(0, answer(1, 1, std::vector<float>(4, 0.1f)), 1.1, &why), AnswerOutcome::kAccepted) << why;
+  const auto a = s.tick(1.2);  // 0.1 s after the pull, far inside the 2 s answer window
+  ASSERT_EQ(a.merged.size(), 1u) << "the round still waits for learner 1, whose answer was refused";
+  EXPECT_EQ(a.merged[0].participants, (std::vector<int>{0}));
+  // The next round of fragment 1 (step 3): learner 0 claims more steps than its step count at the capture (4); an
+  // undecodable payload (the service's refusal) also ends the wait.
+  s.on_report(0, report(3), 2.0);
+  s.on_report(1, report(3), 2.0);
+  for (const auto& pull : s.tick(2.0).pulls) {
+    if (pull.fragment != 1) continue;
+    EXPECT_EQ(s.on_answer(0, answer(1, 3, std::vector<float>(4, 0.1f), 1, /*steps=*/7), 2.1, &why),
+              AnswerOutcome::kRefused);
+    s.refuse_undecodable(1, 1, 3);
+  }
+  const auto b = s.tick(2.2);
+  EXPECT_TRUE(std::any_of(b.events.begin(), b.events.end(), [](const auto& e) {
+    return e["event"] == "round_skipped" && e["fragment"] == 1;
+  })) << "both refused: the round closes at once with nothing to merge";
+  EXPECT_EQ(s.answers_refused_by_kind().at("malformed"), 1);
+}
+
+// Finite answers can still overflow Θ (3e38 per value with μ = 0.9: Θ − η·(Δ + μ·v) passes FLT_MAX): the merge is
+// dropped, Θ_p and v_p stay as they were, nothing is broadcast and the version does not move.
+TEST_F(SyncerStateTest, AMergeThatMakesThetaNonFiniteIsDroppedAndThetaKept) {
+  auto s = make(1, 1, false, "mean", "uniform", 1.0, 0.9);
+  s.on_join(0, 0.0);
+  s.on_report(0, report(1), 1.0);
+  ASSERT_EQ(s.tick(1.0).pulls.size(), 1u);
+  std::string why;
+  ASSERT_EQ(s.on_answer(0, answer(1, 1, std::vector<float>(4, 3e38f)), 1.1, &why), AnswerOutcome::kAccepted) << why;
+  const auto a = s.tick(1.2);
+  EXPECT_TRUE(a.merged.empty());
+  EXPECT_EQ(s.merges_dropped(), 1);
+  EXPECT_EQ(s.version(1), 0);
+  EXPECT_EQ(s.theta(1), std::vector<float>(4, 2.0f));
+  EXPECT_EQ(s.momentum(1), std::vector<float>(4, 0.0f));
+  EXPECT_TRUE(std::any_of(a.events.begin(), a.events.end(), [](const auto& e) { return e["event"] == "merge_dropped"; }));
+}
+
+// Metadata a learner cannot have sent honestly is refused before it touches the state (docs/protocol.md §10): a step
+// of 10^12 (was: the syncer enumerated 10^12 due rounds and died of bad_alloc), 10^15 tokens, a non-finite or
+// hour-long step time (the lease is 3 step times: it would stay live for ever), per-fragment tokens above the steps.
+TEST_F(SyncerStateTest, ImpossibleReportsAreRefused) {
+  auto s = make(2, 1, false);
+  EXPECT_EQ(s.screen_report(report(5)), "");
+  auto bad = [&](auto change) {
+    LearnerReport r = report(5);
+    change(r);
+    return s.screen_report(r);
+  };
+  EXPECT_NE(bad([](LearnerReport& r) { r.step = 1'000'000'000'000; }).find("outside [0, "), std::string::npos);
+  EXPECT_NE(bad([](LearnerReport& r) { r.step = -1; }), "");
+  EXPECT_EQ(bad([&](LearnerReport& r) { r.step = s.max_learner_step(); }), "");
+  EXPECT_NE(bad([](LearnerReport& r) { r.tokens_trained = 1'000'000'000'000'000; }).find("tokens_trained"),
+            std::string::npos);
+  EXPECT_NE(bad([](LearnerReport& r) { r.step_time_s = INFINITY; }).find("step_time_s"), std::string::npos);
+  EXPECT_NE(bad([](LearnerReport& r) { r.step_time_s = 7200; }), "");
+  EXPECT_NE(bad([](LearnerReport& r) { r.tokens[1] = r.steps[1] * 1'000'000; }).find("impossible"), std::string::npos);
+  EXPECT_NE(bad([](LearnerReport& r) { r.steps.push_back(1); }).find("wrong size"), std::string::npos);
+  EXPECT_NE(bad([](LearnerReport& r) { r.tokens_per_s = NAN; }), "");
 }
 
 TEST_F(SyncerStateTest, MismatchedInitialBuffersAreRefused) {

@@ -54,10 +54,12 @@ void to_proto(const wire::Handshake& h, v1::Handshake* out) {
   out->set_layout_hash(h.layout_hash);
   out->set_model_hash(h.model_hash);
   out->set_tokenizer_hash(h.tokenizer_hash);
+  out->set_training(h.training);
 }
 
 wire::Handshake from_proto(const v1::Handshake& h) {
-  return {h.run_id(), h.protocol_version(), h.secret(), h.layout_hash(), h.model_hash(), h.tokenizer_hash()};
+  return {h.run_id(),     h.protocol_version(), h.secret(),  h.layout_hash(),
+          h.model_hash(), h.tokenizer_hash(),   h.training()};
 }
 
 void to_proto(const wire::Fragment& f, v1::Fragment* out) {
@@ -163,6 +165,10 @@ void to_proto(const wire::StatusReply& s, v1::StatusReply* out) {
   out->set_bytes_received(s.bytes_received);
   out->set_answers_dropped(s.answers_dropped);
   out->set_answers_refused(s.answers_refused);
+  for (const auto& [kind, n] : s.answers_refused_by_kind) (*out->mutable_answers_refused_by_kind())[kind] = n;
+  out->set_reports_refused(s.reports_refused);
+  out->set_answers_clipped(s.answers_clipped);
+  out->set_merges_dropped(s.merges_dropped);
 }
 
 wire::StatusReply from_proto(const v1::StatusReply& s) {
@@ -183,6 +189,10 @@ wire::StatusReply from_proto(const v1::StatusReply& s) {
   out.bytes_received = s.bytes_received();
   out.answers_dropped = s.answers_dropped();
   out.answers_refused = s.answers_refused();
+  for (const auto& [kind, n] : s.answers_refused_by_kind()) out.answers_refused_by_kind[kind] = n;
+  out.reports_refused = s.reports_refused();
+  out.answers_clipped = s.answers_clipped();
+  out.merges_dropped = s.merges_dropped();
   return out;
 }
 
