@@ -96,6 +96,12 @@ void SyncerService::on_metadata(int learner, const wire::Metadata& m) {
   r.tokens_per_s = m.tokens_per_s;
   r.loss = m.loss;
   r.finished = m.finished;
+  // A session's empty hello (a re-opened session with no metadata queued: no stream, no counters) says the learner
+  // is there, nothing more: it must not set its step to 0 (its next answer's capture would look impossible).
+  if (!m.stream && m.steps.empty() && !m.leaving) {
+    state_->on_heartbeat(learner, now_s());
+    return;
+  }
   // Screening (docs/protocol.md §10): an impossible report is ignored whole (no join, no clock, no lease change) and
   // counted; logged at the 1st, 10th, 100th … refusal of each learner, so a flood does not flood the event log.
   if (const std::string bad = state_->screen_report(r); !bad.empty()) {

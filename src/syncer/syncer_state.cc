@@ -119,6 +119,10 @@ void SyncerState::on_report(int learner, const LearnerReport& report, double now
   if (report.stream >= -1) restore_stream_tokens(report.stream >= 0 ? report.stream : learner, report.tokens_trained);
 }
 
+void SyncerState::on_heartbeat(int learner, double now_s) {
+  if (auto it = learners_.find(learner); it != learners_.end()) it->second.state.last_seen_s = now_s;
+}
+
 void SyncerState::on_leave(int learner) {
   auto it = learners_.find(learner);
   if (it != learners_.end()) it->second.state.joined = false;
@@ -154,6 +158,10 @@ AnswerOutcome SyncerState::on_answer(int learner, PullAnswerData answer, double 
   // Counters (§10): what the learner can have trained since its last merge of p.
   if (answer.steps < 0 || answer.tokens < 0 || answer.captured_step < 0) {
     return refuse_as(RefusalKind::kCounters, "negative step or token counters");
+  }
+  if (answer.captured_step > max_learner_step()) {
+    return refuse_as(RefusalKind::kCounters, "captured at step " + std::to_string(answer.captured_step) +
+                                                 ", beyond any step of this run");
   }
   const int64_t tps = config_.train.tokens_per_step(config_.model);
   if (answer.steps > max_learner_step() || answer.tokens > answer.steps * tps) {
@@ -457,6 +465,7 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
   std::vector<int> ids;
   std::vector<std::vector<float>> grads;
   std::vector<double> weights, per_step;
+  std::vector<bool> raw;  // a raw θ (re-anchor): its Δ also carries merges it missed
   std::vector<int64_t> tokens, steps;
   for (auto& [id, a] : round.answers) {
     // 4) outer gradient anchored at the current Θ_p: Δ = Θ_p − θ_m with θ_m = Θ_p^base − delta (or raw θ_m).
@@ -478,7 +487,10 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
     // a step whatever the gradient's scale, so warmup and decay do not move the comparison: §10).
     double lr_sum = 0;
     for (int64_t t = std::max<int64_t>(0, a.captured_step - a.steps); t < a.captured_step; ++t) lr_sum += schedule_.at(t);
-    per_step.push_back(l2_norm_double(g) / std::max(lr_sum, schedule_.at(std::max<int64_t>(0, a.captured_step))));
+    lr_sum = std::max(lr_sum, schedule_.at(std::max<int64_t>(0, a.captured_step)));
+    const double norm = lr_sum > 0 ? l2_norm_double(g) / lr_sum : -1;  // −1: not comparable (lr 0: min_lr_ratio 0)
+    per_step.push_back(std::isfinite(norm) ? norm : -1);
+    raw.push_back(a.base_version < 0);
     ids.push_back(id);
     grads.push_back(std::move(g));
     weights.push_back(w);
@@ -491,19 +503,23 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
   const double screen = config_.diloco.screen_ratio, clip = config_.diloco.clip_ratio;
   std::vector<bool> keep(ids.size(), true);
   double largest_ratio = 0;  // of the answers kept: how close an honest round comes to the screen (the merged event)
-  if (screen > 0 || clip > 0) {
+  // diloco.blocking: a learner waits for the merge of the round it answered, so screening there is off.
+  if ((screen > 0 || clip > 0) && !config_.diloco.blocking) {
     for (size_t i = 0; i < ids.size(); ++i) {
-      if (steps[i] <= 0) continue;
+      if (steps[i] <= 0 || per_step[i] < 0) continue;
       std::vector<double> ref(frag.recent_norms.begin(), frag.recent_norms.end());
       for (size_t j = 0; j < ids.size(); ++j) {
-        if (j != i && steps[j] > 0) ref.push_back(per_step[j]);
+        if (j != i && steps[j] > 0 && per_step[j] >= 0 && !raw[j]) ref.push_back(per_step[j]);
       }
       if (ref.size() < 2) continue;
       const double median = lower_median(ref);
       if (!(median > 0)) continue;
       const double ratio = per_step[i] / median;
       if (!(screen > 0 && ratio >= screen)) largest_ratio = std::max(largest_ratio, std::min(ratio, clip > 0 ? clip : ratio));
-      if (screen > 0 && ratio >= screen) {
+      // A raw θ after the syncer came back with an older history honestly carries the merges it lost besides its
+      // own steps: it is scaled down to screen_ratio × the median, never refused.
+      const double clip_at = raw[i] && screen > 0 && ratio >= screen ? screen : clip;
+      if (screen > 0 && ratio >= screen && !raw[i]) {
         keep[i] = false;
         refuse(ids[i], p, round.step, RefusalKind::kNorm);
         actions.events.push_back(event("answer_refused",
@@ -513,13 +529,13 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
                                                        std::to_string(ratio) + "× the median " +
                                                        std::to_string(median) + " (diloco.screen_ratio " +
                                                        std::to_string(screen) + ")"}}));
-      } else if (clip > 0 && ratio > clip) {
-        const float scale = static_cast<float>(clip / ratio);
+      } else if (clip_at > 0 && ratio > clip_at) {
+        const float scale = static_cast<float>(clip_at / ratio);
         for (float& v : grads[i]) v *= scale;
         per_step[i] *= scale;
         ++answers_clipped_;
         actions.events.push_back(event("answer_clipped", {{"learner", ids[i]}, {"fragment", p}, {"round", round.step},
-                                                          {"ratio", ratio}, {"to", clip}}));
+                                                          {"ratio", ratio}, {"to", clip_at}}));
       }
     }
   }
@@ -530,12 +546,12 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
       if (!keep[i]) continue;
       if (k != i) {  // (a vector moved onto itself would be left empty)
         ids[k] = ids[i], grads[k] = std::move(grads[i]), weights[k] = weights[i], per_step[k] = per_step[i];
-        steps[k] = steps[i];
+        steps[k] = steps[i], raw[k] = raw[i];
       }
       round_tokens += tokens[i];
       ++k;
     }
-    ids.resize(k), grads.resize(k), weights.resize(k), per_step.resize(k), steps.resize(k);
+    ids.resize(k), grads.resize(k), weights.resize(k), per_step.resize(k), steps.resize(k), raw.resize(k);
   }
   if (ids.empty() || !merge_has_weight(weights)) {
     actions.events.push_back(event("round_skipped", {{"fragment", p}, {"round", round.step},
@@ -550,6 +566,7 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
                  config_.diloco.merge, is_embedding_, delta);
   const wire::Codec down = wire::parse_codec(to_string(config_.diloco.wire_down));
   const std::vector<float> previous = frag.theta, previous_momentum = frag.momentum;
+  const wire::ErrorFeedback previous_feedback = frag.down_feedback;
   nesterov_outer_step(frag.theta, frag.momentum, delta, static_cast<float>(config_.diloco.outer_lr),
                       static_cast<float>(config_.diloco.outer_momentum));
   MergedFragmentData merged{p, frag.version + 1, round.step, ids, {}, -1, 0, {}};
@@ -577,7 +594,7 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
   if (!all_finite(frag.theta) || !all_finite(frag.momentum)) {
     frag.theta = previous;
     frag.momentum = previous_momentum;
-    frag.down_feedback.reset();
+    frag.down_feedback = previous_feedback;
     ++merges_dropped_;
     actions.events.push_back(event("merge_dropped", {{"fragment", p}, {"round", round.step}, {"participants", ids},
                                                      {"reason", "the outer step made Θ_p or its momentum non-finite "
@@ -586,7 +603,7 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
     return;
   }
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (steps[i] > 0) frag.recent_norms.push_back(per_step[i]);
+    if (steps[i] > 0 && per_step[i] >= 0 && !raw[i]) frag.recent_norms.push_back(per_step[i]);
   }
   const size_t keep_norms = static_cast<size_t>(std::max<int64_t>(8, 2 * config_.diloco.learners));
   while (frag.recent_norms.size() > keep_norms) frag.recent_norms.pop_front();
