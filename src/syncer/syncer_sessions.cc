@@ -96,11 +96,11 @@ void SyncerService::on_metadata(int learner, const wire::Metadata& m) {
   r.tokens_per_s = m.tokens_per_s;
   r.loss = m.loss;
   r.finished = m.finished;
-  // A session's empty hello (a re-opened session with no metadata queued: no stream, no counters) says the learner
-  // is there, nothing more: it must not set its step to 0 (its next answer's capture would look impossible).
+  // A session's empty hello (a re-opened session with no metadata queued: no stream, no counters) keeps the step the
+  // learner last reported: set to 0, its next answer's capture would look impossible (docs/protocol.md §10). The rest
+  // is as before: until its next metadata it holds no stream and has not finished (the end waits for that metadata).
   if (!m.stream && m.steps.empty() && !m.leaving) {
-    state_->on_heartbeat(learner, now_s());
-    return;
+    if (auto it = state_->learners().find(learner); it != state_->learners().end()) r.step = it->second.state.step;
   }
   // Screening (docs/protocol.md §10): an impossible report is ignored whole (no join, no clock, no lease change) and
   // counted; logged at the 1st, 10th, 100th … refusal of each learner, so a flood does not flood the event log.

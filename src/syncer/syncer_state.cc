@@ -119,10 +119,6 @@ void SyncerState::on_report(int learner, const LearnerReport& report, double now
   if (report.stream >= -1) restore_stream_tokens(report.stream >= 0 ? report.stream : learner, report.tokens_trained);
 }
 
-void SyncerState::on_heartbeat(int learner, double now_s) {
-  if (auto it = learners_.find(learner); it != learners_.end()) it->second.state.last_seen_s = now_s;
-}
-
 void SyncerState::on_leave(int learner) {
   auto it = learners_.find(learner);
   if (it != learners_.end()) it->second.state.joined = false;

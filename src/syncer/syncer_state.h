@@ -144,8 +144,6 @@ class SyncerState {
   int64_t max_learner_step() const;
   void count_report_refused() { ++reports_refused_; }
   int64_t reports_refused() const { return reports_refused_; }
-  /// A session's empty hello: the learner is there (its lease is renewed if it is known); nothing else changes.
-  void on_heartbeat(int learner, double now_s);
   /// The learner left gracefully (docs/protocol.md §7, scavenging): absent from quorums at once, not after its lease.
   void on_leave(int learner);
   /// An answer to a pull. Late answers (round already merged, or never asked) are dropped; malformed ones
