@@ -443,12 +443,6 @@ double lower_median(std::vector<double> v) {
   return v[(v.size() - 1) / 2];
 }
 
-double l2_norm_double(const std::vector<float>& x) {
-  double sum = 0;
-  for (float v : x) sum += static_cast<double>(v) * v;
-  return std::sqrt(sum);
-}
-
 bool all_finite(const std::vector<float>& x) {
   return std::all_of(x.begin(), x.end(), [](float v) { return std::isfinite(v); });
 }
@@ -484,7 +478,7 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
     double lr_sum = 0;
     for (int64_t t = std::max<int64_t>(0, a.captured_step - a.steps); t < a.captured_step; ++t) lr_sum += schedule_.at(t);
     lr_sum = std::max(lr_sum, schedule_.at(std::max<int64_t>(0, a.captured_step)));
-    const double norm = lr_sum > 0 ? l2_norm_double(g) / lr_sum : -1;  // −1: not comparable (lr 0: min_lr_ratio 0)
+    const double norm = lr_sum > 0 ? l2_norm(g) / lr_sum : -1;  // −1: not comparable (lr 0: min_lr_ratio 0)
     per_step.push_back(std::isfinite(norm) ? norm : -1);
     raw.push_back(a.base_version < 0);
     ids.push_back(id);
@@ -595,7 +589,7 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
     actions.events.push_back(event("merge_dropped", {{"fragment", p}, {"round", round.step}, {"participants", ids},
                                                      {"reason", "the outer step made Θ_p or its momentum non-finite "
                                                                 "(outer gradient norm " +
-                                                                    std::to_string(l2_norm_double(delta)) + ")"}}));
+                                                                    std::to_string(l2_norm(delta)) + ")"}}));
     return;
   }
   for (size_t i = 0; i < ids.size(); ++i) {
