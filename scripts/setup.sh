@@ -6,7 +6,8 @@
 # the KJV corpus (bible-kjv), gnuplot for plots, and Debian's PyTorch + numpy for /usr/bin/python3 (the golden
 # test of the GPT against an independent PyTorch implementation, tests/model/golden_gpt.py), cpp-httplib (the
 # monitoring endpoint: /metrics, /status.json, the dashboard), Chromium (headless, the dashboard's browser test),
-# slurm-wlm + munge (the one-node Slurm cluster of tests/slurm) and iproute2 (network namespaces: tests/launcher).
+# slurm-wlm + munge (the one-node Slurm cluster of tests/slurm), iproute2 (network namespaces: tests/launcher) and
+# openssl (scripts/make-certs.sh: a run's TLS certificates).
 set -euo pipefail
 
 packages=(
@@ -17,7 +18,7 @@ packages=(
   libcli11-dev libspdlog-dev libfmt-dev libtomlplusplus-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   bible-kjv gnuplot-nox python3 python3-torch python3-numpy
-  libcpp-httplib-dev chromium slurm-wlm munge iproute2
+  libcpp-httplib-dev chromium slurm-wlm munge iproute2 openssl libssl-dev
 )
 
 missing=()

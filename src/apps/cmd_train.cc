@@ -14,6 +14,7 @@
 #include "pipeline/pipeline_check.h"
 #include "syncer/syncer.h"
 #include "transport/grpc/grpc_transport.h"
+#include "transport/handshake.h"
 #include "train/run.h"
 
 namespace dloco::apps {
@@ -67,6 +68,7 @@ struct TrainFlags {
   std::vector<std::string> overrides;
   int64_t stop_after_steps = 0;
   std::string plan_path;
+  bool insecure = false;
 };
 
 // The flags the role subcommands share (syncer, worker, learner, evaluator).
@@ -83,6 +85,7 @@ struct RoleFlags {
   double group_rendezvous_s = 0;
   int leader_pid = 0;
   bool no_spawn_ranks = false;
+  bool insecure = false;
   std::string replica_store;  // a rank of a dp baseline's learner group: its replicas' rendezvous
   int replica_rank = -1, replicas = 0;
 };
@@ -135,7 +138,7 @@ void run_train(const TrainFlags& f) {
     }
     const auto report = is_collective_mode(config.diloco.mode)
                             ? run_collective_launcher(config, options.resume, plan ? &*plan : nullptr)
-                            : run_launcher(config, options.resume, *grpc_transport::make_transport(),
+                            : run_launcher(config, options.resume, *grpc_transport::make_transport(transport_security(config)),
                                            plan ? &*plan : nullptr);
     print_report(report);
     g_exit_code = report_exit_code(report);
@@ -146,6 +149,12 @@ void run_train(const TrainFlags& f) {
     g_exit_code = report.value("signal", 0) ? 128 + report.value("signal", 0) : 0;
     print_plot(write_loss_plot(config, report));
   }
+}
+
+// --insecure: run.insecure = true (servers may listen off loopback without TLS and a secret, warned).
+void add_insecure_flag(CLI::App* cmd, bool& flag) {
+  cmd->add_flag("--insecure", flag, "Allow listening off loopback without TLS and a secret (run.insecure = true; a "
+                "trusted network only: anyone who reaches the port can read the run and send updates)");
 }
 
 void add_train_command(CLI::App& app) {
@@ -159,7 +168,11 @@ void add_train_command(CLI::App& app) {
   train->add_option("--set", f.overrides, "Override a config field, e.g. --set train.lr=1e-3 (repeatable)");
   train->add_option("--stop-after-steps", f.stop_after_steps,
                     "Stop after so many steps with a checkpoint (resume later with --resume)");
-  train->callback([] { run_train(f); });
+  add_insecure_flag(train, f.insecure);
+  train->callback([] {
+    if (f.insecure) f.overrides.push_back("run.insecure=true");
+    run_train(f);
+  });
 }
 
 void add_syncer_command(CLI::App& app, RoleFlags& r) {
@@ -170,11 +183,13 @@ void add_syncer_command(CLI::App& app, RoleFlags& r) {
   syncer->add_option("--listen", r.listen, "Listen address host:port (port 0 = any free port)")->capture_default_str();
   syncer->add_option("--address-file", r.address_file, "Write the bound host:port here");
   syncer->add_option("--set", r.overrides, "Override a config field (repeatable)");
+  add_insecure_flag(syncer, r.insecure);
   syncer->callback([&r] {
+    if (r.insecure) r.overrides.push_back("run.insecure=true");
     const Config c = load_config(r.config, r.overrides);
     SyncerOptions o{r.run_dir.empty() ? c.run_dir() : std::filesystem::path(r.run_dir), r.listen, r.address_file};
     o.by_hand = std::getenv("DLOCO_PARENT_PID") == nullptr;  // no launcher: rows, final evaluation, report
-    if (int rc = run_syncer(c, o, *grpc_transport::make_transport()); rc != 0) throw InputError("syncer exited with " + std::to_string(rc));
+    if (int rc = run_syncer(c, o, *grpc_transport::make_transport(transport_security(c))); rc != 0) throw InputError("syncer exited with " + std::to_string(rc));
   });
 }
 
@@ -244,9 +259,11 @@ void add_learner_and_evaluator_commands(CLI::App& app, RoleFlags& r) {
     }
     cmd->add_option("--run-dir", r.run_dir, "Folder for this role's events (default: run.out_dir/run.name)");
     cmd->add_option("--set", r.overrides, "Override a config field (repeatable)");
+    add_insecure_flag(cmd, r.insecure);
     cmd->callback([is_learner, &r, cmd] {
       if (is_learner && cmd->count("--id") == 0) r.id = slurm_learner_id();
       std::vector<std::string> overrides = r.overrides;
+      if (r.insecure) overrides.push_back("run.insecure=true");
       if (const char* cpus = std::getenv("SLURM_CPUS_PER_TASK"); cpus && *cpus) {  // Slurm gave this task its cores
         overrides.insert(overrides.begin(), std::string("run.threads=") + cpus);   // (an explicit --set still wins)
       }
@@ -268,7 +285,7 @@ void add_learner_and_evaluator_commands(CLI::App& app, RoleFlags& r) {
       if (r.syncer.empty()) throw InputError("--syncer host:port is required (except for --rank)");
       LearnerOptions o{r.syncer, r.id, run_dir};
       o.group = group;
-      const auto transport = grpc_transport::make_transport();
+      const auto transport = grpc_transport::make_transport(transport_security(c));
       const int rc = is_learner ? run_learner(c, o, *transport) : run_evaluator(c, o, *transport);
       if (rc != 0) throw InputError(std::string(is_learner ? "learner" : "evaluator") + " exited with " +
                                     std::to_string(rc));

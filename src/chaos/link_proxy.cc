@@ -115,6 +115,16 @@ void LinkProxy::delay(double delay_ms, double duration_s) {
   delay_until_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(duration_s));
 }
 
+void LinkProxy::record() {
+  std::lock_guard lock(mu_);
+  recording_ = true;
+}
+
+std::string LinkProxy::recorded() const {
+  std::lock_guard lock(mu_);
+  return recorded_;
+}
+
 void LinkProxy::end_cut() {
   std::lock_guard lock(mu_);
   cut_until_ = std::min(cut_until_, Clock::now());
@@ -206,6 +216,10 @@ void LinkProxy::run() {
           if (n < 0) {
             if (errno != EAGAIN && errno != EINTR) p->closed = true;
             break;
+          }
+          if (n > 0) {
+            std::lock_guard lock(mu_);
+            if (recording_ && recorded_.size() < (64u << 20)) recorded_.append(c.bytes.data() + c.sent, n);
           }
           c.sent += static_cast<size_t>(n);
           bytes_.fetch_add(n);

@@ -42,6 +42,11 @@ class LinkProxy {
   int64_t bytes_forwarded() const { return bytes_.load(); }
   /// Connections accepted so far.
   int64_t connections() const { return connections_.load(); }
+  /// From now on, keeps a copy of every byte forwarded (both directions, at most 64 MiB): what a relay on the path
+  /// can read (the TLS test: it must not find the run secret).
+  void record();
+  /// The bytes recorded so far.
+  std::string recorded() const;
 
  private:
   void run();
@@ -55,6 +60,8 @@ class LinkProxy {
   mutable std::mutex mu_;  // guards the two deadlines below
   std::chrono::steady_clock::time_point cut_until_{}, delay_until_{};
   double delay_s_ = 0;
+  bool recording_ = false;  // under mu_, as is recorded_
+  std::string recorded_;
   std::thread thread_;
 };
 

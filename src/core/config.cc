@@ -2,6 +2,7 @@
 // added in one place and can never be parsed but not saved (or the reverse).
 #include "core/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <cstring>
@@ -83,6 +84,11 @@ void for_each_field(C& c, F&& f) {
   f("run", "device", c.run.device);
   f("run", "threads", c.run.threads);
   f("run", "secret", c.run.secret);
+  f("run", "tls_cert", c.run.tls_cert);
+  f("run", "tls_key", c.run.tls_key);
+  f("run", "tls_ca", c.run.tls_ca);
+  f("run", "tls_mutual", c.run.tls_mutual);
+  f("run", "insecure", c.run.insecure);
   f("run", "syncer_address", c.run.syncer_address);
   f("run", "peer_host", c.run.peer_host);
   f("run", "peer_advertise", c.run.peer_advertise);
@@ -264,6 +270,15 @@ void Config::validate() const {
   require(!run.name.empty() && run.name.find('/') == std::string::npos && run.name != "." && run.name != "..",
           "run.name", "must be a folder name (not empty, '.', '..' or containing '/')");
   require(run.threads >= 0, "run.threads", "must be ≥ 0 (0 = all cores)");
+  require(run.secret.size() <= 256 && std::all_of(run.secret.begin(), run.secret.end(),
+                                                  [](char ch) { return ch > ' ' && ch < 127; }),
+          "run.secret", "must be printable ASCII without spaces, at most 256 bytes (it travels as a bearer token)");
+  {
+    const int tls_set = !run.tls_cert.empty() + !run.tls_key.empty() + !run.tls_ca.empty();
+    require(tls_set == 0 || tls_set == 3, "run.tls_cert",
+            "run.tls_cert, run.tls_key and run.tls_ca are set together (all three or none)");
+    require(!run.tls_mutual || tls_set == 3, "run.tls_mutual", "needs run.tls_cert, run.tls_key and run.tls_ca");
+  }
   require(run.report_interval_s > 0, "run.report_interval_s", "must be > 0");
   require(run.collective_timeout_s > 0, "run.collective_timeout_s", "must be > 0");
   require(run.recovery == RecoveryPolicy::kStop || d.mode == Mode::kDp, "run.recovery",
@@ -343,6 +358,9 @@ void absolutize(std::string& path, const fs::path& base) {
 void for_each_path(Config& c, const toml::table& file, const std::function<void(std::string&, bool)>& f) {
   f(c.data.dir, file.at_path("data.dir").is_value());
   f(c.run.out_dir, file.at_path("run.out_dir").is_value());
+  f(c.run.tls_cert, file.at_path("run.tls_cert").is_value());
+  f(c.run.tls_key, file.at_path("run.tls_key").is_value());
+  f(c.run.tls_ca, file.at_path("run.tls_ca").is_value());
   f(c.parallel.skippipe_setting, file.at_path("parallel.skippipe_setting").is_value());
   f(c.parallel.skippipe_schedule, file.at_path("parallel.skippipe_schedule").is_value());
   for (auto& l : c.parallel_learners) {

@@ -203,7 +203,15 @@ struct RunSettings {
   uint64_t seed = 1234;            // model init and data order
   std::string device = "cpu";      // torch device string ("cpu", "cuda", "cuda:1")
   int64_t threads = 0;             // CPU threads for the whole run on this machine; 0 = all cores
-  std::string secret = "";         // shared secret of the handshake; env DLOCO_SECRET overrides when set
+  std::string secret = "";         // the run's shared secret: a bearer token on every call (docs/protocol.md §12);
+                                   // env DLOCO_SECRET overrides when set. Printable ASCII, no spaces, ≤ 256 bytes
+  std::string tls_cert = "";       // TLS (docs/protocol.md §12): this process's certificate chain (PEM file), presented
+                                   // by its servers (syncer, peer server, monitor) and, under tls_mutual, by its
+                                   // clients. tls_cert, tls_key and tls_ca: all three or none (scripts/make-certs.sh)
+  std::string tls_key = "";        // its private key (PEM file)
+  std::string tls_ca = "";         // the run's CA certificate (PEM file) that signed every process's certificate
+  bool tls_mutual = false;         // servers also require and verify the caller's certificate (its name is logged)
+  bool insecure = false;           // allow servers off loopback without TLS and a secret (warned); CLI --insecure
   std::string syncer_address = "127.0.0.1:0";  // syncer listen address; port 0 = pick a free one
   std::string peer_host = "";      // diloco.bootstrap = "peers": where each learner's peer server listens (a free
                                    // port): "" = this machine's address on the route to the syncer (127.0.0.1 for a

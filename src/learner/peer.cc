@@ -27,6 +27,7 @@ PeerServer::~PeerServer() { server_.reset(); }
 
 wire::Result<wire::Fragment> PeerServer::fragment(const wire::Handshake& handshake, int p) {
   if (const std::string mismatch = wire::check_handshake(handshake, expect_); !mismatch.empty()) {
+    if (mismatch == wire::kNotAuthenticated) return wire::Status{wire::Code::kUnauthenticated, mismatch};
     return wire::Status{wire::Code::kRefused, "refused by the peer: " + mismatch};
   }
   if (p < 0 || p >= board_.fragments()) {

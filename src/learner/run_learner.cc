@@ -435,7 +435,8 @@ int run_learner(const Config& config, const LearnerOptions& options, wire::Trans
   std::unique_ptr<MonitorServer> monitor;
   if (!config.run.learner_monitor.empty()) {
     monitor = std::make_unique<MonitorServer>(config.run.learner_monitor,
-                                              MonitorServer::Routes{[&gauges] { return gauges.text(); }, {}, ""});
+                                              MonitorServer::Routes{[&gauges] { return gauges.text(); }, {}, ""},
+                                              transport_security(config));
     loop.set_gauges(&gauges);
     events.emit("monitor", {{"url", monitor->url()}, {"address", monitor->address()}});
     std::printf("[learner %d] metrics %smetrics\n", id, monitor->url().c_str());

@@ -69,7 +69,10 @@ function draw(s) {
 }
 async function poll() {
   try {
-    const r = await fetch("status.json", {cache: "no-store"});
+    // Off loopback the endpoint asks for the run secret: the page takes it from its URL's #token=… (never sent).
+    const token = new URLSearchParams(location.hash.slice(1)).get("token");
+    const r = await fetch("status.json", {cache: "no-store",
+                                          headers: token ? {"Authorization": "Bearer " + token} : {}});
     if (r.ok) draw(await r.json());
   } catch (e) {
     document.getElementById("phase").textContent = "(syncer unreachable)";

@@ -2,6 +2,12 @@
 #include "monitor/monitor_server.h"
 
 #include <httplib.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
 
 #include "core/check.h"
 
@@ -30,11 +36,78 @@ std::pair<std::string, int> split_address(const std::string& address) {
   return {host, port};
 }
 
+bool loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+// Loads this process's certificate and key (and, under mutual TLS, the CA that signs clients) from PEM texts into
+// an OpenSSL context; false if any does not parse or the key does not match the certificate.
+bool load_tls(SSL_CTX& ctx, const wire::Security& p) {
+  auto bio = [](const std::string& pem) { return BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())); };
+  BIO* cert_bio = bio(p.cert_pem);
+  X509* cert = PEM_read_bio_X509(cert_bio, nullptr, nullptr, nullptr);
+  BIO_free(cert_bio);
+  BIO* key_bio = bio(p.key_pem);
+  EVP_PKEY* key = PEM_read_bio_PrivateKey(key_bio, nullptr, nullptr, nullptr);
+  BIO_free(key_bio);
+  bool ok = cert && key && SSL_CTX_use_certificate(&ctx, cert) == 1 && SSL_CTX_use_PrivateKey(&ctx, key) == 1 &&
+            SSL_CTX_check_private_key(&ctx) == 1;
+  X509_free(cert);
+  EVP_PKEY_free(key);
+  if (ok && p.mutual) {
+    BIO* ca_bio = bio(p.ca_pem);
+    X509* ca = PEM_read_bio_X509(ca_bio, nullptr, nullptr, nullptr);
+    BIO_free(ca_bio);
+    ok = ca && X509_STORE_add_cert(SSL_CTX_get_cert_store(&ctx), ca) == 1;
+    X509_free(ca);
+    SSL_CTX_set_verify(&ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+  }
+  SSL_CTX_set_min_proto_version(&ctx, TLS1_2_VERSION);
+  return ok;
+}
+
 }  // namespace
 
-MonitorServer::MonitorServer(const std::string& address, Routes routes) : server_(std::make_unique<httplib::Server>()) {
+MonitorServer::MonitorServer(const std::string& address, Routes routes, const wire::Security& protection) {
   auto [host, port] = split_address(address);
+  https_ = !protection.cert_pem.empty() && !protection.key_pem.empty() && !protection.ca_pem.empty();
+  const bool off_loopback = !loopback(host);
+  if (off_loopback && (!https_ || protection.secret.empty())) {
+    const std::string why = "the monitoring endpoint would listen on " + (host.empty() ? std::string("0.0.0.0") : host) +
+                            " without " + (https_ ? "a secret" : "TLS (run.tls_*)") + ": anyone who reaches it reads "
+                            "every learner's progress";
+    if (!protection.insecure) {
+      throw InputError(why + ". Set run.tls_* and run.secret, listen on 127.0.0.1, or pass --insecure (run.insecure = "
+                       "true) on a trusted network");
+    }
+    std::fprintf(stderr, "[dloco] warning: %s (run.insecure = true)\n", why.c_str());
+  }
+  if (https_) {
+    bool loaded = false;
+    server_ = std::make_unique<httplib::SSLServer>([&](SSL_CTX& ctx) { return loaded = load_tls(ctx, protection); });
+    if (!loaded || !server_->is_valid()) {
+      throw InputError("the monitoring endpoint cannot load run.tls_cert / run.tls_key (and run.tls_ca under "
+                       "run.tls_mutual): not a matching PEM certificate and key");
+    }
+  } else {
+    server_ = std::make_unique<httplib::Server>();
+  }
   httplib::Server& s = *server_;
+  if (off_loopback && !protection.secret.empty()) {  // every route: the bearer token, compared in constant time
+    s.set_pre_routing_handler([token = "Bearer " + protection.secret](const httplib::Request& req,
+                                                                      httplib::Response& res) {
+      const std::string got = req.get_header_value("Authorization");
+      unsigned char diff = got.size() == token.size() ? 0 : 1;
+      for (size_t i = 0; i < token.size(); ++i) {
+        diff |= static_cast<unsigned char>((got.empty() ? 0 : got[i % got.size()]) ^ token[i]);
+      }
+      if (diff == 0 || req.path == "/") return httplib::Server::HandlerResponse::Unhandled;  // the page holds no data
+      res.status = 401;
+      res.set_header("WWW-Authenticate", "Bearer");
+      res.set_content("not authenticated: send Authorization: Bearer <run secret>\n", "text/plain");
+      return httplib::Server::HandlerResponse::Handled;
+    });
+  }
   s.new_task_queue = [] { return new httplib::ThreadPool(2); };
   s.set_read_timeout(5, 0);
   s.set_write_timeout(5, 0);
@@ -64,10 +137,16 @@ MonitorServer::MonitorServer(const std::string& address, Routes routes) : server
     throw InputError("cannot serve the monitoring endpoint on " + address + " (in use, or not an address here)");
   }
   address_ = (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(bound);
-  thread_ = std::thread([this] { server_->listen_after_bind(); });
+  thread_ = std::thread([this] {
+    server_->listen_after_bind();
+    listen_returned_ = true;
+  });
 }
 
 MonitorServer::~MonitorServer() {
+  // stop() only acts on a running server: one destroyed right after it was made must first have started listening
+  // (else its thread would listen for ever and the join below never return).
+  while (!server_->is_running() && !listen_returned_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   server_->stop();
   if (thread_.joinable()) thread_.join();
 }
@@ -76,7 +155,7 @@ std::string MonitorServer::url() const {
   const auto colon = address_.rfind(':');
   std::string host = address_.substr(0, colon);
   if (host == "0.0.0.0" || host == "[::]") host = "127.0.0.1";
-  return "http://" + host + address_.substr(colon) + "/";
+  return (https_ ? "https://" : "http://") + host + address_.substr(colon) + "/";
 }
 
 }  // namespace dloco

@@ -3,13 +3,19 @@
 // own thread, loopback unless configured otherwise. gRPC's HTTP/2 server cannot serve plain HTTP (checked on gRPC 1.51), so this
 // is a second listener. Only GET is served; a request body, a long URI or a slow client is refused by the limits
 // below (every read and write has a 5 s timeout), and the server never blocks the role that owns it.
-// Deliberately not here: TLS and authentication (the issue on hostile input), what the metrics are (the roles).
+// With TLS material it serves HTTPS (and under mutual TLS verifies the client's certificate against the run's CA);
+// bound off loopback with a secret, every route asks for "Authorization: Bearer <secret>" (docs/protocol.md §12;
+// the dashboard page takes the token from its URL's fragment, #token=…, which the browser never sends).
+// Deliberately not here: what the metrics are (the roles).
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
 #include <thread>
+
+#include "transport/transport.h"
 
 namespace httplib {
 class Server;
@@ -26,21 +32,25 @@ class MonitorServer {
   };
 
   /// Listens on `address` ("host:port"; port 0 = a free one) and serves `routes` on a thread of its own until
-  /// destroyed. Throws InputError naming the address if it cannot be bound. The callbacks run on the server's threads
-  /// (two at most): they must be thread-safe.
-  MonitorServer(const std::string& address, Routes routes);
+  /// destroyed. Throws InputError naming the address if it cannot be bound, if the TLS material does not load, or if
+  /// it would listen off loopback without TLS and a secret and !protection.insecure (wire::Security, transport/transport.h: the secret,
+  /// the PEM texts, mutual, insecure). The callbacks run on the
+  /// server's threads (two at most): they must be thread-safe.
+  MonitorServer(const std::string& address, Routes routes, const wire::Security& protection = {});
   ~MonitorServer();
   MonitorServer(const MonitorServer&) = delete;
   MonitorServer& operator=(const MonitorServer&) = delete;
 
   /// The bound "host:port".
   const std::string& address() const { return address_; }
-  /// "http://host:port/" (a wildcard host shown as this machine's loopback).
+  /// "http://host:port/" or "https://…" (a wildcard host shown as this machine's loopback).
   std::string url() const;
 
  private:
   std::unique_ptr<httplib::Server> server_;
   std::string address_;
+  bool https_ = false;
+  std::atomic<bool> listen_returned_{false};
   std::thread thread_;
 };
 

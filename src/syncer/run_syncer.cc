@@ -120,7 +120,8 @@ int run_syncer(const Config& config, const SyncerOptions& options, wire::Transpo
     monitor = std::make_unique<MonitorServer>(
         config.run.monitor, MonitorServer::Routes{[&service] { return service.metrics_text(); },
                                                   [&service] { return service.monitor_status().dump(); },
-                                                  dashboard_page()});
+                                                  dashboard_page()},
+        transport_security(config));
     write_file_atomically(options.run_dir / "monitor.url", monitor->url() + "\n");
     events.emit("monitor", {{"url", monitor->url()}, {"address", monitor->address()}});
     std::printf("[syncer] dashboard %s (metrics: %smetrics)\n", monitor->url().c_str(), monitor->url().c_str());

@@ -97,10 +97,13 @@ wire::Result<wire::JoinReply> SyncerService::join(const wire::JoinRequest& req) 
   const std::string mismatch = wire::check_handshake(req.handshake, expect_);
   const int id = req.learner_id;
   const std::string host = req.host.substr(0, 256);
+  if (mismatch == wire::kNotAuthenticated) {  // nothing of an unauthenticated request is logged
+    refused_call("Join", "unauthenticated");
+    return wire::Status{wire::Code::kUnauthenticated, mismatch};
+  }
   if (!mismatch.empty()) {
     if (events_) events_->emit("join_refused", {{"learner", id}, {"host", host}, {"reason", mismatch}});
-    const bool secret = mismatch.find("secret") != std::string::npos;
-    return wire::Status{secret ? wire::Code::kUnauthenticated : wire::Code::kRefused, "refused by the syncer: " + mismatch};
+    return wire::Status{wire::Code::kRefused, "refused by the syncer: " + mismatch};
   }
   if (id < -1 || id >= kMaxLearnerId) {
     return wire::Status{wire::Code::kInvalid,
@@ -152,7 +155,8 @@ wire::Result<wire::JoinReply> SyncerService::join(const wire::JoinRequest& req) 
   reply.tokens_budget = config_.train.shared_budget ? (budget_spent_ ? 0 : config_.train.total_tokens)
                                                     : config_.train.total_tokens / S;
   if (events_) {
-    events_->emit("learner_joined", {{"learner", id}, {"host", host}, {"global_step", state_->global_step()},
+    events_->emit("learner_joined", {{"learner", id}, {"host", host}, {"certificate", req.certificate},
+                                     {"global_step", state_->global_step()},
                                      {"replacing_session", replacing}, {"stream", stream},
                                      {"stream_previous_holder", previous}, {"peers_offered", reply.peers.size()},
                                      {"reason", lease.reason}});
@@ -252,7 +256,11 @@ nlohmann::json SyncerService::monitor_status() {
           {"versions", state_->versions()},
           {"answers_dropped", r.answers_dropped},
           {"answers_refused", r.answers_refused},
-          {"screening", wire::screening_json(r)},
+          {"screening", [&] {
+             nlohmann::json screening = wire::screening_json(r);
+             screening["calls_refused"] = calls_refused_;
+             return screening;
+           }()},
           {"bytes_sent", r.bytes_sent},
           {"bytes_received", r.bytes_received},
           {"uptime_s", now}};
@@ -284,6 +292,11 @@ std::string SyncerService::metrics_text() {
             s["screening"]["answers_clipped"]);
   m.counter("dloco_merges_dropped_total", "Merges dropped because Θ_p came out non-finite.",
             s["screening"]["merges_dropped"]);
+  for (const auto& [reason, n] : s["screening"]["calls_refused"].items()) {
+    m.counter("dloco_calls_refused_total",
+              "Calls refused before any handler ran, by reason: unauthenticated, oversized (docs/protocol.md §12).", n,
+              {{"reason", reason}});
+  }
   m.counter("dloco_bytes_sent_total", "Bytes the syncer sent, all learners.", s["bytes_sent"]);
   m.counter("dloco_bytes_received_total", "Bytes the syncer received, all learners.", s["bytes_received"]);
   if (s["val_loss"].is_number()) {
@@ -319,7 +332,34 @@ wire::StatusReply SyncerService::status() {
 
 wire::Result<wire::StatusReply> SyncerService::report_eval(const wire::EvalReport& req) {
   std::lock_guard lock(mu_);
-  if (!session_valid(req.session_id, nullptr)) return wire::Status{wire::Code::kUnauthenticated, "unknown session: join first"};
+  int learner = 0;
+  if (!session_valid(req.session_id, &learner)) return wire::Status{wire::Code::kUnauthenticated, "unknown session: join first"};
+  // A report pins the run's validation loss: only the evaluator's, and only what it can have measured.
+  std::string bad;
+  if (learner != -1) {
+    bad = "only the evaluator reports evaluations (this session is learner " + std::to_string(learner) + "'s)";
+  } else if (req.global_step < 0 || req.global_step > state_->global_step()) {
+    bad = "global step " + std::to_string(req.global_step) + " is outside [0, " +
+          std::to_string(state_->global_step()) + "]";
+  } else if (!std::isfinite(req.val_loss) || req.val_loss < 0 || !std::isfinite(req.seconds) || req.seconds < 0) {
+    bad = "validation loss and seconds must be finite and ≥ 0";
+  } else if (req.fragment_versions.size() != state_->versions().size()) {
+    bad = "versions name " + std::to_string(req.fragment_versions.size()) + " fragments, not " +
+          std::to_string(state_->versions().size());
+  } else {
+    for (size_t p = 0; p < req.fragment_versions.size(); ++p) {
+      if (req.fragment_versions[p] < 0 || req.fragment_versions[p] > state_->versions()[p]) {
+        bad = "fragment " + std::to_string(p) + "'s version " + std::to_string(req.fragment_versions[p]) +
+              " is not one the syncer has published";
+        break;
+      }
+    }
+  }
+  if (!bad.empty()) {
+    state_->count_report_refused();
+    emit("eval_refused", {{"learner", learner}, {"reason", bad}});
+    return wire::Status{wire::Code::kInvalid, "evaluation report refused: " + bad};
+  }
   if (req.global_step >= last_eval_step_) {
     last_val_loss_ = req.val_loss;
     last_eval_step_ = req.global_step;
@@ -330,6 +370,14 @@ wire::Result<wire::StatusReply> SyncerService::report_eval(const wire::EvalRepor
                            {"versions", req.fragment_versions}, {"seconds", req.seconds}});
   }
   return fill_status();
+}
+
+void SyncerService::refused_call(const char* rpc, const char* reason) {
+  std::lock_guard lock(mu_);
+  const int64_t n = ++calls_refused_[reason];
+  if (n == 1 || n == 10 || n == 100 || n == 1000 || n == 10000 || n % 100000 == 0) {
+    emit("call_refused", {{"rpc", rpc}, {"reason", reason}, {"count", n}});
+  }
 }
 
 void SyncerService::persist_state() {

@@ -42,7 +42,12 @@ class SyncerService final : public wire::SyncerHandler {
   wire::Result<wire::Snapshot> snapshot(uint64_t session_id) override;
   wire::Status session(uint64_t session_id, wire::SessionPeer& peer) override;
   wire::StatusReply status() override;
+  /// Only the evaluator's session may report, with a step and versions no later than the syncer's and a finite loss;
+  /// anything else is refused (kInvalid) and counted in reports_refused (docs/protocol.md §10).
   wire::Result<wire::StatusReply> report_eval(const wire::EvalReport& report) override;
+  /// Counts a call the transport refused before it got here (docs/protocol.md §12), by reason; logged at the
+  /// 1st, 10th, 100th … of each reason, with the RPC's name and nothing of the request.
+  void refused_call(const char* rpc, const char* reason) override;
 
   /// Starts the merger thread.
   void start();
@@ -116,6 +121,7 @@ class SyncerService final : public wire::SyncerHandler {
   std::vector<Published> published_;
   std::function<bool(int, int64_t)> before_persist_;
   std::map<int, int64_t> reports_refused_by_learner_;  // docs/protocol.md §10 (under mu_)
+  std::map<std::string, int64_t> calls_refused_;        // reason -> calls the transport refused (§12, under mu_)
   std::map<int, std::string> peers_;                  // learner id -> its peer server (diloco.bootstrap = "peers")
   double last_val_loss_ = NAN;
   int64_t last_eval_step_ = -1;

@@ -5,6 +5,7 @@
 #include "core/config.h"
 #include "core/fragments.h"
 #include "transport/protocol.h"
+#include "transport/transport.h"
 
 namespace dloco {
 
@@ -15,6 +16,15 @@ uint64_t model_config_hash(const ModelConfig& model);
 /// role-local intervals (eval_interval, eval_tokens, checkpoint_interval, learner_state_interval, log_interval),
 /// all of [diloco], and data.streams (docs/protocol.md §7 "Handshake").
 std::string training_settings_json(const Config& config);
+
+/// The run's secret: env DLOCO_SECRET when set, else run.secret. Throws InputError if DLOCO_SECRET is not printable
+/// ASCII without spaces or is over 256 bytes.
+std::string run_secret(const Config& config);
+
+/// What this process's transport authenticates and encrypts with (docs/protocol.md §12): the secret, the PEM texts
+/// of run.tls_cert / tls_key / tls_ca (read now), run.tls_mutual and run.insecure. Throws InputError naming the field
+/// if a file cannot be read or is not PEM.
+wire::Security transport_security(const Config& config);
 
 /// This process's handshake: run id (run.name), protocol version, secret (env DLOCO_SECRET overrides
 /// run.secret), the hashes of `layout`, the [model] config and the tokenizer in data.dir, and

@@ -1,6 +1,9 @@
 // This machine's address towards a host; see local_address.h.
 #include "transport/local_address.h"
 
+#include "core/check.h"
+#include "transport/transport.h"
+
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
@@ -46,4 +49,29 @@ bool is_wildcard_host(const std::string& host) {
   return host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]";
 }
 
+bool is_loopback_host(const std::string& host) {
+  return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
+}
+
 }  // namespace dloco
+
+namespace dloco::wire {
+
+std::string check_listen_policy(const std::string& host, const Security& security, const std::string& what) {
+  if (is_loopback_host(host)) return "";
+  const bool tls = security.tls() && !security.cert_pem.empty() && !security.key_pem.empty();
+  if (tls && !security.secret.empty()) return "";
+  const std::string missing = !tls && security.secret.empty() ? "TLS (run.tls_cert, run.tls_key, run.tls_ca) and a "
+                                                                "secret (run.secret or DLOCO_SECRET)"
+                              : !tls ? "TLS (run.tls_cert, run.tls_key, run.tls_ca)"
+                                     : "a secret (run.secret or DLOCO_SECRET)";
+  const std::string where = is_wildcard_host(host) ? "every interface" : "'" + host + "'";
+  if (!security.insecure) {
+    throw InputError(what + " would listen on " + where + " without " + missing +
+                     ": anyone who reaches it could read the run and send updates. Set them (README \"Across "
+                     "machines\"), listen on 127.0.0.1, or pass --insecure (run.insecure = true) on a trusted network");
+  }
+  return "warning: " + what + " listens on " + where + " without " + missing + " (run.insecure = true)";
+}
+
+}  // namespace dloco::wire

@@ -15,4 +15,7 @@ std::string local_address_towards(const std::string& host_port);
 /// Whether `host` is a wildcard ("", "0.0.0.0", "::", "[::]"): listen on every interface.
 bool is_wildcard_host(const std::string& host);
 
+/// Whether `host` is this machine's loopback ("127.x.y.z", "localhost", "::1", "[::1]").
+bool is_loopback_host(const std::string& host);
+
 }  // namespace dloco

@@ -11,6 +11,16 @@ namespace {
 constexpr int64_t kOverhead = 64;  // ids, counters and framing of one message, roughly
 }  // namespace
 
+bool constant_time_equal(std::string_view got, std::string_view want) {
+  // Time depends on want's length only: every byte of want is compared with some byte of got.
+  unsigned char diff = got.size() == want.size() ? 0 : 1;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const unsigned char g = got.empty() ? 0 : static_cast<unsigned char>(got[i % got.size()]);
+    diff |= static_cast<unsigned char>(g ^ static_cast<unsigned char>(want[i]));
+  }
+  return diff == 0;
+}
+
 const char* to_string(Code code) {
   switch (code) {
     case Code::kOk: return "ok";
@@ -77,13 +87,14 @@ std::string training_mismatch(const std::string& got, const std::string& want) {
 }  // namespace
 
 std::string check_handshake(const Handshake& got, const Handshake& want) {
+  // The secret first, answered like the transport's own token check: nothing else is told to a caller without it.
+  if (!constant_time_equal(got.secret, want.secret)) return kNotAuthenticated;
   if (got.protocol_version != want.protocol_version) {
     return "protocol version " + std::to_string(got.protocol_version) + " does not match the syncer's " +
            std::to_string(want.protocol_version);
   }
-  if (got.secret != want.secret) return "wrong shared secret (set run.secret or DLOCO_SECRET to the syncer's)";
-  if (got.run_id != want.run_id) {
-    return "run id '" + got.run_id.substr(0, 256) + "' does not match the syncer's run '" + want.run_id + "'";
+  if (got.run_id != want.run_id) {  // the other run's name is not told, even to a caller with the secret
+    return "run id (run.name) '" + got.run_id.substr(0, 64) + "' is not this run's";
   }
   if (got.layout_hash != want.layout_hash) {
     return "fragment layout hash differs (different model shape, diloco.fragments or split_large_tensors)";

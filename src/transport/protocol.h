@@ -9,13 +9,16 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
 namespace dloco::wire {
 
 /// The wire protocol's version; a peer with another one is refused with both versions named.
-inline constexpr uint32_t kProtocolVersion = 2;  // 2: merged fragments may be updates (base_version, base_hash)
+inline constexpr uint32_t kProtocolVersion = 3;  // 2: merged fragments may be updates (base_version, base_hash);
+                                                 // 3: the secret is a bearer token on every call, [train]/[diloco]
+                                                 // in the handshake (docs/protocol.md §7, §12)
 
 /// An encoded tensor payload: `codec` names the encoding ("fp32" | "bf16" | "q8/<B>" | "q4/<B>",
 /// transport/codec.h), `bytes` the encoded values.
@@ -42,6 +45,8 @@ struct JoinRequest {
   std::optional<int64_t> held_stream; // a running learner re-attaching keeps the stream whose log it holds
   std::vector<int64_t> busy_streams;  // streams it found locked by another live process: lease another
   std::string peer_address;           // where it serves its fragments to joiners ("" = it does not)
+  std::string certificate;            // not sent: set by the syncer's transport under mutual TLS to the name in the
+                                      // caller's verified certificate, for logs ("" otherwise)
 };
 
 struct PeerInfo {
@@ -182,7 +187,12 @@ int64_t approximate_bytes(const SyncerMessage& message);
 namespace dloco::wire {
 
 /// Checks a peer's handshake against this process's own; returns "" when they match, else a message naming the
-/// first mismatch (protocol version, secret, run, layout, model, tokenizer).
+/// first mismatch. The secret is compared first (constant time) and a wrong one gets kNotAuthenticated
+/// (transport/transport.h) whatever else differs; then protocol version, run id (the caller's named, never this
+/// process's), layout, model, tokenizer and the [train]/[diloco] settings (docs/protocol.md §7).
 std::string check_handshake(const Handshake& got, const Handshake& want);
+
+/// got == want in time that depends on want's length only (secrets, bearer tokens).
+bool constant_time_equal(std::string_view got, std::string_view want);
 
 }  // namespace dloco::wire

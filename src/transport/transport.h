@@ -25,7 +25,8 @@ enum class Code {
   kUnavailable,      // the other side cannot be reached or the connection broke
   kDeadline,         // no answer within the call's deadline
   kRefused,          // handshake mismatch (model, layout, tokenizer, run, protocol version)
-  kUnauthenticated,  // wrong secret, or a session the syncer does not know
+  kUnauthenticated,  // no or a wrong run secret (one message for every such refusal), or a session the syncer
+                     // does not know
   kInvalid,          // a malformed request (id or fragment out of range)
   kExhausted,        // no free data stream to lease yet
   kAborted,          // a lease conflict that resolves itself: retry
@@ -56,6 +57,30 @@ struct Result {
 };
 
 using Deadline = std::chrono::milliseconds;
+
+/// Who may call this process's servers and how calls are protected (docs/protocol.md §12). Built from run.secret /
+/// DLOCO_SECRET and run.tls_* by dloco::transport_security (transport/handshake.h).
+struct Security {
+  std::string secret;    // the run's shared secret: every call carries it as a bearer token, every server compares
+                         // it in constant time before anything else ("" = no token: refused off loopback)
+  std::string cert_pem;  // this process's certificate chain (PEM): its servers present it, and under mutual TLS its
+                         // clients too
+  std::string key_pem;   // the private key of cert_pem
+  std::string ca_pem;    // the run's CA (PEM): clients verify servers against it; under mutual TLS servers verify
+                         // clients against it. Set = TLS on every channel and server
+  bool mutual = false;   // servers require a client certificate signed by the CA (its name is logged at Join)
+  bool insecure = false; // allow listening off loopback without TLS and a secret (a warning is printed)
+  bool tls() const { return !ca_pem.empty(); }
+};
+
+/// The one answer to a call that is not authenticated (no token, a wrong one, a wrong secret in a handshake): the
+/// same code and text whatever was wrong, so nothing can be guessed from it.
+inline constexpr const char* kNotAuthenticated =
+    "not authenticated: the run secret (run.secret or DLOCO_SECRET) is missing or wrong";
+
+/// Throws InputError if a server of `what` may not listen on `host` under `security`: off loopback it needs TLS and a
+/// non-empty secret, unless security.insecure (then it returns a warning to print). "" when all is well.
+std::string check_listen_policy(const std::string& host, const Security& security, const std::string& what);
 
 /// The learner's end of one session: metadata and pull answers go up, pull requests and merged fragments come
 /// down. One thread may read while another writes; cancel() from any thread unblocks both.
@@ -105,6 +130,9 @@ class SyncerHandler {
   virtual Status session(uint64_t session_id, SessionPeer& peer) = 0;
   virtual StatusReply status() = 0;
   virtual Result<StatusReply> report_eval(const EvalReport& report) = 0;
+  /// The transport refused a call before it reached the handler: `rpc` ("Join", "Status", …), `reason`
+  /// ("unauthenticated", "oversized"). Nothing of the request is passed (it is not trusted). Default: ignored.
+  virtual void refused_call(const char* rpc, const char* reason) { (void)rpc, (void)reason; }
 };
 
 /// What a learner's peer server serves to joiners: fragment p at the version it last applied.
@@ -112,6 +140,8 @@ class PeerHandler {
  public:
   virtual ~PeerHandler() = default;
   virtual Result<Fragment> fragment(const Handshake& handshake, int p) = 0;
+  /// As SyncerHandler::refused_call. Default: ignored.
+  virtual void refused_call(const char* rpc, const char* reason) { (void)rpc, (void)reason; }
 };
 
 class PeerClient {

@@ -95,6 +95,12 @@ TEST(Config, ABudgetBelowOneStepPerLearnerIsRefusedAndCompleteTokensAreWholeStep
   EXPECT_NE(error_of("[diloco]\nscreen_ratio = nan\n").find("diloco.screen_ratio"), std::string::npos);
   EXPECT_NE(error_of("[diloco]\nclip_ratio = 20\n").find("diloco.clip_ratio"), std::string::npos);
   EXPECT_EQ(error_of("[diloco]\nscreen_ratio = 0\nclip_ratio = 20\n"), "");
+  // docs/protocol.md §12: the secret travels as a bearer token; TLS files come as a set.
+  EXPECT_NE(error_of("[run]\nsecret = \"has space\"\n").find("run.secret"), std::string::npos);
+  EXPECT_NE(error_of("[run]\nsecret = \"tab\\there\"\n").find("run.secret"), std::string::npos);
+  EXPECT_NE(error_of("[run]\ntls_ca = \"ca.pem\"\n").find("run.tls_cert"), std::string::npos);
+  EXPECT_NE(error_of("[run]\ntls_mutual = true\n").find("run.tls_mutual"), std::string::npos);
+  EXPECT_EQ(error_of("[run]\nsecret = \"s3cret-0K\"\ntls_ca = \"a\"\ntls_cert = \"b\"\ntls_key = \"c\"\n"), "");
   EXPECT_EQ(error_of("[diloco]\nclip_ratio = 3\n"), "");
   EXPECT_EQ(error_of("[train]\nbatch_size = 8\ntotal_tokens = 2048\nshared_budget = true\n[diloco]\nlearners = 4\n"), "");
   // Each of the 4 streams trains ⌊10000 / 4 / 1024⌋ = 2 whole steps.

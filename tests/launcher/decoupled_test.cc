@@ -359,7 +359,7 @@ TEST_F(DecoupledTest, WrongSecretAndWrongLayoutAreRefusedWithTheReason) {
   const std::string wrong_lr = learner_output("--set train.lr=0.3");
   children.kill(syncer_pid, SIGKILL, "the syncer");
   EXPECT_NE(wrong_lr.find("train.lr = 0.3 (expected "), std::string::npos) << wrong_lr;
-  EXPECT_NE(wrong_secret.find("wrong shared secret"), std::string::npos) << wrong_secret;
+  EXPECT_NE(wrong_secret.find("not authenticated"), std::string::npos) << wrong_secret;
   EXPECT_NE(wrong_layout.find("fragment layout hash differs"), std::string::npos) << wrong_layout;
 }
 

@@ -3,6 +3,9 @@
 // reaches the syncer from (10.77.x.2, not 127.0.0.1), so learner 1, started later in another namespace, takes its
 // fragments from that peer (diloco.bootstrap = "peers"); the syncer logs the address it really listens on. Before,
 // every learner advertised 127.0.0.1 and a joiner on another host fell back to the syncer.
+// The run is configured as the README's "Running on several machines by hand" says (docs/protocol.md §12): certificates
+// from scripts/make-certs.sh, mutual TLS and a secret; the syncer logs each learner's certificate name. Without TLS the
+// syncer refuses to listen on the namespace's address and names --insecure.
 // Needs root and iproute2 (`ip netns`): skipped otherwise, with the reason.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -13,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -81,8 +85,28 @@ TEST(AcrossMachines, AJoinerBootstrapsFromAPeerInAnotherNamespace) {
                      << "\nlr = 3e-3\nwarmup_steps = 5\neval_interval = 0\ncheckpoint_interval = 0\n"
                      << "[diloco]\nmode = \"decoupled\"\nlearners = 2\ninner_steps = 4\nfragments = 4\noverlap = 1\n"
                      << "quorum = 1\nbootstrap = \"peers\"\n[run]\nname = \"net\"\nout_dir = \"" << root.string()
-                     << "\"\nthreads = 1\nreport_interval_s = 1.0\n";
+                     << "\"\nthreads = 1\nreport_interval_s = 1.0\nsecret = \"netns-s3cret\"\ntls_mutual = true\n"
+                     << "tls_ca = \"" << (root / "certs" / "ca.pem").string() << "\"\ntls_cert = \""
+                     << (root / "certs" / "syncer.pem").string() << "\"\ntls_key = \""
+                     << (root / "certs" / "syncer.key").string() << "\"\n";
+  ASSERT_EQ(std::system((std::string(DLOCO_SOURCE_DIR) + "/scripts/make-certs.sh " + (root / "certs").string() +
+                         " syncer:" + hosts.address(1) + " learner0:" + hosts.address(2) + " learner1:" +
+                         hosts.address(3) + " > /dev/null").c_str()),
+            0);
   fs::create_directories(run);
+  {  // without TLS, off loopback: refused at start, naming what is missing and --insecure
+    const std::string plain = hosts.exec("s") + kDloco + " syncer --config " + cfg.string() + " --run-dir " +
+                              (root / "plain").string() + " --listen " + hosts.address(1) +
+                              ":7071 --set 'run.tls_ca=\"\"' --set 'run.tls_cert=\"\"' --set 'run.tls_key=\"\"' "
+                              "--set run.tls_mutual=false 2>&1";
+    std::string out;
+    if (FILE* p = ::popen(plain.c_str(), "r")) {
+      char buf[512];
+      while (std::fgets(buf, sizeof buf, p)) out += buf;
+      EXPECT_NE(::pclose(p), 0) << out;
+    }
+    EXPECT_NE(out.find("--insecure"), std::string::npos) << out;
+  }
   const std::string syncer_address = hosts.address(1) + ":7070";
   auto start = [&](const char* host, const std::string& args, const std::string& log) {
     return "(" + hosts.exec(host) + kDloco + " " + args + " > " + (run / log).string() + " 2>&1; echo $? > " +
@@ -91,8 +115,13 @@ TEST(AcrossMachines, AJoinerBootstrapsFromAPeerInAnotherNamespace) {
   ASSERT_EQ(std::system(start("s", "syncer --config " + cfg.string() + " --run-dir " + run.string() + " --listen " +
                                        hosts.address(1) + ":7070", "syncer.log").c_str()), 0);
   const std::string learner = "learner --config " + cfg.string() + " --syncer " + syncer_address + " --run-dir " +
-                              run.string() + " --id ";
-  ASSERT_EQ(std::system(start("a", learner + "0", "learner_0.log").c_str()), 0);
+                              run.string();
+  auto own_certificate = [&](const char* name) {
+    const fs::path c = root / "certs";
+    return " --set run.tls_cert=" + (c / (std::string(name) + ".pem")).string() + " --set run.tls_key=" +
+           (c / (std::string(name) + ".key")).string();
+  };
+  ASSERT_EQ(std::system(start("a", learner + own_certificate("learner0") + " --id 0", "learner_0.log").c_str()), 0);
   // Learner 1 starts once learner 0 trained 10 steps (its copy is then worth taking from it).
   bool trained = false;
   for (int i = 0; i < 3000 && !trained; ++i) {
@@ -102,7 +131,7 @@ TEST(AcrossMachines, AJoinerBootstrapsFromAPeerInAnotherNamespace) {
     trained = steps >= 10;
   }
   ASSERT_TRUE(trained) << "learner 0 never trained 10 steps";
-  ASSERT_EQ(std::system(start("b", learner + "1", "learner_1.log").c_str()), 0);
+  ASSERT_EQ(std::system(start("b", learner + own_certificate("learner1") + " --id 1", "learner_1.log").c_str()), 0);
   bool done = false;
   for (int i = 0; i < 3000 && !done; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -117,9 +146,12 @@ TEST(AcrossMachines, AJoinerBootstrapsFromAPeerInAnotherNamespace) {
   }
   // The syncer says where it really listens; learner 0 listens and advertises on its own address, not loopback.
   json listening, served, boot;
+  std::set<std::string> certificates;
   for (const auto& e : read_events(run / "events" / "syncer.jsonl")) {
     if (e["event"] == "listening") listening = e;
+    if (e["event"] == "learner_joined") certificates.insert(e.value("certificate", ""));
   }
+  EXPECT_EQ(certificates, (std::set<std::string>{"learner0", "learner1"}));  // mutual TLS: who joined, by name
   EXPECT_EQ(listening.value("address", ""), syncer_address) << listening.dump();
   for (const auto& e : read_events(run / "events" / "learner_0.jsonl")) {
     if (e["event"] == "peer_server") served = e;

@@ -16,7 +16,7 @@ wire::Handshake handshake() { return {"run", wire::kProtocolVersion, "s3cret", 1
 wire::Handshake expectation() { return handshake(); }
 
 wire::Transport& grpc() {
-  static const auto transport = grpc_transport::make_transport();
+  static const auto transport = grpc_transport::make_transport(wire::Security{"s3cret"});
   return *transport;
 }
 

@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
+#include <iterator>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -604,6 +606,59 @@ TEST_F(ProtocolTest, ImpossibleMetadataIsIgnoredCountedAndTheRunGoesOn) {
   ASSERT_FALSE(refused.empty());
   EXPECT_EQ(refused[0]["learner"], 0);
   expect_copies_equal_theta(results);
+}
+
+// Issue 16's probes of who may say what (docs/protocol.md §12): a caller with a wrong secret gets the one answer and
+// leaves nothing in the syncer's events (its host is not logged); a right secret with another run id is refused
+// without the syncer's run id in the message; a learner's session cannot report an evaluation, and the evaluator's
+// cannot report a step or versions the syncer has not reached or a non-finite loss (each counted); an honest
+// report is taken.
+TEST_F(ProtocolTest, StrangersAndFakeEvaluationsAreRefusedCountedAndNotLogged) {
+  handshake_.secret = "s3cret";
+  start_syncer();
+  const auto client = net_.endpoint("stranger").connect_syncer(kAddress);
+  wire::JoinRequest join;
+  join.handshake = handshake_;
+  join.handshake.secret = "guess";
+  join.handshake.run_id = "guessed-run";
+  join.host = "evil-host";
+  const auto unauthenticated = client->join(join, 5s);
+  EXPECT_EQ(unauthenticated.status.code, wire::Code::kUnauthenticated);
+  EXPECT_EQ(unauthenticated.status.message, wire::kNotAuthenticated);
+  join.handshake.secret = "s3cret";
+  join.host = "authenticated-host";  // past the secret, a refusal is logged (with the host)
+  const auto other_run = client->join(join, 5s);
+  EXPECT_EQ(other_run.status.code, wire::Code::kRefused);
+  EXPECT_NE(other_run.status.message.find("'guessed-run'"), std::string::npos) << other_run.status.message;
+  EXPECT_EQ(other_run.status.message.find("'protocol'"), std::string::npos) << other_run.status.message;
+
+  join.handshake = handshake_;
+  join.learner_id = 0;
+  const auto learner = client->join(join, 5s);
+  ASSERT_TRUE(learner.ok()) << learner.status.message;
+  join.learner_id = -1;
+  const auto evaluator = client->join(join, 5s);
+  ASSERT_TRUE(evaluator.ok()) << evaluator.status.message;
+  const std::vector<int64_t> versions = evaluator.value.fragment_versions;
+  const wire::EvalReport fakes[] = {
+      {learner.value.session_id, 0, 0.01, versions, 1.0},                 // a learner's session
+      {evaluator.value.session_id, 1'000'000'000, 0.01, versions, 1.0},   // a step the run has not reached
+      {evaluator.value.session_id, 0, std::nan(""), versions, 1.0},       // a non-finite loss
+      {evaluator.value.session_id, 0, 0.01, {versions[0] + 5, 0}, 1.0}};  // a version never published
+  for (const auto& fake : fakes) EXPECT_EQ(client->report_eval(fake, 5s).status.code, wire::Code::kInvalid);
+  const auto honest = client->report_eval({evaluator.value.session_id, 0, 3.25, versions, 1.0}, 5s);
+  ASSERT_TRUE(honest.ok()) << honest.status.message;
+  EXPECT_EQ(honest.value.last_val_loss, 3.25);
+  EXPECT_EQ(honest.value.reports_refused, 4);
+
+  stop_syncer();
+  const std::string text = [&] {
+    std::ifstream in(dir_ / "events" / "syncer_1.jsonl");
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }();
+  EXPECT_EQ(text.find("evil-host"), std::string::npos) << "an unauthenticated request was logged";
+  EXPECT_NE(text.find("\"call_refused\""), std::string::npos);
+  EXPECT_EQ(named(events_of("syncer_1.jsonl"), "eval_refused").size(), 4u);
 }
 
 // A compressed downlink across a syncer that comes back with an older history (its persisted fragments gone: it

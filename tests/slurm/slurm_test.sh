@@ -102,7 +102,7 @@ TOML
 
 # 2 learners as 2 Slurm tasks; the batch script runs the syncer and the evaluator beside them
 sbatch --wait --ntasks=2 --cpus-per-task=1 --time=10 --chdir="$dir" --output="$dir/job.out" \
-  --export="ALL,DLOCO=$BUILD/bin/dloco,DLOCO_RUN_NAME=job,DLOCO_SYNCER_PORT=$((port + 2))" \
+  --export="ALL,DLOCO=$BUILD/bin/dloco,DLOCO_RUN_NAME=job,DLOCO_SYNCER_PORT=$((port + 2)),DLOCO_MAKE_CERTS=$SRC/scripts/make-certs.sh,DLOCO_TLS_DIR=$dir/tls" \
   "$SRC/scripts/slurm/dloco.sbatch" "$dir/tiny.toml" > "$dir/sbatch.log" 2>&1 || fail "sbatch --wait failed"
 
 report="$dir/runs/job/report.json"
@@ -122,4 +122,6 @@ for i in (0, 1):  # each learner's id came from its SLURM_PROCID (no --id on the
 print(f"slurm job finished: val loss {report['final_val_loss']:.4f} < unigram {unigram:.4f}, learner steps {steps}")
 PY
 grep -q "\[slurm\] job" "$dir/job.out" || fail "the batch script's first line is missing"
+# the syncer listened on every interface, so the job made its certificates (a plain-text syncer would have refused)
+[ -f "$dir/tls/nodes.pem" ] || fail "the job made no TLS certificates"
 echo "PASSED"

@@ -3,6 +3,10 @@
 // to a SyncerHandler / PeerHandler).
 #include "transport/grpc/grpc_transport.h"
 
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
 #include "core/check.h"
 #include "proto/dloco.grpc.pb.h"
 #include "transport/grpc/grpc_options.h"
@@ -314,7 +318,8 @@ bool from_proto(const v1::SyncerMessage& m, wire::SyncerMessage* out) {
 
 class GrpcSession final : public wire::SessionStream {
  public:
-  GrpcSession(v1::Syncer::Stub& stub, uint64_t session) : session_(session) {
+  GrpcSession(v1::Syncer::Stub& stub, uint64_t session, const std::string& secret) : session_(session) {
+    add_token(context_, secret);
     stream_ = stub.Session(&context_);
   }
   ~GrpcSession() override {
@@ -343,13 +348,14 @@ class GrpcSession final : public wire::SessionStream {
 
 class GrpcSyncerClient final : public wire::SyncerClient {
  public:
-  explicit GrpcSyncerClient(const std::string& address) : stub_(v1::Syncer::NewStub(make_channel(address))) {}
+  GrpcSyncerClient(const std::string& address, const wire::Security& security)
+      : stub_(v1::Syncer::NewStub(make_channel(address, security))), secret_(security.secret) {}
 
   wire::Result<wire::JoinReply> join(const wire::JoinRequest& request, wire::Deadline deadline) override {
     v1::JoinRequest req;
     to_proto(request, &req);
     v1::JoinReply reply;
-    auto ctx = context_with_deadline(deadline);
+    auto ctx = context_with_deadline(deadline, secret_);
     const grpc::Status s = stub_->Join(ctx.get(), req, &reply);
     if (!s.ok()) return from_grpc(s);
     return from_proto(reply);
@@ -359,7 +365,7 @@ class GrpcSyncerClient final : public wire::SyncerClient {
     req.set_session_id(session);
     req.set_fragment(p);
     v1::Fragment out;
-    auto ctx = context_with_deadline(deadline);
+    auto ctx = context_with_deadline(deadline, secret_);
     const grpc::Status s = stub_->GetFragment(ctx.get(), req, &out);
     if (!s.ok()) return from_grpc(s);
     return from_proto(out);
@@ -368,14 +374,14 @@ class GrpcSyncerClient final : public wire::SyncerClient {
     v1::SnapshotRequest req;
     req.set_session_id(session);
     v1::Snapshot out;
-    auto ctx = context_with_deadline(deadline);
+    auto ctx = context_with_deadline(deadline, secret_);
     const grpc::Status s = stub_->GetSnapshot(ctx.get(), req, &out);
     if (!s.ok()) return from_grpc(s);
     return from_proto(out);
   }
   wire::Result<wire::StatusReply> status(wire::Deadline deadline) override {
     v1::StatusReply out;
-    auto ctx = context_with_deadline(deadline);
+    auto ctx = context_with_deadline(deadline, secret_);
     const grpc::Status s = stub_->Status(ctx.get(), v1::StatusRequest(), &out);
     if (!s.ok()) return from_grpc(s);
     return from_proto(out);
@@ -384,28 +390,30 @@ class GrpcSyncerClient final : public wire::SyncerClient {
     v1::EvalReport req;
     to_proto(report, &req);
     v1::StatusReply out;
-    auto ctx = context_with_deadline(deadline);
+    auto ctx = context_with_deadline(deadline, secret_);
     const grpc::Status s = stub_->ReportEval(ctx.get(), req, &out);
     if (!s.ok()) return from_grpc(s);
     return from_proto(out);
   }
   std::unique_ptr<wire::SessionStream> session(uint64_t session_id) override {
-    return std::make_unique<GrpcSession>(*stub_, session_id);
+    return std::make_unique<GrpcSession>(*stub_, session_id, secret_);
   }
 
  private:
   std::unique_ptr<v1::Syncer::Stub> stub_;
+  std::string secret_;
 };
 
 class GrpcPeerClient final : public wire::PeerClient {
  public:
-  explicit GrpcPeerClient(const std::string& address) : stub_(v1::Peer::NewStub(make_channel(address))) {}
+  GrpcPeerClient(const std::string& address, const wire::Security& security)
+      : stub_(v1::Peer::NewStub(make_channel(address, security))), secret_(security.secret) {}
   wire::Result<wire::Fragment> fragment(const wire::Handshake& handshake, int p, wire::Deadline deadline) override {
     v1::PeerFragmentRequest req;
     to_proto(handshake, req.mutable_handshake());
     req.set_fragment(p);
     v1::Fragment out;
-    auto ctx = context_with_deadline(deadline);
+    auto ctx = context_with_deadline(deadline, secret_);
     const grpc::Status s = stub_->GetFragment(ctx.get(), req, &out);
     if (!s.ok()) return from_grpc(s);
     return from_proto(out);
@@ -413,47 +421,92 @@ class GrpcPeerClient final : public wire::PeerClient {
 
  private:
   std::unique_ptr<v1::Peer::Stub> stub_;
+  std::string secret_;
 };
 
 // ---- server side ----
 
+// Requests a caller may send, by the bytes of the parsed message: a Join or a peer's fragment request carries a
+// handshake (its settings ≤ 64 KiB), an EvalReport one version per fragment; the others a few ids. Session
+// messages (pull answers carry a whole fragment) are bounded by the channel's limit (grpc_options.h).
+constexpr size_t kHandshakeRequestBytes = 160 << 10;
+constexpr size_t kSmallRequestBytes = 4 << 10;
+
+// The gate in front of every handler: the bearer token (constant time, one answer for every failure), then the
+// request's size. A refused call is reported to the handler by name and reason only (nothing of it is trusted).
+template <class Handler>
+grpc::Status admit(const grpc::ServerContext* ctx, const std::string& secret, Handler& handler, const char* rpc,
+                   size_t bytes, size_t limit) {
+  if (!has_token(*ctx, secret)) {
+    handler.refused_call(rpc, "unauthenticated");
+    return {grpc::StatusCode::UNAUTHENTICATED, wire::kNotAuthenticated};
+  }
+  if (bytes > limit) {
+    handler.refused_call(rpc, "oversized");
+    return {grpc::StatusCode::INVALID_ARGUMENT, std::string(rpc) + " request of " + std::to_string(bytes) +
+                                                    " bytes is over its limit of " + std::to_string(limit) + " bytes"};
+  }
+  return grpc::Status::OK;
+}
+
+// The name in the caller's verified certificate under mutual TLS ("" otherwise).
+std::string certificate_name(const grpc::ServerContext* ctx) {
+  const auto auth = ctx->auth_context();
+  if (!auth || !auth->IsPeerAuthenticated()) return "";
+  const auto names = auth->GetPeerIdentity();
+  return names.empty() ? "" : std::string(names.front().data(), std::min<size_t>(names.front().size(), 256));
+}
+
 class SyncerService final : public v1::Syncer::Service {
  public:
-  explicit SyncerService(wire::SyncerHandler& handler) : handler_(handler) {}
+  SyncerService(wire::SyncerHandler& handler, std::string secret) : handler_(handler), secret_(std::move(secret)) {}
 
-  grpc::Status Join(grpc::ServerContext*, const v1::JoinRequest* req, v1::JoinReply* reply) override {
-    auto r = handler_.join(from_proto(*req));
+  grpc::Status Join(grpc::ServerContext* ctx, const v1::JoinRequest* req, v1::JoinReply* reply) override {
+    if (auto s = admit(ctx, secret_, handler_, "Join", req->ByteSizeLong(), kHandshakeRequestBytes); !s.ok()) return s;
+    wire::JoinRequest request = from_proto(*req);
+    request.certificate = certificate_name(ctx);
+    auto r = handler_.join(request);
     if (r.ok()) to_proto(r.value, reply);
     return to_grpc(r.status);
   }
-  grpc::Status GetFragment(grpc::ServerContext*, const v1::FragmentRequest* req, v1::Fragment* out) override {
+  grpc::Status GetFragment(grpc::ServerContext* ctx, const v1::FragmentRequest* req, v1::Fragment* out) override {
+    if (auto s = admit(ctx, secret_, handler_, "GetFragment", req->ByteSizeLong(), kSmallRequestBytes); !s.ok()) {
+      return s;
+    }
     auto r = handler_.fragment(req->session_id(), req->fragment());
     if (r.ok()) to_proto(r.value, out);
     return to_grpc(r.status);
   }
-  grpc::Status GetSnapshot(grpc::ServerContext*, const v1::SnapshotRequest* req, v1::Snapshot* out) override {
+  grpc::Status GetSnapshot(grpc::ServerContext* ctx, const v1::SnapshotRequest* req, v1::Snapshot* out) override {
+    if (auto s = admit(ctx, secret_, handler_, "GetSnapshot", req->ByteSizeLong(), kSmallRequestBytes); !s.ok()) {
+      return s;
+    }
     auto r = handler_.snapshot(req->session_id());
     if (r.ok()) to_proto(r.value, out);
     return to_grpc(r.status);
   }
   grpc::Status Session(grpc::ServerContext* ctx,
                        grpc::ServerReaderWriter<v1::SyncerMessage, v1::LearnerMessage>* stream) override {
+    if (auto s = admit(ctx, secret_, handler_, "Session", 0, 0); !s.ok()) return s;
     // The first message names the session; the handler reads it (and the rest) through the peer.
     v1::LearnerMessage first;
     if (!stream->Read(&first)) return grpc::Status::OK;
     Peer peer(ctx, stream, std::move(first));
     return to_grpc(handler_.session(peer.session_id(), peer));
   }
-  grpc::Status Status(grpc::ServerContext*, const v1::StatusRequest*, v1::StatusReply* reply) override {
+  grpc::Status Status(grpc::ServerContext* ctx, const v1::StatusRequest* req, v1::StatusReply* reply) override {
+    if (auto s = admit(ctx, secret_, handler_, "Status", req->ByteSizeLong(), kSmallRequestBytes); !s.ok()) return s;
     to_proto(handler_.status(), reply);
     return grpc::Status::OK;
   }
-  grpc::Status ReportEval(grpc::ServerContext*, const v1::EvalReport* req, v1::StatusReply* reply) override {
+  grpc::Status ReportEval(grpc::ServerContext* ctx, const v1::EvalReport* req, v1::StatusReply* reply) override {
+    if (auto s = admit(ctx, secret_, handler_, "ReportEval", req->ByteSizeLong(), kHandshakeRequestBytes); !s.ok()) {
+      return s;
+    }
     auto r = handler_.report_eval(from_proto(*req));
     if (r.ok()) to_proto(r.value, reply);
     return to_grpc(r.status);
   }
-
  private:
   class Peer final : public wire::SessionPeer {
    public:
@@ -489,12 +542,17 @@ class SyncerService final : public v1::Syncer::Service {
   };
 
   wire::SyncerHandler& handler_;
+  std::string secret_;
 };
 
 class PeerService final : public v1::Peer::Service {
  public:
-  explicit PeerService(wire::PeerHandler& handler) : handler_(handler) {}
-  grpc::Status GetFragment(grpc::ServerContext*, const v1::PeerFragmentRequest* req, v1::Fragment* out) override {
+  PeerService(wire::PeerHandler& handler, std::string secret) : handler_(handler), secret_(std::move(secret)) {}
+  grpc::Status GetFragment(grpc::ServerContext* ctx, const v1::PeerFragmentRequest* req, v1::Fragment* out) override {
+    if (auto s = admit(ctx, secret_, handler_, "Peer.GetFragment", req->ByteSizeLong(), kHandshakeRequestBytes);
+        !s.ok()) {
+      return s;
+    }
     auto r = handler_.fragment(from_proto(req->handshake()), req->fragment());
     if (r.ok()) to_proto(r.value, out);
     return to_grpc(r.status);
@@ -502,15 +560,24 @@ class PeerService final : public v1::Peer::Service {
 
  private:
   wire::PeerHandler& handler_;
+  std::string secret_;
 };
 
 class GrpcServer final : public wire::Server {
  public:
-  GrpcServer(std::unique_ptr<grpc::Service> service, const std::string& address, const std::string& what)
+  GrpcServer(std::unique_ptr<grpc::Service> service, const std::string& address, const std::string& what,
+             const wire::Security& security)
       : service_(std::move(service)) {
+    std::string bare_host = address.substr(0, address.rfind(':'));
+    if (bare_host.size() > 1 && bare_host.front() == '[' && bare_host.back() == ']') {
+      bare_host = bare_host.substr(1, bare_host.size() - 2);
+    }
+    if (const std::string warning = wire::check_listen_policy(bare_host, security, what); !warning.empty()) {
+      std::fprintf(stderr, "[dloco] %s\n", warning.c_str());
+    }
     grpc::ServerBuilder builder;
     int port = 0;
-    builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+    builder.AddListeningPort(address, server_credentials(security), &port);
     configure_server(builder);
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();
@@ -531,23 +598,38 @@ class GrpcServer final : public wire::Server {
 
 class GrpcTransport final : public wire::Transport {
  public:
+  explicit GrpcTransport(wire::Security security) : security_(std::move(security)) {}
   std::unique_ptr<wire::SyncerClient> connect_syncer(const std::string& address) override {
-    return std::make_unique<GrpcSyncerClient>(address);
+    return std::make_unique<GrpcSyncerClient>(address, security_);
   }
   std::unique_ptr<wire::PeerClient> connect_peer(const std::string& address) override {
-    return std::make_unique<GrpcPeerClient>(address);
+    return std::make_unique<GrpcPeerClient>(address, security_);
   }
   std::unique_ptr<wire::Server> serve_syncer(const std::string& address, wire::SyncerHandler& handler) override {
-    return std::make_unique<GrpcServer>(std::make_unique<SyncerService>(handler), address, "the syncer");
+    return std::make_unique<GrpcServer>(std::make_unique<SyncerService>(handler, security_.secret), address,
+                                        "the syncer", security_);
   }
   std::unique_ptr<wire::Server> serve_peer(const std::string& host, wire::PeerHandler& handler) override {
-    return std::make_unique<GrpcServer>(std::make_unique<PeerService>(handler), host + ":0",
-                                        "the learner's peer server");
+    const bool v6 = host.find(':') != std::string::npos && host.front() != '[';
+    return std::make_unique<GrpcServer>(std::make_unique<PeerService>(handler, security_.secret),
+                                        (v6 ? "[" + host + "]" : host) + ":0", "the learner's peer server", security_);
   }
+
+ private:
+  wire::Security security_;
 };
 
 }  // namespace
 
-std::unique_ptr<wire::Transport> make_transport() { return std::make_unique<GrpcTransport>(); }
+std::unique_ptr<wire::Transport> make_transport(const wire::Security& security) {
+  // A client channel that failed to connect fails its fail-fast calls at once, so while a learner backs off no call
+  // drives its next connection attempt; only gRPC's backup poller does, every 5 s by default, while each attempt may
+  // take at most the 2 s reconnect backoff. A TLS handshake needs several polls: every attempt to reach a syncer that
+  // came up after the learner's first try timed out (measured: an evaluator started beside its syncer never joined).
+  // Polled every 100 ms, it connects at once. Read by grpc_init, i.e. before the first gRPC object; a user's setting
+  // wins.
+  ::setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "100", /*overwrite=*/0);
+  return std::make_unique<GrpcTransport>(security);
+}
 
 }  // namespace dloco::grpc_transport
