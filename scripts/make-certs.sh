@@ -22,9 +22,16 @@ dir=$1
 shift
 mkdir -p "$dir"
 umask 077
+ext="" csr=""
+trap 'rm -f "$ext" "$csr"' EXIT
 
-if [[ ! -f "$dir/ca.key" || ! -f "$dir/ca.pem" ]]; then
-  openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$dir/ca.key" 2>/dev/null
+if [[ -f "$dir/ca.key" && ! -f "$dir/ca.pem" ]] || [[ ! -f "$dir/ca.key" && -f "$dir/ca.pem" ]]; then
+  echo "$0: $dir holds only one of ca.pem and ca.key: put the CA's other half back (a new CA would not be trusted by" \
+       "the certificates already made), or use an empty folder" >&2
+  exit 2
+fi
+if [[ ! -f "$dir/ca.key" ]]; then
+  openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$dir/ca.key" > /dev/null
   openssl req -x509 -new -key "$dir/ca.key" -subj "/CN=dloco run CA" -days 825 -sha256 \
     -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
     -out "$dir/ca.pem"
@@ -34,25 +41,26 @@ for spec in "$@"; do
   name=${spec%%:*}
   hosts=""
   [[ "$spec" == *:* ]] && hosts=${spec#*:}
-  if [[ ! "$name" =~ ^[A-Za-z0-9._-]+$ ]]; then
-    echo "$0: '$name' is not a certificate name (letters, digits, '.', '_', '-')" >&2
+  if [[ ! "$name" =~ ^[A-Za-z0-9._-]+$ || "$name" == "ca" ]]; then
+    echo "$0: '$name' is not a certificate name (letters, digits, '.', '_', '-'; not 'ca')" >&2
     exit 2
   fi
   san="DNS:$name,DNS:localhost,IP:127.0.0.1"
-  IFS=',' read -r -a list <<< "$hosts"
-  for h in "${list[@]}"; do
+  list=()
+  [[ -n "$hosts" ]] && IFS=',' read -r -a list <<< "$hosts"
+  for h in "${list[@]+"${list[@]}"}"; do
     [[ -z "$h" ]] && continue
     if [[ "$h" =~ ^[0-9.]+$ || "$h" == *:* ]]; then san+=",IP:$h"; else san+=",DNS:$h"; fi
   done
   ext=$(mktemp)
   csr=$(mktemp)
-  trap 'rm -f "$ext" "$csr"' EXIT
   printf 'basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n%s\n%s\n' \
     "extendedKeyUsage=serverAuth,clientAuth" "subjectAltName=$san" > "$ext"
-  openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$dir/$name.key" 2>/dev/null
+  openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$dir/$name.key" > /dev/null
   openssl req -new -key "$dir/$name.key" -subj "/CN=$name" -out "$csr"
   openssl x509 -req -in "$csr" -CA "$dir/ca.pem" -CAkey "$dir/ca.key" -CAcreateserial -days 825 -sha256 \
-    -extfile "$ext" -out "$dir/$name.pem" 2>/dev/null
+    -extfile "$ext" -out "$dir/$name.pem" 2> "$ext.log" || { cat "$ext.log" >&2; rm -f "$ext" "$ext.log" "$csr"; exit 1; }
+  rm -f "$ext.log"
   rm -f "$ext" "$csr"
   chmod 644 "$dir/$name.pem"
   echo "$dir/$name.pem ($san), key $dir/$name.key"

@@ -18,6 +18,7 @@
 #include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/config.h"
+#include "core/private_file.h"
 #include "sim/goodput_sim.h"
 
 namespace dloco::apps {
@@ -35,7 +36,7 @@ std::string fmt(const char* f, double v) {
 // Runs `dloco train` on `config` (and `plan`, if any) as a child process; returns its report, or null.
 nlohmann::json train_child(const Config& config, const fs::path& dir, const fs::path& plan) {
   const fs::path cfg = dir / (config.run.name + ".toml");
-  write_file_atomically(cfg, to_toml(config));
+  write_private_file_atomically(cfg, to_toml(config));
   const fs::path log = dir / (config.run.name + ".log");
   std::printf("[chaos] %s: training%s, log %s\n", config.run.name.c_str(),
               plan.empty() ? " without faults" : (" under plan " + plan.string()).c_str(), log.c_str());

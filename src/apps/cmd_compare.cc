@@ -16,6 +16,7 @@
 #include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/config.h"
+#include "core/private_file.h"
 #include "sim/report.h"
 
 namespace dloco::apps {
@@ -172,7 +173,7 @@ void train_runs(std::vector<Run>& runs, const fs::path& dir) {
   const fs::path self = fs::read_symlink("/proc/self/exe");
   for (auto& r : runs) {
     const fs::path cfg = dir / "configs" / (r.config.run.name + ".toml");
-    write_file_atomically(cfg, to_toml(r.config));
+    write_private_file_atomically(cfg, to_toml(r.config));
     const fs::path log = dir / (r.config.run.name + ".log");
     std::printf("[compare] %s (seed %llu): training, log %s\n", r.variant.c_str(),
                 static_cast<unsigned long long>(r.seed), log.c_str());

@@ -118,6 +118,7 @@ void LinkProxy::delay(double delay_ms, double duration_s) {
 void LinkProxy::record() {
   std::lock_guard lock(mu_);
   recording_ = true;
+  recording_flag_ = true;
 }
 
 std::string LinkProxy::recorded() const {
@@ -217,7 +218,7 @@ void LinkProxy::run() {
             if (errno != EAGAIN && errno != EINTR) p->closed = true;
             break;
           }
-          if (n > 0) {
+          if (n > 0 && recording_flag_.load(std::memory_order_relaxed)) {
             std::lock_guard lock(mu_);
             if (recording_ && recorded_.size() < (64u << 20)) recorded_.append(c.bytes.data() + c.sent, n);
           }

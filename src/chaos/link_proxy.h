@@ -61,6 +61,7 @@ class LinkProxy {
   std::chrono::steady_clock::time_point cut_until_{}, delay_until_{};
   double delay_s_ = 0;
   bool recording_ = false;  // under mu_, as is recorded_
+  std::atomic<bool> recording_flag_{false};  // recording_, read without the lock on every chunk
   std::string recorded_;
   std::thread thread_;
 };

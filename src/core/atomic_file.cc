@@ -1,5 +1,6 @@
 // Atomic, durable file replacement: temp file in the same directory, fsync, rename, fsync the directory.
 #include "core/atomic_file.h"
+#include "core/private_file.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -22,12 +23,25 @@ std::atomic<uint64_t> temp_counter{0};
 
 }  // namespace
 
+namespace {
+void write_with_mode(const std::filesystem::path& path, std::span<const std::byte> bytes, mode_t mode);
+}  // namespace
+
 void write_file_atomically(const std::filesystem::path& path, std::span<const std::byte> bytes) {
+  write_with_mode(path, bytes, 0644);
+}
+
+void write_private_file_atomically(const std::filesystem::path& path, std::string_view text) {
+  write_with_mode(path, std::as_bytes(std::span(text.data(), text.size())), 0600);
+}
+
+namespace {
+void write_with_mode(const std::filesystem::path& path, std::span<const std::byte> bytes, mode_t mode) {
   const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
   const std::filesystem::path temp = path.string() + ".tmp." + std::to_string(::getpid()) + "." +
                                      std::to_string(temp_counter.fetch_add(1));
   // 1. Write the temporary file.
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
   if (fd < 0) fail(path, ("creating " + temp.filename().string()).c_str(), errno);
   auto abandon = [&](const char* step) {
     const int error = errno;
@@ -67,6 +81,8 @@ void write_file_atomically(const std::filesystem::path& path, std::span<const st
   }
   ::close(dir_fd);
 }
+
+}  // namespace
 
 void write_file_atomically(const std::filesystem::path& path, std::string_view text) {
   write_file_atomically(path, std::as_bytes(std::span<const char>(text.data(), text.size())));

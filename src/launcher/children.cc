@@ -18,6 +18,7 @@
 
 #include "core/atomic_file.h"
 #include "core/check.h"
+#include "core/private_file.h"
 #include "sim/report.h"
 #include "data/shards.h"
 #include "data/tokenizer.h"
@@ -182,7 +183,7 @@ RunFolder prepare_run_folder(const Config& config) {
   const fs::path run_dir = config.run_dir();
   fs::create_directories(run_dir / "logs");
   fs::create_directories(run_dir / "events");
-  write_file_atomically(run_dir / "config.toml", to_toml(config));
+  write_private_file_atomically(run_dir / "config.toml", to_toml(config));
   copy_tokenizer_into_run(config);
   f.config_path = (run_dir / "config.toml").string();
   return f;

@@ -11,6 +11,7 @@
 #include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/events.h"
+#include "core/private_file.h"
 #include "launcher/children.h"
 #include "learner/group_inner_job.h"
 #include "parallel/rank_engine.h"
@@ -64,7 +65,7 @@ GroupRanks::GroupRanks(const Config& config, int id, const fs::path& run_dir, Gr
   fs::create_directories(run_dir / "logs");
   config_file_ = options_.store.string() + ".config.toml";
   const fs::path& config_file = config_file_;
-  write_file_atomically(config_file, to_toml(config));
+  write_private_file_atomically(config_file, to_toml(config));
   for (int r = 1; r < ranks_; ++r) {
     std::vector<std::string> args{"learner", "--config", config_file.string(), "--id", std::to_string(id), "--rank",
                                   std::to_string(r), "--group-store", options_.store.string(), "--group-host", options_.host,

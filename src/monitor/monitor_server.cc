@@ -2,6 +2,7 @@
 #include "monitor/monitor_server.h"
 
 #include <httplib.h>
+#include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/ssl.h>
 
@@ -10,6 +11,7 @@
 #include <thread>
 
 #include "core/check.h"
+#include "transport/local_address.h"
 
 namespace dloco {
 
@@ -36,23 +38,29 @@ std::pair<std::string, int> split_address(const std::string& address) {
   return {host, port};
 }
 
-bool loopback(const std::string& host) {
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
-}
-
 // Loads this process's certificate and key (and, under mutual TLS, the CA that signs clients) from PEM texts into
 // an OpenSSL context; false if any does not parse or the key does not match the certificate.
 bool load_tls(SSL_CTX& ctx, const wire::Security& p) {
   auto bio = [](const std::string& pem) { return BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())); };
+  // An encrypted key is refused, not prompted for on the terminal (the role would block).
+  pem_password_cb* no_password = [](char*, int, int, void*) { return 0; };
   BIO* cert_bio = bio(p.cert_pem);
-  X509* cert = PEM_read_bio_X509(cert_bio, nullptr, nullptr, nullptr);
+  X509* cert = PEM_read_bio_X509(cert_bio, nullptr, no_password, nullptr);
+  bool ok = cert && SSL_CTX_use_certificate(&ctx, cert) == 1;
+  X509_free(cert);
+  while (ok) {  // the rest of the chain (intermediates), as gRPC sends it
+    X509* extra = PEM_read_bio_X509(cert_bio, nullptr, no_password, nullptr);
+    if (!extra) break;
+    if (SSL_CTX_add0_chain_cert(&ctx, extra) != 1) {  // takes ownership on success
+      X509_free(extra);
+      ok = false;
+    }
+  }
   BIO_free(cert_bio);
   BIO* key_bio = bio(p.key_pem);
-  EVP_PKEY* key = PEM_read_bio_PrivateKey(key_bio, nullptr, nullptr, nullptr);
+  EVP_PKEY* key = PEM_read_bio_PrivateKey(key_bio, nullptr, no_password, nullptr);
   BIO_free(key_bio);
-  bool ok = cert && key && SSL_CTX_use_certificate(&ctx, cert) == 1 && SSL_CTX_use_PrivateKey(&ctx, key) == 1 &&
-            SSL_CTX_check_private_key(&ctx) == 1;
-  X509_free(cert);
+  ok = ok && key && SSL_CTX_use_PrivateKey(&ctx, key) == 1 && SSL_CTX_check_private_key(&ctx) == 1;
   EVP_PKEY_free(key);
   if (ok && p.mutual) {
     BIO* ca_bio = bio(p.ca_pem);
@@ -63,6 +71,7 @@ bool load_tls(SSL_CTX& ctx, const wire::Security& p) {
     SSL_CTX_set_verify(&ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
   }
   SSL_CTX_set_min_proto_version(&ctx, TLS1_2_VERSION);
+  ERR_clear_error();  // the end-of-chain read leaves an error queued
   return ok;
 }
 
@@ -71,7 +80,7 @@ bool load_tls(SSL_CTX& ctx, const wire::Security& p) {
 MonitorServer::MonitorServer(const std::string& address, Routes routes, const wire::Security& protection) {
   auto [host, port] = split_address(address);
   https_ = !protection.cert_pem.empty() && !protection.key_pem.empty() && !protection.ca_pem.empty();
-  const bool off_loopback = !loopback(host);
+  const bool off_loopback = !is_loopback_host(host);
   if (off_loopback && (!https_ || protection.secret.empty())) {
     const std::string why = "the monitoring endpoint would listen on " + (host.empty() ? std::string("0.0.0.0") : host) +
                             " without " + (https_ ? "a secret" : "TLS (run.tls_*)") + ": anyone who reaches it reads "
@@ -96,12 +105,8 @@ MonitorServer::MonitorServer(const std::string& address, Routes routes, const wi
   if (off_loopback && !protection.secret.empty()) {  // every route: the bearer token, compared in constant time
     s.set_pre_routing_handler([token = "Bearer " + protection.secret](const httplib::Request& req,
                                                                       httplib::Response& res) {
-      const std::string got = req.get_header_value("Authorization");
-      unsigned char diff = got.size() == token.size() ? 0 : 1;
-      for (size_t i = 0; i < token.size(); ++i) {
-        diff |= static_cast<unsigned char>((got.empty() ? 0 : got[i % got.size()]) ^ token[i]);
-      }
-      if (diff == 0 || req.path == "/") return httplib::Server::HandlerResponse::Unhandled;  // the page holds no data
+      const bool authenticated = wire::constant_time_equal(req.get_header_value("Authorization"), token);
+      if (authenticated || req.path == "/") return httplib::Server::HandlerResponse::Unhandled;  // the page holds no data
       res.status = 401;
       res.set_header("WWW-Authenticate", "Bearer");
       res.set_content("not authenticated: send Authorization: Bearer <run secret>\n", "text/plain");

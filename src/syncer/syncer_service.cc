@@ -341,8 +341,8 @@ wire::Result<wire::StatusReply> SyncerService::report_eval(const wire::EvalRepor
   } else if (req.global_step < 0 || req.global_step > state_->global_step()) {
     bad = "global step " + std::to_string(req.global_step) + " is outside [0, " +
           std::to_string(state_->global_step()) + "]";
-  } else if (!std::isfinite(req.val_loss) || req.val_loss < 0 || !std::isfinite(req.seconds) || req.seconds < 0) {
-    bad = "validation loss and seconds must be finite and ≥ 0";
+  } else if (req.val_loss < 0 || !std::isfinite(req.seconds) || req.seconds < 0) {  // a NaN loss is news (divergence)
+    bad = "validation loss must be ≥ 0 (or NaN) and seconds finite and ≥ 0";
   } else if (req.fragment_versions.size() != state_->versions().size()) {
     bad = "versions name " + std::to_string(req.fragment_versions.size()) + " fragments, not " +
           std::to_string(state_->versions().size());

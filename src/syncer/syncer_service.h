@@ -42,8 +42,8 @@ class SyncerService final : public wire::SyncerHandler {
   wire::Result<wire::Snapshot> snapshot(uint64_t session_id) override;
   wire::Status session(uint64_t session_id, wire::SessionPeer& peer) override;
   wire::StatusReply status() override;
-  /// Only the evaluator's session may report, with a step and versions no later than the syncer's and a finite loss;
-  /// anything else is refused (kInvalid) and counted in reports_refused (docs/protocol.md §10).
+  /// Only the evaluator's session may report, with a step and versions no later than the syncer's and a loss ≥ 0 (NaN
+  /// and +inf pass: a diverged global model is news); anything else is refused (kInvalid) and counted in reports_refused (docs/protocol.md §10).
   wire::Result<wire::StatusReply> report_eval(const wire::EvalReport& report) override;
   /// Counts a call the transport refused before it got here (docs/protocol.md §12), by reason; logged at the
   /// 1st, 10th, 100th … of each reason, with the RPC's name and nothing of the request.

@@ -14,6 +14,7 @@
 #include "core/stages_per_path.h"
 #include "core/atomic_file.h"
 #include "core/check.h"
+#include "core/private_file.h"
 #include "core/console.h"
 #include "core/events.h"
 #include "data/stream.h"
@@ -266,7 +267,7 @@ nlohmann::json run_local(const Config& config, const RunOptions& options) {
   const auto prompt_ids = tok.encode(kSamplePrompt);  // fails now, not after training, if the tokenizer is broken
   // Everything is in place: only now does the run folder appear (a failed start leaves nothing to clean up).
   fs::create_directories(run_dir);
-  write_file_atomically(run_dir / "config.toml", to_toml(config));
+  write_private_file_atomically(run_dir / "config.toml", to_toml(config));
   copy_tokenizer_into_run(config);
   torch::manual_seed(config.run.seed);
   GPT model(config.model);

@@ -50,12 +50,28 @@ bool is_wildcard_host(const std::string& host) {
 }
 
 bool is_loopback_host(const std::string& host) {
-  return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
+  std::string h = host;
+  if (h.size() > 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  if (h == "localhost") return true;
+  in_addr v4{};
+  if (::inet_pton(AF_INET, h.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  if (::inet_pton(AF_INET6, h.c_str(), &v6) != 1) return false;  // a name other than localhost: not known here
+  if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+  return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;  // ::ffff:127.x.y.z
 }
 
 }  // namespace dloco
 
 namespace dloco::wire {
+
+std::string check_dial_policy(const std::string& address, const Security& security) {
+  std::string host = address.substr(0, address.rfind(':'));
+  if (is_loopback_host(host) || security.tls() || security.insecure) return "";
+  throw InputError("would send the run secret in clear text to '" + address.substr(0, 256) +
+                   "' (not loopback, no TLS): set run.tls_cert, run.tls_key and run.tls_ca (README \"Running on several "
+                   "machines by hand\"), or pass --insecure (run.insecure = true) on a trusted network");
+}
 
 std::string check_listen_policy(const std::string& host, const Security& security, const std::string& what) {
   if (is_loopback_host(host)) return "";

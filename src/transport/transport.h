@@ -82,6 +82,10 @@ inline constexpr const char* kNotAuthenticated =
 /// non-empty secret, unless security.insecure (then it returns a warning to print). "" when all is well.
 std::string check_listen_policy(const std::string& host, const Security& security, const std::string& what);
 
+/// Throws InputError if a client may not dial `address` ("host:port") under `security`: off loopback without TLS it
+/// would send the secret in clear text, unless security.insecure. "" when all is well.
+std::string check_dial_policy(const std::string& address, const Security& security);
+
 /// The learner's end of one session: metadata and pull answers go up, pull requests and merged fragments come
 /// down. One thread may read while another writes; cancel() from any thread unblocks both.
 class SessionStream {

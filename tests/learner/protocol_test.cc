@@ -611,7 +611,7 @@ TEST_F(ProtocolTest, ImpossibleMetadataIsIgnoredCountedAndTheRunGoesOn) {
 // Issue 16's probes of who may say what (docs/protocol.md §12): a caller with a wrong secret gets the one answer and
 // leaves nothing in the syncer's events (its host is not logged); a right secret with another run id is refused
 // without the syncer's run id in the message; a learner's session cannot report an evaluation, and the evaluator's
-// cannot report a step or versions the syncer has not reached or a non-finite loss (each counted); an honest
+// cannot report a step or versions the syncer has not reached or a negative loss (each counted); an honest
 // report is taken.
 TEST_F(ProtocolTest, StrangersAndFakeEvaluationsAreRefusedCountedAndNotLogged) {
   handshake_.secret = "s3cret";
@@ -643,7 +643,7 @@ TEST_F(ProtocolTest, StrangersAndFakeEvaluationsAreRefusedCountedAndNotLogged) {
   const wire::EvalReport fakes[] = {
       {learner.value.session_id, 0, 0.01, versions, 1.0},                 // a learner's session
       {evaluator.value.session_id, 1'000'000'000, 0.01, versions, 1.0},   // a step the run has not reached
-      {evaluator.value.session_id, 0, std::nan(""), versions, 1.0},       // a non-finite loss
+      {evaluator.value.session_id, 0, -1.0, versions, 1.0},               // a negative loss
       {evaluator.value.session_id, 0, 0.01, {versions[0] + 5, 0}, 1.0}};  // a version never published
   for (const auto& fake : fakes) EXPECT_EQ(client->report_eval(fake, 5s).status.code, wire::Code::kInvalid);
   const auto honest = client->report_eval({evaluator.value.session_id, 0, 3.25, versions, 1.0}, 5s);

@@ -453,7 +453,8 @@ grpc::Status admit(const grpc::ServerContext* ctx, const std::string& secret, Ha
 std::string certificate_name(const grpc::ServerContext* ctx) {
   const auto auth = ctx->auth_context();
   if (!auth || !auth->IsPeerAuthenticated()) return "";
-  const auto names = auth->GetPeerIdentity();
+  auto names = auth->FindPropertyValues("x509_common_name");
+  if (names.empty()) names = auth->GetPeerIdentity();
   return names.empty() ? "" : std::string(names.front().data(), std::min<size_t>(names.front().size(), 256));
 }
 
@@ -581,7 +582,10 @@ class GrpcServer final : public wire::Server {
     configure_server(builder);
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();
-    if (!server_ || port == 0) throw InputError(what + " cannot listen on '" + address + "' (address in use or invalid)");
+    if (!server_ || port == 0) {
+      throw InputError(what + " cannot listen on '" + address + "' (address in use or invalid" +
+                       (security.tls() ? ", or run.tls_cert / run.tls_key not a matching PEM certificate and key)" : ")"));
+    }
     const std::string host = address.substr(0, address.rfind(':'));
     address_ = (host == "0.0.0.0" || host.empty() ? std::string("127.0.0.1") : host) + ":" + std::to_string(port);
     listen_address_ = (host.empty() ? std::string("0.0.0.0") : host) + ":" + std::to_string(port);
@@ -600,9 +604,11 @@ class GrpcTransport final : public wire::Transport {
  public:
   explicit GrpcTransport(wire::Security security) : security_(std::move(security)) {}
   std::unique_ptr<wire::SyncerClient> connect_syncer(const std::string& address) override {
+    (void)wire::check_dial_policy(address, security_);
     return std::make_unique<GrpcSyncerClient>(address, security_);
   }
   std::unique_ptr<wire::PeerClient> connect_peer(const std::string& address) override {
+    (void)wire::check_dial_policy(address, security_);
     return std::make_unique<GrpcPeerClient>(address, security_);
   }
   std::unique_ptr<wire::Server> serve_syncer(const std::string& address, wire::SyncerHandler& handler) override {
