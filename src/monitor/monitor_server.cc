@@ -81,15 +81,10 @@ MonitorServer::MonitorServer(const std::string& address, Routes routes, const wi
   auto [host, port] = split_address(address);
   https_ = !protection.cert_pem.empty() && !protection.key_pem.empty() && !protection.ca_pem.empty();
   const bool off_loopback = !is_loopback_host(host);
-  if (off_loopback && (!https_ || protection.secret.empty())) {
-    const std::string why = "the monitoring endpoint would listen on " + (host.empty() ? std::string("0.0.0.0") : host) +
-                            " without " + (https_ ? "a secret" : "TLS (run.tls_*)") + ": anyone who reaches it reads "
-                            "every learner's progress";
-    if (!protection.insecure) {
-      throw InputError(why + ". Set run.tls_* and run.secret, listen on 127.0.0.1, or pass --insecure (run.insecure = "
-                       "true) on a trusted network");
-    }
-    std::fprintf(stderr, "[dloco] warning: %s (run.insecure = true)\n", why.c_str());
+  // The servers' one listening rule (docs/protocol.md §12): throws off loopback without TLS and a secret.
+  if (const std::string warning = wire::check_listen_policy(host, protection, "the monitoring endpoint");
+      !warning.empty()) {
+    std::fprintf(stderr, "[dloco] %s\n", warning.c_str());
   }
   if (https_) {
     bool loaded = false;

@@ -569,11 +569,9 @@ class GrpcServer final : public wire::Server {
   GrpcServer(std::unique_ptr<grpc::Service> service, const std::string& address, const std::string& what,
              const wire::Security& security)
       : service_(std::move(service)) {
-    std::string bare_host = address.substr(0, address.rfind(':'));
-    if (bare_host.size() > 1 && bare_host.front() == '[' && bare_host.back() == ']') {
-      bare_host = bare_host.substr(1, bare_host.size() - 2);
-    }
-    if (const std::string warning = wire::check_listen_policy(bare_host, security, what); !warning.empty()) {
+    // (is_loopback_host and is_wildcard_host take a bracketed IPv6 host as it is)
+    if (const std::string warning = wire::check_listen_policy(address.substr(0, address.rfind(':')), security, what);
+        !warning.empty()) {
       std::fprintf(stderr, "[dloco] %s\n", warning.c_str());
     }
     grpc::ServerBuilder builder;
