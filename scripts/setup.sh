@@ -4,10 +4,12 @@
 # tcmalloc (gperftools; glibc's malloc hands large tensors back to the kernel and re-faults them every step),
 # gRPC + protobuf, Gloo (c10d's collectives for the baselines), SentencePiece, CLI11, spdlog, toml++, nlohmann-json, GoogleTest, Google Benchmark,
 # the KJV corpus (bible-kjv), gnuplot for plots, and Debian's PyTorch + numpy for /usr/bin/python3 (the golden
-# test of the GPT against an independent PyTorch implementation, tests/model/golden_gpt.py), cpp-httplib (the
+# test of the GPT against an independent PyTorch implementation, tests/model/golden_gpt.py) with gRPC + protobuf
+# (python3-grpcio, python3-protobuf: the Python learner, python/, and its tests in tests/python), cpp-httplib (the
 # monitoring endpoint: /metrics, /status.json, the dashboard), Chromium (headless, the dashboard's browser test),
 # slurm-wlm + munge (the one-node Slurm cluster of tests/slurm), iproute2 (network namespaces: tests/launcher) and
-# openssl (scripts/make-certs.sh: a run's TLS certificates).
+# openssl (scripts/make-certs.sh: a run's TLS certificates), clang 14 with its libFuzzer runtime (scripts/fuzz.sh:
+# the fuzz targets under fuzz/).
 set -euo pipefail
 
 packages=(
@@ -17,8 +19,9 @@ packages=(
   libsentencepiece-dev sentencepiece
   libcli11-dev libspdlog-dev libfmt-dev libtomlplusplus-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  bible-kjv gnuplot-nox python3 python3-torch python3-numpy
+  bible-kjv gnuplot-nox python3 python3-torch python3-numpy python3-grpcio python3-protobuf
   libcpp-httplib-dev chromium slurm-wlm munge iproute2 openssl libssl-dev
+  clang-14 libclang-rt-14-dev
 )
 
 missing=()

@@ -126,8 +126,9 @@ void apply_table(Config& c, const toml::table& root, const std::string& source) 
   if (auto preset = root["model"]["preset"].value<std::string>()) c.model = model_preset(*preset);
   for (const auto& [sec_name, sec_node] : root) {
     const std::string section(sec_name.str());
-    for (const auto& [key_name, node] : *sec_node.as_table()) {
+    for (const auto& [key_name, value] : *sec_node.as_table()) {
       const std::string key(key_name.str());
+      const toml::node& node = value;  // a plain reference: clang 14 cannot capture a structured binding
       if (section == "parallel" && key == "learner") continue;  // [[parallel.learner]]: after [parallel]'s keys
       bool found = false;
       for_each_field(c, [&](const char* s, const char* k, auto& field) {
@@ -223,7 +224,9 @@ void Config::validate() const {
   require(t.batch_size >= 1, "train.batch_size", "must be ≥ 1");
   require(t.grad_accum >= 1, "train.grad_accum", "must be ≥ 1");
   // Before anything divides the budget by M (diloco.learners = 0 was a SIGFPE in the per-stream check below).
-  require(diloco.learners >= 1, "diloco.learners", "(M) must be ≥ 1");
+  // Learner ids are in [0, 65536) on the wire (docs/protocol.md §7); a larger M also made this check loop for seconds
+  // (found by fuzz/config.cc: M = 18,101,810 took 7 s here).
+  require(diloco.learners >= 1 && diloco.learners <= 65536, "diloco.learners", "(M) must be in [1, 65536]");
   require(t.total_tokens >= t.tokens_per_step(m), "train.total_tokens",
           "must cover at least one step (" + std::to_string(t.tokens_per_step(m)) + " tokens)");
   if (!t.shared_budget || diloco.mode != Mode::kDecoupled) {  // a fixed share per stream (or worker)

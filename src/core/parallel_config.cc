@@ -98,8 +98,9 @@ void validate_group(const Config& c, const ParallelConfig& g, const std::string&
 
 void apply_parallel_learner(const std::string& source, const toml::table& table, ParallelLearner& out) {
   bool has_id = false;
-  for (const auto& [key_name, node] : table) {
+  for (const auto& [key_name, value] : table) {
     const std::string key(key_name.str());
+    const toml::node& node = value;  // a plain reference: clang 14 cannot capture a structured binding
     if (key == "id") {
       assign(source, "parallel.learner.id", node, out.id);
       has_id = true;

@@ -2,6 +2,7 @@
 #include "data/stream.h"
 
 #include "core/check.h"
+#include "core/json_read.h"
 
 namespace dloco {
 
@@ -12,10 +13,10 @@ nlohmann::json StreamCursor::to_json() const {
 StreamCursor StreamCursor::from_json(const nlohmann::json& j) {
   StreamCursor c;
   try {
-    c.stream = j.at("stream").get<int64_t>();
-    c.position = j.at("position").get<int64_t>();
-    c.epoch = j.at("epoch").get<int64_t>();
-    c.tokens_served = j.at("tokens_served").get<int64_t>();
+    c.stream = json_integer(j.at("stream"), "malformed data stream cursor: stream");
+    c.position = json_integer(j.at("position"), "malformed data stream cursor: position");
+    c.epoch = json_integer(j.at("epoch"), "malformed data stream cursor: epoch");
+    c.tokens_served = json_integer(j.at("tokens_served"), "malformed data stream cursor: tokens_served");
   } catch (const nlohmann::json::exception& e) {
     throw InputError(std::string("malformed data stream cursor: ") + e.what());
   }

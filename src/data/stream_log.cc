@@ -1,6 +1,8 @@
 // Exact-data stream logs; see stream_log.h.
 #include "data/stream_log.h"
 
+#include "core/json_read.h"
+
 #include <fcntl.h>
 #include <sys/file.h>
 #include <unistd.h>
@@ -36,12 +38,17 @@ std::vector<std::string> complete_lines(const fs::path& path, size_t* complete_b
 
 // `line_number` is 1-based, as an editor shows it.
 StreamRecord parse_record(const std::string& line, const fs::path& path, size_t line_number) {
+  const std::string where = "stream log " + path.string() + ", line " + std::to_string(line_number);
   try {
     const auto j = nlohmann::json::parse(line);
-    return {StreamCursor::from_json(j), j.value("learner", -1), j.value("step", int64_t{0})};
+    const int64_t learner = json_integer_or(j, "learner", -1, where);
+    if (learner < -1 || learner > INT32_MAX) throw InputError(where + ": learner " + std::to_string(learner) + " is out of range");
+    return {StreamCursor::from_json(j), static_cast<int>(learner), json_integer_or(j, "step", 0, where)};
   } catch (const nlohmann::json::exception& e) {
-    throw InputError("stream log " + path.string() + ", line " + std::to_string(line_number) + ": not JSON (" +
-                     e.what() + ")");
+    throw InputError(where + ": not JSON (" + e.what() + ")");
+  } catch (const InputError& e) {
+    if (std::string(e.what()).rfind(where, 0) == 0) throw;
+    throw InputError(where + ": " + e.what());
   }
 }
 

@@ -1,6 +1,9 @@
 // The syncer's data-stream leases; see stream_leases.h.
 #include "syncer/stream_leases.h"
 
+#include "core/check.h"
+#include "core/json_read.h"
+
 namespace dloco {
 
 int64_t StreamLeases::tokens(int64_t stream) const {
@@ -113,7 +116,9 @@ std::vector<int64_t> StreamLeases::restore(const nlohmann::json& state) {
   const nlohmann::json leases = state.value("leases", nlohmann::json::object());
   for (const auto& [key, holder] : leases.items()) {
     const int64_t s = std::stoll(key);
-    if (s >= 0 && s < size()) leases_[s].holder = holder.get<int>();
+    const int64_t id = json_integer(holder, "state.json: leases." + key);
+    if (id < -1 || id > INT32_MAX) throw InputError("state.json: leases." + key + " names learner " + std::to_string(id));
+    if (s >= 0 && s < size()) leases_[s].holder = static_cast<int>(id);
   }
   return dropped;
 }

@@ -1,6 +1,8 @@
 // Syncer service; see syncer_service.h.
 #include "syncer/syncer_service.h"
 
+#include "core/json_read.h"
+
 #include "core/prometheus.h"
 #include "transport/status_json.h"
 
@@ -56,8 +58,10 @@ void SyncerService::restore() {
   std::string why;
   if (const auto state = store_.read_state(&why)) {
     try {
-      state_->restore_clock(state->at("global_step").get<int64_t>());
-      merges_at_start_ = std::max<int64_t>(0, state->value("merges", int64_t{0}));
+      const int64_t global_step = json_integer(state->at("global_step"), "state.json: global_step");
+      if (global_step < 0) throw InputError("state.json: global_step " + std::to_string(global_step) + " is negative");
+      state_->restore_clock(global_step);
+      merges_at_start_ = std::max<int64_t>(0, json_integer_or(*state, "merges", 0, "state.json"));
       state_->restore_merges(merges_at_start_);
       wall_before_s_ = std::max(0.0, state->value("wall_s", 0.0));
       for (int64_t s : streams_.restore(*state)) {  // data.streams shrank: that stream is dropped

@@ -646,8 +646,9 @@ bool SyncerState::awaiting_reattach(double now_s) const {
       now_s >= first_join_after_restore_s_ + quorum_.lease.min_lease_s) {
     return false;
   }
-  for (const auto& [stream, tokens] : stream_tokens_) {
+  for (const auto& [s, tokens] : stream_tokens_) {
     if (tokens <= 0) continue;
+    const int64_t stream = s;  // a plain variable: clang 14 cannot capture a structured binding
     const bool held = std::any_of(learners_.begin(), learners_.end(), [&](const auto& entry) {
       const auto& [id, rec] = entry;
       const int64_t trains = rec.last.stream >= 0 ? rec.last.stream : rec.last.stream == -1 ? id : -2;

@@ -1,6 +1,8 @@
 // The syncer's files; see syncer_store.h.
 #include "syncer/syncer_store.h"
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 
 #include "core/atomic_file.h"
@@ -45,8 +47,17 @@ std::vector<SyncerStore::Fragment> SyncerStore::read_fragments(int P, std::vecto
         skipped->push_back("fragment " + std::to_string(p) + ": written for another fragment layout");
         continue;
       }
-      out.push_back({p, std::stoll(file.metadata.at("version")), file.at("theta").to_floats(),
-                     file.at("momentum").to_floats()});
+      Fragment f{p, std::stoll(file.metadata.at("version")), file.at("theta").to_floats(),
+                 file.at("momentum").to_floats()};
+      // A file whose checksum-free bytes went bad (a disk, a hand edit) must not become Θ: found by
+      // fuzz/syncer_restore.cc, a non-finite value restored here was handed to every learner.
+      if (f.version < 0) throw InputError("negative version " + std::to_string(f.version));
+      for (const auto* values : {&f.theta, &f.momentum}) {
+        if (!std::all_of(values->begin(), values->end(), [](float v) { return std::isfinite(v); })) {
+          throw InputError(std::string("a non-finite value in ") + (values == &f.theta ? "theta" : "momentum"));
+        }
+      }
+      out.push_back(std::move(f));
     } catch (const std::exception& e) {
       skipped->push_back("fragment " + std::to_string(p) + ": " + e.what());
     }

@@ -288,6 +288,7 @@ std::string decode(const Payload& payload, std::vector<float>& out, int64_t expe
            " were expected";
   }
   out.resize(static_cast<size_t>(n));
+  if (n == 0) return "";  // memcpy from an empty string's and into an empty vector's data() (maybe null) is UB
   if (width == sizeof(float)) {
     std::memcpy(out.data(), payload.bytes.data(), payload.bytes.size());
   } else {

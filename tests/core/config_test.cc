@@ -88,6 +88,8 @@ TEST(Config, ABudgetBelowOneStepPerLearnerIsRefusedAndCompleteTokensAreWholeStep
   EXPECT_EQ(error_of("[train]\nbatch_size = 8\ntotal_tokens = 2048\n[diloco]\nmode = \"local\"\n"), "");  // one stream, 2 steps
   // M = 0 in a decoupled run (was a SIGFPE dividing the budget by M) and an infinite rate are refused by name.
   EXPECT_NE(error_of("[diloco]\nlearners = 0\n").find("diloco.learners"), std::string::npos);
+  // Found by fuzz/config.cc: M = 18,101,810 was taken after seconds of checking; ids are < 65536 on the wire.
+  EXPECT_NE(error_of("[diloco]\nlearners = 18101810\n").find("[1, 65536]"), std::string::npos);
   EXPECT_NE(error_of("[train]\nlr = inf\n").find("train.lr"), std::string::npos);
   EXPECT_NE(error_of("[diloco]\nouter_lr = inf\n").find("diloco.outer_lr"), std::string::npos);
   // Screening (docs/protocol.md §10): 0 turns a ratio off; below 1 would refuse the median itself; clip below screen.

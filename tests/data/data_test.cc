@@ -1,6 +1,8 @@
 // Token shards (format, validation), data streams (disjoint, exact resume, wrap), KJV reference stripping and
 // the whole `dloco-data prepare` tool on a small corpus, with the tokenizer client decoding its output.
 #include <gtest/gtest.h>
+
+#include <cstring>
 #include <unistd.h>
 
 #include <cstdio>
@@ -90,6 +92,24 @@ TEST_F(DataTest, ShardValidationNamesTheProblem) {
   EXPECT_NE(error_reading(path).find("shorter than its 64-byte header"), std::string::npos);
   EXPECT_THROW(write_shard(dir_ / "b.bin", std::vector<int32_t>{10}, 10), InputError);  // id out of vocabulary
   EXPECT_THROW(split_shards(dir_ / "nowhere", "train"), InputError);
+}
+
+// Found by fuzz/shard.cc: a header-only shard whose count times its token size wraps around 2^64 to 0 (2^62 tokens
+// of 4 bytes) passed the size check, and the first read went 2^64 bytes past the mapping.
+TEST_F(DataTest, ATokenCountThatWrapsTheSizeCheckIsRefused) {
+  const auto path = dir_ / "wrap.bin";
+  write_shard(path, std::vector<int32_t>{}, 70000);  // 4-byte tokens, 0 of them: the 64-byte header alone
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  ASSERT_EQ(bytes.size(), 64u);
+  const uint64_t count = uint64_t{1} << 62;
+  std::memcpy(bytes.data() + 24, &count, sizeof(count));
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  EXPECT_NE(error_reading(path).find("truncated or corrupt"), std::string::npos);
+  EXPECT_THROW(TokenSplit({path}), InputError);
 }
 
 TEST_F(DataTest, TokenOutsideTheVocabularyIsACorruptShard) {

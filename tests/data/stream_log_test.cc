@@ -170,6 +170,28 @@ TEST_F(StreamLogTest, MalformedRecordNamesItsLineCountingTheHeader) {
   EXPECT_NE(message.find(", line 3: not JSON"), std::string::npos) << message;
 }
 
+// Found by fuzz/stream_log.cc: a field that is a float out of int64's range (1e38) was cast to int64 (undefined
+// behaviour) instead of refused; so was a learner id out of int's range.
+TEST_F(StreamLogTest, ANumberAnIntegerFieldCannotHoldIsRefusedNamingItsLine) {
+  const fs::path path = stream_log_path(dir_, 0);
+  fs::create_directories(path.parent_path());
+  for (const char* record : {"{\"epoch\":0,\"position\":1e38,\"stream\":0,\"tokens_served\":0}",
+                             "{\"epoch\":0,\"position\":0.5,\"stream\":0,\"tokens_served\":0}",
+                             "{\"epoch\":0,\"position\":0,\"stream\":0,\"tokens_served\":0,\"learner\":1e300}",
+                             "{\"epoch\":0,\"position\":0,\"stream\":0,\"tokens_served\":0,\"learner\":4294967296}",
+                             "{\"epoch\":0,\"position\":0,\"stream\":0,\"tokens_served\":18446744073709551615}"}) {
+    write_file(path, std::string("{\"format\":\"dloco.stream_log\",\"version\":1}\n") + record + "\n");
+    const std::string message = input_error([&] { read_stream_log(path); });
+    EXPECT_NE(message.find(", line 2: "), std::string::npos) << record << ": " << message;
+  }
+  write_file(path, "{\"format\":\"dloco.stream_log\",\"version\":1}\n"
+                   "{\"epoch\":0,\"position\":64.0,\"stream\":0,\"tokens_served\":64,\"learner\":2,\"step\":3}\n");
+  const auto records = read_stream_log(path);  // an integral float is an integer
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].cursor.position, 64);
+  EXPECT_EQ(records[0].learner, 2);
+}
+
 // A log whose last complete line is not a cursor is refused; the refused open must close the file and release
 // its lock (no destructor runs for an object whose constructor threw), or this process could never open the
 // log again, even after it is repaired.

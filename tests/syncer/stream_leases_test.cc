@@ -1,6 +1,15 @@
 // Stream leasing (syncer/stream_leases.h, docs/protocol.md §7): the decisions as a table, set by hand.
 #include "syncer/stream_leases.h"
 
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+
+#include "core/safetensors.h"
+#include "syncer/syncer_store.h"
+
 #include <gtest/gtest.h>
 
 namespace dloco {
@@ -86,6 +95,33 @@ TEST(StreamLeases, PersistedStateRoundTripsAndStreamsBeyondSAreDropped) {
   EXPECT_EQ(b.at(1).holder, 4);
   EXPECT_EQ(b.tokens(1), 64);
   EXPECT_EQ(b.tokens(0), 0);
+}
+
+// Found by fuzz/syncer_restore.cc: a fragment file holding a non-finite value (a bad disk, a hand edit) was
+// restored and handed to every learner as Θ. Now it is skipped with the reason, as a torn file is.
+TEST(SyncerStore, AFragmentFileWithANonFiniteValueOrANegativeVersionIsSkipped) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("dloco_store_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  SyncerStore store(dir, 42);
+  std::vector<float> theta(8, 0.5f), momentum(8, 0.0f);
+  store.write_fragment(0, 3, theta, momentum);
+  theta[5] = std::numeric_limits<float>::quiet_NaN();
+  store.write_fragment(1, 3, theta, momentum);
+  theta[5] = 0.5f;
+  momentum[2] = std::numeric_limits<float>::infinity();
+  store.write_fragment(2, 3, theta, momentum);
+  momentum[2] = 0;
+  store.write_fragment(3, -4, theta, momentum);
+  std::vector<std::string> skipped;
+  const auto fragments = store.read_fragments(4, &skipped);
+  ASSERT_EQ(fragments.size(), 1u);
+  EXPECT_EQ(fragments[0].p, 0);
+  ASSERT_EQ(skipped.size(), 3u);
+  EXPECT_NE(skipped[0].find("fragment 1: a non-finite value in theta"), std::string::npos) << skipped[0];
+  EXPECT_NE(skipped[1].find("fragment 2: a non-finite value in momentum"), std::string::npos) << skipped[1];
+  EXPECT_NE(skipped[2].find("fragment 3: negative version"), std::string::npos) << skipped[2];
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -1,0 +1,97 @@
+// Fuzz target: what a restarted syncer reads back (syncer/syncer_store.h, docs/protocol.md §4 "Durability"):
+// run_dir/syncer/state.json and a fragment file (safetensors: Θ_p, v_p, version and layout hash in its metadata).
+// Input: the state.json text, the line "--fragment--", then fragment 0's file bytes (fragment 1 is written by the
+// store itself, as a run leaves it). The syncer then starts over them: it may refuse with InputError, or skip what is
+// unusable; when it starts, Θ as it hands it out is finite and of the layout's size, and its status and dashboard
+// JSON can be made.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+
+#include "core/check.h"
+#include "core/events.h"
+#include "core/fragments.h"
+#include "fuzz/fuzz_support.h"
+#include "syncer/syncer_service.h"
+#include "syncer/syncer_store.h"
+#include "transport/codec.h"
+
+using namespace dloco;
+namespace fs = std::filesystem;
+
+namespace {
+
+void require(bool ok, const char* what) {
+  if (!ok) {
+    std::fprintf(stderr, "syncer invariant broken: %s\n", what);
+    std::abort();
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size > 64 * 1024) return 0;
+  const fs::path dir = fuzz::scratch_dir() / "syncer_restore";
+  fs::remove_all(dir);
+  fs::create_directories(dir / "syncer");
+  Config config;
+  config.run.name = "fuzz";
+  config.diloco.learners = 3;
+  config.diloco.inner_steps = 4;
+  config.diloco.fragments = 2;
+  config.diloco.overlap = 2;
+  config.diloco.quorum = 2;
+  config.train.checkpoint_interval = 0;
+  config.train.total_tokens = 3 * 40 * 64;
+  config.train.batch_size = 1;
+  config.train.grad_accum = 1;
+  config.model.seq_len = 64;
+  const FragmentLayout layout = make_fragment_layout({{"a.weight", {40, 8}}, {"b.weight", {24, 8}}}, 2);
+  const wire::Handshake handshake{"fuzz", wire::kProtocolVersion, "", layout.hash, 1, 2, ""};
+
+  std::string_view in = fuzz::as_text(data, size);
+  fuzz::write_bytes(dir / "syncer" / "state.json", fuzz::take_until(in, "\n--fragment--\n"));
+  {
+    SyncerStore store(dir, layout.hash);
+    const std::vector<float> theta(static_cast<size_t>(layout.fragments[1].numel), 0.25f), momentum(theta.size(), 0.0f);
+    store.write_fragment(1, 3, theta, momentum);
+  }
+  char name[64];
+  std::snprintf(name, sizeof(name), "fragment_%04d.safetensors", 0);
+  fuzz::write_bytes(dir / "syncer" / name, in);
+
+  std::vector<std::vector<float>> theta;
+  for (const auto& f : layout.fragments) theta.emplace_back(static_cast<size_t>(f.numel), 0.5f);
+  auto state = std::make_unique<SyncerState>(config, layout, std::move(theta), [](const std::string&) { return false; });
+  EventLog events(dir / "syncer.jsonl", Role::kSyncer, 0);
+  std::unique_ptr<SyncerService> service;
+  try {
+    service = std::make_unique<SyncerService>(
+        config, std::move(state), handshake, dir, &events,
+        [&](const std::vector<SafetensorsEntry>&, const nlohmann::json&, int64_t) { return dir / "ckpt"; });
+  } catch (const InputError&) {
+    return 0;
+  }
+  wire::JoinRequest evaluator;
+  evaluator.handshake = handshake;
+  evaluator.learner_id = -1;
+  const auto joined = service->join(evaluator);
+  if (joined.ok()) {
+    const auto snap = service->snapshot(joined.value.session_id);
+    require(snap.ok(), "the snapshot was refused");
+    require(snap.value.fragments.size() == layout.fragments.size(), "a snapshot of another fragment count");
+    for (size_t p = 0; p < snap.value.fragments.size(); ++p) {
+      const std::vector<float> values = wire::fragment_values(snap.value.fragments[p]);
+      require(static_cast<int64_t>(values.size()) == layout.fragments[p].numel, "a fragment of another size");
+      for (float v : values) require(std::isfinite(v), "a restored syncer hands out a non-finite Θ");
+    }
+  }
+  (void)service->status();
+  (void)service->monitor_status().dump();
+  (void)service->metrics_text();
+  return 0;
+}
