@@ -76,6 +76,7 @@ void for_each_field(C& c, F&& f) {
   f("diloco", "error_feedback", c.diloco.error_feedback);
   f("diloco", "screen_ratio", c.diloco.screen_ratio);
   f("diloco", "clip_ratio", c.diloco.clip_ratio);
+  f("diloco", "refetch_after", c.diloco.refetch_after);
   f("diloco", "blocking", c.diloco.blocking);
   f("diloco", "bootstrap", c.diloco.bootstrap);
   f("run", "name", c.run.name);
@@ -264,6 +265,7 @@ void Config::validate() const {
   require(d.clip_ratio == 0 || (d.clip_ratio >= 1 && std::isfinite(d.clip_ratio) &&
                                 (d.screen_ratio == 0 || d.clip_ratio < d.screen_ratio)),
           "diloco.clip_ratio", "must be 0 (off) or a finite number ≥ 1 and below diloco.screen_ratio");
+  require(d.refetch_after >= 0, "diloco.refetch_after", "must be ≥ 0 (0 = off)");
   require(data.streams >= 0, "data.streams", "must be ≥ 0 (0 = one per learner)");
   require(data.streams == 0 || data.streams >= d.learners, "data.streams", "(S) must be ≥ diloco.learners (M)");
   require(data.streams <= d.learners || train.shared_budget || is_collective_mode(d.mode) || d.mode == Mode::kLocal,

@@ -185,6 +185,9 @@ struct DilocoConfig {
                                    // merged answers is refused (docs/protocol.md §10); 0 = off
   double clip_ratio = 0;           // decoupled: an answer above this multiple (and below screen_ratio) is scaled
                                    // down to it instead of merged as is; 0 = off
+  int64_t refetch_after = 3;       // decoupled: a learner whose answers were refused this many times in a row (any
+                                   // kind, no merged answer between) is sent Θ whole, to replace its parameters
+                                   // (docs/protocol.md §10); 0 = off
   bool blocking = false;           // decoupled only: learners wait at each due step for the pull and at s + τ for
                                    // the merge (a synchronous configuration, for equivalence tests and ablations)
   Bootstrap bootstrap = Bootstrap::kSyncer;  // where a (re)starting learner takes Θ from (§7): "syncer", or "peers": every

@@ -139,7 +139,9 @@ void OuterSync::receive(wire::MergedFragment merged, int64_t step) {
   // come back with an older history (a persisted fragment it could not read), and its word is Θ.
   // A whole copy at a lower version than this learner's can only come from a syncer whose history went back (within
   // one syncer, versions only grow and none is handed out before it is persisted).
-  const bool replaces = whole && (resync_asked_[p] || merged.fragment.version < newest_version_[p]);
+  // A re-fetch (this learner's answers were refused diloco.refetch_after times in a row, §10) replaces the copy and
+  // the parameters even at the version held: they may be what went bad.
+  const bool replaces = whole && (merged.refetch || resync_asked_[p] || merged.fragment.version < newest_version_[p]);
   if (merged.fragment.version <= newest_version_[p] && !replaces) return;  // stale or duplicate
   Pending m{p, merged.fragment.version, step, false, {}, whole, replaces};
   std::vector<float> theta;
@@ -176,6 +178,12 @@ void OuterSync::receive(wire::MergedFragment merged, int64_t step) {
     return;
   }
   if (whole) resync_asked_[p] = false;
+  if (merged.refetch) {
+    feedback_[static_cast<size_t>(p)].reset();  // what it held belongs to answers that were refused
+    emit("refetch", {{"fragment", p}, {"version", m.version},
+                     {"reason", "the syncer refused this learner's answers diloco.refetch_after times in a row: its "
+                                "parameters of the fragment are replaced by Θ_p"}});
+  }
   m.theta = newest_[p] = std::make_shared<const std::vector<float>>(std::move(theta));
   newest_version_[p] = m.version;
   newest_hash_[p] = 0;

@@ -263,6 +263,7 @@ nlohmann::json SyncerService::monitor_status() {
           {"screening", [&] {
              nlohmann::json screening = wire::screening_json(r);
              screening["calls_refused"] = calls_refused_;
+             screening["refetches"] = state_->refetches();
              return screening;
            }()},
           {"bytes_sent", r.bytes_sent},
@@ -294,6 +295,9 @@ std::string SyncerService::metrics_text() {
             s["screening"]["reports_refused"]);
   m.counter("dloco_answers_clipped_total", "Answers scaled down to diloco.clip_ratio times the median.",
             s["screening"]["answers_clipped"]);
+  m.counter("dloco_refetches_total",
+            "Times a learner refused diloco.refetch_after times in a row was sent Θ whole (docs/protocol.md §10).",
+            s["screening"]["refetches"]);
   m.counter("dloco_merges_dropped_total", "Merges dropped because Θ_p came out non-finite.",
             s["screening"]["merges_dropped"]);
   for (const auto& [reason, n] : s["screening"]["calls_refused"].items()) {
@@ -472,6 +476,19 @@ void SyncerService::merger_loop() {
             std::max<int64_t>(0, state_->version(pull.fragment) - (config_.diloco.anchor_versions - 1)),
             state_->version(pull.fragment)};
         for (int id : pull.learners) send(id, msg);
+      }
+      // A learner refused diloco.refetch_after times in a row gets Θ whole, as published (§10): queued before this
+      // tick's merges are broadcast, so a merge that follows applies on top of it.
+      for (int id : actions.refetch) {
+        const auto box = outboxes_.find(id);
+        if (box == outboxes_.end()) continue;  // not connected: it takes Θ when it re-joins anyway
+        for (size_t p = 0; p < published_.size(); ++p) {
+          send(id, wire::MergedFragment{{static_cast<int>(p), published_[p].version,
+                                         wire::encode(*published_[p].theta, wire::Codec::kFp32)},
+                                        -1, {}, -1, 0, /*refetch=*/true});
+          if (box->second->carried.size() <= p) box->second->carried.resize(p + 1, false);
+          box->second->carried[p] = true;
+        }
       }
       if (config_.train.checkpoint_interval > 0 &&
           state_->global_step() >= last_checkpoint_step_ + config_.train.checkpoint_interval) {

@@ -213,6 +213,14 @@ void SyncerState::refuse_undecodable(int learner, int fragment, int64_t round_st
 void SyncerState::refuse(int learner, int fragment, int64_t round_step, RefusalKind kind) {
   ++answers_refused_;
   ++refused_by_kind_[kind];
+  // A learner refused refetch_after times in a row may hold parameters that went bad (a bit flip, a diverged
+  // optimizer): it is told to take Θ whole (§10). The count restarts, so a learner that stays bad is told again
+  // every refetch_after refusals, not at every one.
+  if (auto rec = learners_.find(learner); rec != learners_.end() && config_.diloco.refetch_after > 0 &&
+                                          ++rec->second.refused_in_a_row >= config_.diloco.refetch_after) {
+    rec->second.refused_in_a_row = 0;
+    if (std::find(refetch_due_.begin(), refetch_due_.end(), learner) == refetch_due_.end()) refetch_due_.push_back(learner);
+  }
   auto it = open_.find(fragment);
   if (it == open_.end() || !it->second.phase.is(RoundPhase::kPulling) || it->second.step != round_step) return;
   Round& round = it->second;
@@ -341,6 +349,17 @@ SyncerActions SyncerState::tick(double now_s) {
     actions.finished_now = true;
     actions.events.push_back(event("finished", {{"global_step", global_step_}, {"merges", merges_}}));
   }
+  // Last, so that refusals made by this tick's merges (norm screening) are told at once.
+  for (int id : refetch_due_) {
+    actions.refetch.push_back(id);
+    ++refetches_;
+    actions.events.push_back(event("refetch_told", {{"learner", id}, {"refused_in_a_row", config_.diloco.refetch_after},
+                                                    {"reason", "its answers were refused " +
+                                                                   std::to_string(config_.diloco.refetch_after) +
+                                                                   " times in a row (diloco.refetch_after): Θ goes to "
+                                                                   "it whole, to replace its parameters"}}));
+  }
+  refetch_due_.clear();
   return actions;
 }
 
@@ -601,6 +620,9 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
   frag.anchors.emplace_back(frag.version, frag.theta);
   while (static_cast<int64_t>(frag.anchors.size()) > config_.diloco.anchor_versions) frag.anchors.pop_front();
   ++merges_;
+  for (int id : ids) {  // a merged answer ends a run of refusals
+    if (auto rec = learners_.find(id); rec != learners_.end()) rec->second.refused_in_a_row = 0;
+  }
   tokens_merged_ += round_tokens;
   last_quorum_ = static_cast<int64_t>(ids.size());
   sync_ema_.update(now_s - round.pull_sent_s);

@@ -82,6 +82,9 @@ struct SyncerActions {
   };
   std::vector<Pull> pulls;
   std::vector<MergedFragmentData> merged;
+  // Learners whose answers were refused diloco.refetch_after times in a row (no merged answer between): send each
+  // Θ whole, to replace its parameters (docs/protocol.md §10). Each is named once per refetch_after refusals.
+  std::vector<int> refetch;
   std::vector<nlohmann::json> events;  // structured decision events (quorum, grace, drop, absent …) with reasons
   bool clock_moved = false;
   bool finished_now = false;           // the final flush just completed: the run is over
@@ -120,6 +123,7 @@ struct LearnerRecord {
   bool was_live = false;
   int64_t bytes_sent = 0;      // syncer -> learner
   int64_t bytes_received = 0;  // learner -> syncer
+  int refused_in_a_row = 0;    // its answers refused since its last merged one (diloco.refetch_after, §10)
 };
 
 class SyncerState {
@@ -177,6 +181,8 @@ class SyncerState {
   /// non-finite (Θ_p and v_p were kept as they were).
   int64_t answers_clipped() const { return answers_clipped_; }
   int64_t merges_dropped() const { return merges_dropped_; }
+  /// Times a learner was told to re-fetch Θ (SyncerActions::refetch).
+  int64_t refetches() const { return refetches_; }
   /// Σ over merges of the tokens their answers carried (each answer: the learner's tokens since its last merge of
   /// that fragment). Divided by P · tokens_trained() it is the share of the work trained that some merge kept so far
   /// (goodput so far, in tokens; the final flush brings it to ≈ 1 unless work was lost).
@@ -250,7 +256,8 @@ class SyncerState {
   int64_t global_step_ = 0;
   Ema quorum_ema_, sync_ema_;
   int64_t merges_ = 0, last_quorum_ = 0, answers_dropped_ = 0, answers_refused_ = 0, tokens_merged_ = 0;
-  int64_t reports_refused_ = 0, answers_clipped_ = 0, merges_dropped_ = 0;
+  int64_t reports_refused_ = 0, answers_clipped_ = 0, merges_dropped_ = 0, refetches_ = 0;
+  std::vector<int> refetch_due_;  // learners whose refusals reached diloco.refetch_after since the last tick
   std::map<RefusalKind, int64_t> refused_by_kind_;
   double grace_wait_s_ = 0;
   StateMachine<SyncerPhase, 2> phase_{SyncerPhase::kTraining, kSyncerMoves};

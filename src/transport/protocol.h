@@ -129,6 +129,9 @@ struct MergedFragment {
   int64_t base_version = -1;
   uint64_t base_hash = 0;         // with base_version ≥ 0: FNV-1a 64 of Θ_p at base_version (core/hash.h), so an
                                   // update is applied only to the very copy it was built against
+  bool refetch = false;           // Θ_p whole, sent because this learner's answers were refused
+                                  // diloco.refetch_after times in a row: it replaces the learner's copy and its
+                                  // parameters of p even at the version it holds (docs/protocol.md §10)
 };
 
 struct GlobalStep { int64_t step = 0; };  // the clock, when it moves

@@ -218,6 +218,48 @@ TEST(MergeFragment, RdaPerBlockAndMeanForTheEmbedding) {
   EXPECT_NEAR(out[0], std::sqrt(2.0), 1e-6);
 }
 
+// docs/protocol.md §10: "the merged outer gradient's norm needs no check of its own: RDA and the weighted mean keep it
+// at or below the largest accepted answer's". Per block ‖r_b‖ ≤ Σ_m w_m ‖Δ_m,b‖ (RDA: the weighted mean radius
+// times a unit or shorter direction; the mean: the triangle inequality), and over the blocks Jensen's inequality gives
+// ‖r‖² ≤ Σ_m w_m ‖Δ_m‖² ≤ max_m ‖Δ_m‖². Checked on random fragments (several tensors, an embedding, scales
+// 10^-3..10^3, weights with zeros, opposite directions) for both rules.
+TEST(MergeFragment, TheMergedNormIsAtMostTheLargestAnswersNorm) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> unit(-1, 1);
+  std::uniform_int_distribution<int> learners(1, 6), dims(1, 9);
+  auto is_embedding = [](const std::string& name) { return name == "emb"; };
+  for (int trial = 0; trial < 300; ++trial) {
+    const FragmentLayout layout = make_fragment_layout(
+        {{"emb", {dims(rng), dims(rng)}}, {"a", {dims(rng), dims(rng)}}, {"b", {dims(rng)}}}, 1);
+    const auto n = static_cast<size_t>(layout.fragments[0].numel);
+    const int M = learners(rng);
+    Vectors grads(M, std::vector<float>(n));
+    std::vector<double> weights(M);
+    for (int m = 0; m < M; ++m) {
+      const float scale = std::pow(10.0f, 3.0f * unit(rng));
+      for (auto& v : grads[m]) v = scale * unit(rng);
+      if (m == 1 && trial % 3 == 0) {  // opposite to learner 0: directions cancel
+        for (size_t i = 0; i < n; ++i) grads[1][i] = -grads[0][i];
+      }
+      weights[m] = trial % 5 == 0 && m > 0 ? 0.0 : 0.1 + (unit(rng) + 1);
+    }
+    double largest = 0;
+    for (int m = 0; m < M; ++m) {
+      if (weights[m] == 0) continue;  // a zero weight takes no part
+      double sq = 0;
+      for (float v : grads[m]) sq += double(v) * v;
+      largest = std::max(largest, std::sqrt(sq));
+    }
+    for (MergeRule rule : {MergeRule::kRda, MergeRule::kMean}) {
+      std::vector<float> out(n);
+      merge_fragment(layout, 0, spans(grads), weights, rule, is_embedding, out);
+      double sq = 0;
+      for (float v : out) sq += double(v) * v;
+      EXPECT_LE(std::sqrt(sq), largest * (1 + 1e-5) + 1e-30) << "trial " << trial << ", rule " << (rule == MergeRule::kRda ? "rda" : "mean");
+    }
+  }
+}
+
 TEST(MergeFragment, NormsArePerBlock) {
   // Two tensors in one fragment at very different scales. Per block: block a has radius (100 + 1)/2 = 50.5, block
   // b radius 0.01 with orthogonal directions. A norm over the whole fragment would let block a's scale leak into b.

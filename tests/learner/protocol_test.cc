@@ -554,6 +554,7 @@ TEST_F(ProtocolTest, OutlierAnswersAreRefusedByNormAndThetaStaysWhereHonestTrain
     if (run == "honest") {
       honest = largest;
       EXPECT_EQ(by_norm, 0) << "an honest answer was screened out";
+      EXPECT_TRUE(named(events_of("syncer_" + std::to_string(syncer_starts_) + ".jsonl"), "refetch_told").empty());
       expect_copies_equal_theta(results);
     } else if (run == "screened") {
       ASSERT_GE(applied.load(), 3);
@@ -562,6 +563,23 @@ TEST_F(ProtocolTest, OutlierAnswersAreRefusedByNormAndThetaStaysWhereHonestTrain
       EXPECT_LT(largest, 2 * honest) << "honest run: max |Θ| " << honest;
       EXPECT_EQ(service_->status().answers_refused_by_kind.at("norm"), by_norm);
       expect_copies_equal_theta(results);
+      // §10: learner 0 is told to re-fetch Θ at every 3rd refusal in a row (a merged answer of its own starts the
+      // count again), as the syncer's own events show, and it takes Θ whole for both fragments each time.
+      const auto events = events_of("syncer_" + std::to_string(syncer_starts_) + ".jsonl");
+      int in_a_row = 0, expected = 0;
+      for (const auto& e : events) {
+        if (e["event"] == "answer_refused" && e["learner"] == 0 && ++in_a_row == 3) ++expected, in_a_row = 0;
+        if (e["event"] == "merged") {
+          const auto who = e["participants"].get<std::vector<int>>();
+          if (std::find(who.begin(), who.end(), 0) != who.end()) in_a_row = 0;
+        }
+      }
+      const auto told = named(events, "refetch_told");
+      EXPECT_GE(expected, 1) << "the test needs three refusals in a row";
+      EXPECT_EQ(static_cast<int>(told.size()), expected);
+      for (const auto& e : told) EXPECT_EQ(e["learner"], 0) << e.dump();
+      EXPECT_EQ(service_->monitor_status()["screening"]["refetches"], static_cast<int64_t>(told.size()));
+      EXPECT_GE(named(events_of("learner_0.jsonl"), "refetch").size(), 2u) << "Θ whole for both fragments";
     } else {
       EXPECT_EQ(by_norm, 0);
       EXPECT_GT(largest, 10 * honest) << "unscreened, the outliers should have moved Θ";

@@ -462,6 +462,59 @@ TEST_F(SyncerStateTest, ImpossibleCountersAreRefusedAndARefusedAnswerEndsTheWait
   EXPECT_EQ(s.answers_refused_by_kind().at("malformed"), 1);
 }
 
+// docs/protocol.md §10: a learner whose answers were refused diloco.refetch_after (3) times in a row, with no merged
+// answer between, is named once in SyncerActions::refetch (the service sends it Θ whole); a merged answer starts the
+// count again; refetch_after = 0 turns it off.
+TEST_F(SyncerStateTest, ALearnerRefusedRefetchAfterTimesInARowIsToldToRefetchOnce) {
+  for (int refetch_after : {3, 0}) {
+    SCOPED_TRACE(refetch_after);
+    auto s = make(2, 2, false, "mean", "uniform", 1.0, 0.0, WireDtype::kFp32, false,
+                  [&](Config& c) { c.diloco.refetch_after = refetch_after; });
+    const int64_t tps = parse_config("").train.tokens_per_step(parse_config("").model);
+    s.on_join(0, 0.0);
+    s.on_join(1, 0.0);
+    s.on_report(0, report(1), 1.0);
+    s.on_report(1, report(1), 1.0);
+    ASSERT_EQ(s.tick(1.0).pulls.size(), 1u);
+    std::string why;
+    auto impossible = answer(1, 1, std::vector<float>(4, 0.1f));
+    impossible.tokens = impossible.steps * tps + 1;
+    auto refuse = [&] { ASSERT_EQ(s.on_answer(1, impossible, 1.1, &why), AnswerOutcome::kRefused); };
+    refuse();
+    refuse();
+    EXPECT_TRUE(s.tick(1.1).refetch.empty()) << "two refusals";
+    refuse();
+    const auto told = s.tick(1.1);
+    if (refetch_after == 0) {
+      EXPECT_TRUE(told.refetch.empty());
+      EXPECT_EQ(s.refetches(), 0);
+      continue;
+    }
+    EXPECT_EQ(told.refetch, (std::vector<int>{1}));
+    EXPECT_TRUE(std::any_of(told.events.begin(), told.events.end(), [](const auto& e) {
+      return e["event"] == "refetch_told" && e["learner"] == 1 && e["refused_in_a_row"] == 3;
+    }));
+    EXPECT_TRUE(s.tick(1.1).refetch.empty()) << "told once";
+    EXPECT_EQ(s.refetches(), 1);
+    // Two more refusals, then the learner's well-formed answer is merged: the count starts again.
+    refuse();
+    refuse();
+    ASSERT_EQ(s.on_answer(1, answer(1, 1, std::vector<float>(4, 0.1f)), 1.1, &why), AnswerOutcome::kAccepted) << why;
+    ASSERT_EQ(s.on_answer(0, answer(1, 1, std::vector<float>(4, 0.1f)), 1.1, &why), AnswerOutcome::kAccepted) << why;
+    const auto merged = s.tick(1.2);
+    ASSERT_EQ(merged.merged.size(), 1u);
+    EXPECT_TRUE(merged.refetch.empty());
+    s.on_report(0, report(3), 2.0);
+    s.on_report(1, report(3), 2.0);
+    (void)s.tick(2.0);
+    auto late = answer(1, 3, std::vector<float>(4, 0.1f), 1);
+    late.tokens = late.steps * tps + 1;
+    ASSERT_EQ(s.on_answer(1, late, 2.1, &why), AnswerOutcome::kRefused);
+    EXPECT_TRUE(s.tick(2.1).refetch.empty()) << "one refusal after a merged answer";
+    EXPECT_EQ(s.refetches(), 1);
+  }
+}
+
 // Finite answers can still overflow Θ (3e38 per value with μ = 0.9: Θ − η·(Δ + μ·v) passes FLT_MAX): the merge is
 // dropped, Θ_p and v_p stay as they were, nothing is broadcast and the version does not move.
 TEST_F(SyncerStateTest, AMergeThatMakesThetaNonFiniteIsDroppedAndThetaKept) {

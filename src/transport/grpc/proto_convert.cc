@@ -243,6 +243,7 @@ void to_proto(const wire::SyncerMessage& m, v1::SyncerMessage* out) {
       out->mutable_merged()->set_base_version(merged->base_version);
       out->mutable_merged()->set_base_hash(merged->base_hash);
     }
+    if (merged->refetch) out->mutable_merged()->set_refetch(true);
   } else if (const auto* clock = std::get_if<wire::GlobalStep>(&m)) {
     out->set_global_step(clock->step);
   } else if (std::holds_alternative<wire::Stop>(m)) {
@@ -262,7 +263,7 @@ bool from_proto(const v1::SyncerMessage& m, wire::SyncerMessage* out) {
       const auto& p = m.merged().participants();
       *out = wire::MergedFragment{from_proto(m.merged().fragment()), m.merged().round_step(), {p.begin(), p.end()},
                                   m.merged().has_base_version() ? m.merged().base_version() : -1,
-                                  m.merged().base_hash()};
+                                  m.merged().base_hash(), m.merged().refetch()};
       return true;
     }
     case v1::SyncerMessage::kGlobalStep: *out = wire::GlobalStep{m.global_step()}; return true;
