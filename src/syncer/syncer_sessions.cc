@@ -140,6 +140,7 @@ void SyncerService::on_metadata(int learner, const wire::Metadata& m) {
 void SyncerService::on_answer(int learner, const wire::PullAnswer& a) {
   PullAnswerData data{a.fragment, a.round_step, a.captured_step, a.base_version, a.steps, a.tokens, {}};
   std::string reason = wire::decode(a.delta, data.delta);
+  if (reason.empty()) data.codec_error = wire::error_bound(a.delta, data.delta);
   AnswerOutcome outcome = AnswerOutcome::kRefused;
   if (!reason.empty()) {
     reason = "undecodable payload: " + reason;

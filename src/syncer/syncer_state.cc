@@ -477,6 +477,19 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
   std::vector<bool> raw;  // a raw θ (re-anchor): its Δ also carries merges it missed
   std::vector<int64_t> tokens, steps;
   for (auto& [id, a] : round.answers) {
+    // The size screened (5b) is the learner's own Δ against its base: an honest answer against the version before
+    // (its merge came after s + τ, with the next pull) rebased onto Θ_p also carries the syncer's last outer step,
+    // and was refused at ratios of 10–916 (found by the Python learner's test). A raw θ has no own Δ: its rebased one.
+    double own_norm = a.base_version >= 0 ? l2_norm(a.delta) : -1;
+    // With error feedback a payload carries x = Δ + e_prev (what the codec dropped from this learner's last answer of
+    // p) and decodes to x − e_new: ‖Δ‖ ≥ ‖x̂‖ − ‖e_prev‖ − ‖e_new‖, each bounded by its payload's codec error. A short
+    // answer after a long one (a learner that trained alone while the quorum waited) carried the long one's residual
+    // and was refused at 13–25× (found by the Python learner's test, C++ learner, q4 + error feedback).
+    if (auto rec = learners_.find(id); rec != learners_.end()) {
+      double& carried = rec->second.carried_error[p];
+      if (own_norm >= 0 && config_.diloco.error_feedback) own_norm = std::max(0.0, own_norm - carried - a.codec_error);
+      carried = a.codec_error;
+    }
     // 4) outer gradient anchored at the current Θ_p: Δ = Θ_p − θ_m with θ_m = Θ_p^base − delta (or raw θ_m).
     std::vector<float> g(n);
     if (a.base_version == frag.version) {
@@ -497,7 +510,8 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
     double lr_sum = 0;
     for (int64_t t = std::max<int64_t>(0, a.captured_step - a.steps); t < a.captured_step; ++t) lr_sum += schedule_.at(t);
     lr_sum = std::max(lr_sum, schedule_.at(std::max<int64_t>(0, a.captured_step)));
-    const double norm = lr_sum > 0 ? l2_norm(g) / lr_sum : -1;  // −1: not comparable (lr 0: min_lr_ratio 0)
+    const double norm = lr_sum > 0 ? (own_norm >= 0 ? own_norm : l2_norm(g)) / lr_sum : -1;  // −1: not comparable
+                                                                                              // (lr 0: min_lr_ratio 0)
     per_step.push_back(std::isfinite(norm) ? norm : -1);
     raw.push_back(a.base_version < 0);
     ids.push_back(id);

@@ -57,6 +57,8 @@ struct PullAnswerData {
   int64_t steps = 0;
   int64_t tokens = 0;
   std::vector<float> delta;  // Θ_p^base − θ_{m,p}, fragment-sized
+  double codec_error = 0;    // wire::error_bound of its payload: with error feedback, ≥ the residual the learner
+                             // carries into its next answer of this fragment (the norm screen allows for it, §10)
 };
 
 /// A merged fragment to persist and then broadcast.
@@ -124,6 +126,7 @@ struct LearnerRecord {
   int64_t bytes_sent = 0;      // syncer -> learner
   int64_t bytes_received = 0;  // learner -> syncer
   int refused_in_a_row = 0;    // its answers refused since its last merged one (diloco.refetch_after, §10)
+  std::map<int, double> carried_error;  // fragment -> codec_error of its last answer screened (error feedback, §10)
 };
 
 class SyncerState {

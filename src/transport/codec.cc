@@ -265,6 +265,32 @@ Payload encode(std::span<const float> values, Codec codec, int64_t block) {
   return out;
 }
 
+double error_bound(const Payload& payload, std::span<const float> decoded) {
+  Codec integer = Codec::kFp32;
+  int64_t block = 0;
+  if (parse_wire_integer(payload.codec, &integer, &block)) {
+    // The step s_b is taken from what was decoded, not from the declared scale: an encoder's block holds its max|x|
+    // at ±q_max exactly, so max|x̂_b| = q_max · s_b; a payload declaring a large scale over zeros cannot claim a
+    // large error (and with it a large allowance in the norm screen).
+    const auto n = static_cast<int64_t>(decoded.size());
+    double sum = 0;
+    for (int64_t b = 0; b < blocks_of(n, block); ++b) {
+      const int64_t lo = b * block, hi = std::min(n, lo + block);
+      float amax = 0;
+      for (int64_t i = lo; i < hi; ++i) amax = std::max(amax, std::fabs(decoded[static_cast<size_t>(i)]));
+      const double half = 0.5 * amax / q_max(integer) * (1 + 1e-6);
+      sum += static_cast<double>(hi - lo) * half * half;
+    }
+    return std::sqrt(sum);
+  }
+  if (payload.codec == "bf16") {
+    double sq = 0;
+    for (float v : decoded) sq += static_cast<double>(v) * v;
+    return std::sqrt(sq) / 128;
+  }
+  return 0;
+}
+
 std::string decode(const Payload& payload, std::vector<float>& out, int64_t expected_numel) {
   Codec integer = Codec::kFp32;
   int64_t block = 0;

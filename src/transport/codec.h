@@ -42,6 +42,14 @@ Payload encode(std::span<const float> values, Codec codec, int64_t block = 0);
 /// fp32 and bf16 values is the caller's check (the syncer refuses non-finite deltas and counts them).
 std::string decode(const Payload& payload, std::vector<float>& out, int64_t expected_numel = -1);
 
+/// An upper bound on ‖x − x̂‖₂ for the values x a payload was encoded from, x̂ = `decoded` (what decode() gave for
+/// it): q8/q4 √(Σ_b n_b · (s_b / 2)²) with s_b = max|x̂| over block b / q_max (rounding to nearest moves a value by at
+/// most half its block's step; the step is taken from the decoded values, so a declared scale over zeros claims
+/// nothing), bf16 2⁻⁷ · ‖x̂‖ (8 significant bits, round to nearest), fp32 0. With error feedback it
+/// bounds the residual a sender carries into its next payload (the syncer's norm screen, docs/protocol.md §10).
+/// Only for a payload decode() took.
+double error_bound(const Payload& payload, std::span<const float> decoded);
+
 /// Θ_p at the next version from Θ_p at the base and an encoded outer update U (the compressed downlink, issue 14
 /// part 3): out[i] = base[i] + Û[i] in fp32, the one formula the syncer and every learner use, so every copy equals
 /// the syncer's Θ_p bit for bit. Returns "" on success, else what was wrong (decode()'s reasons, a size other than

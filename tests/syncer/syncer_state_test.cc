@@ -273,6 +273,7 @@ TEST_F(SyncerStateTest, WithFixedSharesTheEndWaitsForEveryStreamToHaveTrained) {
   c.diloco.quorum = 1;
   c.diloco.grace_window = false;
   c.diloco.inner_steps = 2;
+  c.diloco.overlap = 1;  // τ < H
   c.diloco.fragments = 2;
   c.train.shared_budget = true;
   FragmentLayout layout = make_fragment_layout({{"a", {4}}, {"b", {4}}}, 2, false);
@@ -374,6 +375,71 @@ TEST_F(SyncerStateTest, ScreeningRefusesAnOutlierOuterGradientAndMergesTheRest) 
   ASSERT_EQ(s.tick(1.2).merged.size(), 1u);
   EXPECT_NEAR(s.theta(1)[0], 2.0f - 0.5f / 3, 1e-6);
   EXPECT_EQ(s.answers_clipped(), 1);
+}
+
+// An honest answer against the version before (its merge reached the learner after s + τ, together with the next
+// pull) is screened by its own Δ, not by its Δ rebased onto Θ_p, which also carries the syncer's last outer step:
+// with η = 50 that step is 5 a value against answers of 0.1, and the rebased answer was refused at ~49× the median.
+TEST_F(SyncerStateTest, AnAnswerAgainstThePreviousVersionIsScreenedByItsOwnDelta) {
+  auto s = make(3, 3, false, "mean", "uniform", /*outer_lr=*/50.0);
+  for (int m = 0; m < 3; ++m) s.on_join(m, 0.0), s.on_report(m, report(1), 1.0);
+  std::string why;
+  ASSERT_EQ(s.tick(1.0).pulls.size(), 1u);
+  for (int m = 0; m < 3; ++m) {
+    ASSERT_EQ(s.on_answer(m, answer(1, 1, std::vector<float>(4, 0.1f)), 1.1, &why), AnswerOutcome::kAccepted) << why;
+  }
+  ASSERT_EQ(s.tick(1.2).merged.size(), 1u);
+  ASSERT_EQ(s.version(1), 1);
+  ASSERT_NEAR(s.theta(1)[0], 2.0f - 5.0f, 1e-5);
+  for (int m = 0; m < 3; ++m) s.on_report(m, report(3), 3.0);
+  const auto pulls = s.tick(3.0).pulls;  // fragment 0's round of u = 2 and fragment 1's of u = 3
+  ASSERT_TRUE(std::any_of(pulls.begin(), pulls.end(), [](const auto& p) { return p.fragment == 1 && p.round_step == 3; }));
+  for (int m = 0; m < 3; ++m) {
+    const int64_t base = m == 2 ? 0 : 1;  // learner 2 has not applied version 1 yet
+    ASSERT_EQ(s.on_answer(m, answer(1, 3, std::vector<float>(4, 0.1f), base), 3.1, &why), AnswerOutcome::kAccepted)
+        << why;
+  }
+  const auto a = s.tick(3.2);
+  ASSERT_EQ(a.merged.size(), 1u);  // fragment 1 (fragment 0's round still waits for its answers)
+  EXPECT_EQ(a.merged[0].fragment, 1);
+  EXPECT_EQ(a.merged[0].participants, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(s.answers_refused(), 0);
+}
+
+// With error feedback a payload carries the residual of the learner's last answer of that fragment (what the codec
+// dropped from it): a short answer after a long one carried the long one's residual and was refused at 13–25× the
+// median. The screen takes ‖Δ‖ ≥ ‖x̂‖ − (last payload's codec error) − (this one's); without error feedback it
+// does not.
+TEST_F(SyncerStateTest, WithErrorFeedbackTheNormScreenAllowsForTheCarriedResidual) {
+  for (const bool feedback : {true, false}) {
+    SCOPED_TRACE(feedback);
+    auto s = make(3, 3, false, "mean", "uniform", 1.0, 0.0, WireDtype::kFp32, feedback);
+    for (int m = 0; m < 3; ++m) s.on_join(m, 0.0), s.on_report(m, report(1), 1.0);
+    std::string why;
+    ASSERT_EQ(s.tick(1.0).pulls.size(), 1u);
+    for (int m = 0; m < 3; ++m) {
+      auto a = answer(1, 1, std::vector<float>(4, 0.1f));
+      a.codec_error = m == 2 ? 7.9 : 0.01;  // learner 2's answer left a residual of up to 7.9
+      ASSERT_EQ(s.on_answer(m, a, 1.1, &why), AnswerOutcome::kAccepted) << why;
+    }
+    ASSERT_EQ(s.tick(1.2).merged.size(), 1u);
+    for (int m = 0; m < 3; ++m) s.on_report(m, report(3), 3.0);
+    (void)s.tick(3.0);
+    for (int m = 0; m < 3; ++m) {  // learner 2 sends its residual with a small Δ: ‖x̂‖ = 8, 40× the others' 0.2
+      auto a = answer(1, 3, std::vector<float>(4, m == 2 ? 4.0f : 0.1f), 1);
+      a.codec_error = 0.01;
+      ASSERT_EQ(s.on_answer(m, a, 3.1, &why), AnswerOutcome::kAccepted) << why;
+    }
+    const auto a = s.tick(3.2);
+    ASSERT_EQ(a.merged.size(), 1u);
+    if (feedback) {
+      EXPECT_EQ(a.merged[0].participants, (std::vector<int>{0, 1, 2}));
+      EXPECT_EQ(s.answers_refused(), 0);
+    } else {
+      EXPECT_EQ(a.merged[0].participants, (std::vector<int>{0, 1}));
+      EXPECT_EQ(s.answers_refused_by_kind().at("norm"), 1);
+    }
+  }
 }
 
 // A raw θ (base −1: a re-anchor after the syncer came back with an older history) honestly carries the merges it
@@ -559,6 +625,7 @@ TEST_F(SyncerStateTest, ImpossibleReportsAreRefused) {
 TEST_F(SyncerStateTest, MismatchedInitialBuffersAreRefused) {
   Config c = parse_config("");
   c.diloco.inner_steps = 2;
+  c.diloco.overlap = 1;  // τ < H: the config is valid, only the buffers are not
   c.diloco.fragments = 2;
   FragmentLayout layout = make_fragment_layout({{"a", {4}}, {"b", {4}}}, 2, false);
   EXPECT_THROW(SyncerState(c, layout, {std::vector<float>(4), std::vector<float>(3)}, nullptr), InputError);

@@ -225,6 +225,36 @@ namespace {
 // A constant signal sent 1,000 rounds: without error feedback the sum of what was sent drifts from the sum of the
 // inputs by the codec's bias every round (linearly); with it the gap stays the last residual, within one block's
 // bound, at every round. A reset starts from e = 0.
+// error_bound bounds ‖x − x̂‖ for every codec (the norm screen's allowance for an error-feedback residual, §10), is
+// tight for the integer codecs (within 2× on Gaussian values) and claims nothing for a large declared scale over zeros.
+TEST(Codec, TheErrorBoundHoldsAndCannotBeInflatedByADeclaredScale) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0, 1);
+  for (const Codec codec : {Codec::kFp32, Codec::kBf16, Codec::kQ8, Codec::kQ4}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<float> x(1 + trial * 37);
+      const float scale = std::pow(10.0f, static_cast<float>(trial % 7 - 3));
+      for (auto& v : x) v = scale * normal(rng);
+      const Payload p = encode(x, codec);
+      std::vector<float> decoded;
+      ASSERT_EQ(decode(p, decoded), "");
+      double err = 0;
+      for (size_t i = 0; i < x.size(); ++i) err += (double(x[i]) - decoded[i]) * (double(x[i]) - decoded[i]);
+      err = std::sqrt(err);
+      const double bound = error_bound(p, decoded);
+      EXPECT_LE(err, bound + 1e-30) << to_string(codec) << " trial " << trial;
+      if ((codec == Codec::kQ8 || codec == Codec::kQ4) && x.size() >= 64) EXPECT_LE(bound, 4 * err) << to_string(codec);
+    }
+  }
+  // q4/64 over 128 zeros with a declared scale of 1e30: decodes to zeros, claims no error.
+  Payload zeros = encode(std::vector<float>(128, 0.0f), Codec::kQ4);
+  const float big = 1e30f;
+  for (int b = 0; b < 2; ++b) std::memcpy(zeros.bytes.data() + 8 + 4 * b, &big, sizeof(big));
+  std::vector<float> decoded;
+  ASSERT_EQ(decode(zeros, decoded), "");
+  EXPECT_EQ(error_bound(zeros, decoded), 0.0);
+}
+
 // Found by fuzz/codec.cc: decoding an empty fp32 or bf16 payload passed a null pointer to memcpy (UB, reported by
 // UBSan in the sanitized suite).
 TEST(Codec, EmptyPayloadsDecodeToNoValues) {
