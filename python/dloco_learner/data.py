@@ -1,0 +1,152 @@
+"""Token shards, data streams with exact cursors, and the stream log (src/data/shards.h, stream.h, stream_log.h).
+
+Shard file (little-endian): "DLOCOTOK", uint32 version 1, uint32 bytes per token (2 or 4), uint32 vocabulary,
+uint32 header bytes (64), uint64 token count, zeros to byte 64, the tokens. A split (train) is its shards
+train_*.bin in name order, concatenated. Stream s of S covers tokens [s·L, (s+1)·L), L = size // S; a batch is a
+window of B·T + 1 tokens at the cursor, which then moves B·T and wraps (epoch + 1) when the next window would not fit.
+The stream log (run_dir/streams/stream_<s>.jsonl, locked with flock while held) records each batch's cursor before
+it is trained, so a restart resumes one batch after the last record: no batch trained twice, none skipped.
+"""
+import fcntl
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .config import ConfigError
+
+MAGIC = b"DLOCOTOK"
+HEADER_BYTES = 64
+
+
+class StreamBusy(ConfigError):
+    """Another live process holds the stream's log."""
+
+
+def read_shard(path):
+    """The tokens of one shard as a read-only memory map (uint16 or uint32). ConfigError naming what is wrong."""
+    with open(path, "rb") as f:
+        header = f.read(HEADER_BYTES)
+    if len(header) < HEADER_BYTES or header[:8] != MAGIC:
+        raise ConfigError("%s: wrong magic: not a dloco token shard" % path)
+    version, width, _vocab, header_size = np.frombuffer(header[8:24], dtype="<u4")
+    count = int(np.frombuffer(header[24:32], dtype="<u8")[0])
+    if version != 1 or width not in (2, 4) or header_size != HEADER_BYTES:
+        raise ConfigError("%s: shard version %d, %d bytes per token, header %d: this reader takes version 1, 2 or 4 "
+                          "bytes, 64" % (path, version, width, header_size))
+    if os.path.getsize(path) != HEADER_BYTES + count * int(width):
+        raise ConfigError("%s: the file's size does not match its %d tokens (truncated?)" % (path, count))
+    return np.memmap(path, dtype="<u2" if width == 2 else "<u4", mode="r", offset=HEADER_BYTES, shape=(count,))
+
+
+class TokenSplit:
+    """One split's shards, concatenated."""
+
+    def __init__(self, data_dir, split="train"):
+        paths = sorted(p for p in Path(data_dir).glob(split + "_*.bin"))
+        if not paths:
+            raise ConfigError("no %s shards in '%s': prepare the corpus first, e.g. `dloco data prepare --kjv --out "
+                              "%s`" % (split, data_dir, data_dir))
+        self.shards = [read_shard(p) for p in paths]
+        self.starts = np.cumsum([0] + [s.size for s in self.shards])
+        self.size = int(self.starts[-1])
+
+    def copy(self, begin, count):
+        """Tokens [begin, begin + count) as int64."""
+        out = np.empty(count, dtype=np.int64)
+        at, i = 0, int(np.searchsorted(self.starts, begin, side="right")) - 1
+        while at < count:
+            shard, lo = self.shards[i], begin + at - int(self.starts[i])
+            take = min(count - at, shard.size - lo)
+            out[at:at + take] = shard[lo:lo + take]
+            at, i = at + take, i + 1
+        return out
+
+
+class DataStream:
+    """Stream `index` of `count` over a split, read through a cursor {stream, position, epoch, tokens_served}."""
+
+    def __init__(self, split, index, count, batch_size, seq_len, cursor):
+        self.split, self.step_tokens = split, batch_size * seq_len
+        self.length = split.size // count
+        self.begin = index * self.length
+        self.cursor = dict(cursor)
+        if self.length < self.step_tokens + 1:
+            raise ConfigError("data stream %d of %d holds %d tokens, fewer than one batch window of %d: use fewer "
+                              "streams, a smaller batch, or more data" % (index, count, self.length,
+                                                                          self.step_tokens + 1))
+        if self.cursor["stream"] != index or self.cursor["position"] + self.step_tokens + 1 > self.length:
+            raise ConfigError("data stream cursor %s does not belong to stream %d of length %d"
+                              % (json.dumps(self.cursor), index, self.length))
+
+    def next(self):
+        """The next batch's window, (B·T + 1) int64; moves the cursor."""
+        window = self.split.copy(self.begin + self.cursor["position"], self.step_tokens + 1)
+        self.skip()
+        return window
+
+    def skip(self):
+        c = self.cursor
+        c["position"] += self.step_tokens
+        c["tokens_served"] += self.step_tokens
+        if c["position"] + self.step_tokens + 1 > self.length:  # the next window would not fit: wrap
+            c["position"], c["epoch"] = 0, c["epoch"] + 1
+
+
+def parse_cursor(text, stream):
+    """A cursor from the syncer's JSON ("" = the stream's start). ConfigError when malformed."""
+    if not text:
+        return {"stream": stream, "position": 0, "epoch": 0, "tokens_served": 0}
+    try:
+        j = json.loads(text)
+        c = {k: int(j[k]) for k in ("stream", "position", "epoch", "tokens_served")}
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError("malformed data stream cursor %r: %s" % (text[:200], e)) from None
+    if min(c.values()) < 0:
+        raise ConfigError("malformed data stream cursor: negative field in %s" % text[:200])
+    return c
+
+
+class StreamLog:
+    """The stream's log, held (flock) while this object lives. Format "dloco.stream_log" version 1."""
+
+    def __init__(self, run_dir, stream):
+        self.path = Path(run_dir) / "streams" / ("stream_%d.jsonl" % stream)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = open(self.path, "a+b")
+        try:
+            fcntl.flock(self.file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.file.close()
+            raise StreamBusy("stream log %s is held by another live process" % self.path) from None
+        self.file.seek(0)
+        raw = self.file.read()
+        complete = raw.rfind(b"\n") + 1
+        if complete != len(raw):
+            self.file.truncate(complete)  # a torn last line: that batch was never trained
+        lines = [line for line in raw[:complete].decode("utf-8", "replace").split("\n") if line]
+        self.last = None
+        if not lines:
+            self._append({"format": "dloco.stream_log", "version": 1})
+            return
+        first = json.loads(lines[0])
+        if "format" in first:
+            if first.get("format") != "dloco.stream_log" or first.get("version") != 1:
+                raise ConfigError("stream log %s, line 1: %s, expected \"dloco.stream_log\" version 1"
+                                  % (self.path, lines[0][:200]))
+            lines = lines[1:]
+        if lines:
+            self.last = parse_cursor(lines[-1], -1)
+
+    def _append(self, record):
+        self.file.write((json.dumps(record, separators=(",", ":"), sort_keys=True) + "\n").encode())
+        self.file.flush()
+
+    def take(self, cursor, learner, step):
+        """Records that the batch at `cursor` is about to be trained by `learner` at its step `step`."""
+        self._append(dict(cursor, learner=learner, step=step))
+        self.last = dict(cursor)
+
+    def close(self):
+        self.file.close()  # drops the lock

@@ -1,0 +1,179 @@
+#!/usr/bin/python3
+"""Table and property tests of the Python learner's pure parts (python/dloco_learner): the handshake's hashes and
+canonical JSON, the fragment layout, the payload codecs and the config reader. The golden values were produced by the
+C++ side (the syncer's `listening` event, nlohmann::json, src/core/fragments.cc) and are also checked end to end by
+python_learner_test.py, where a wrong one is a refused join. Usage: PYTHONPATH=python python3 units_test.py.
+"""
+import math
+import os
+import struct
+import tempfile
+import unittest
+from pathlib import Path
+
+import numpy as np
+
+from dloco_learner import codec, config, handshake, layout, nlohmann_double
+
+TINY_TOML = """[model]\npreset = "tiny"\nvocab_size = 400\nd_model = 32\n[train]\nbatch_size = 8\ntotal_tokens = 76800
+lr = 3e-3\nwarmup_steps = 5\n[diloco]\nmode = "decoupled"\nlearners = 2\ninner_steps = 4\nfragments = 4\noverlap = 1
+quorum = 2\n"""
+
+
+def tiny_config(text=TINY_TOML, overrides=()):
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "cfg.toml"
+        path.write_text(text)
+        return config.load_config(path, overrides)
+
+
+class HashesTest(unittest.TestCase):
+    def test_fnv1a64_reference_vectors(self):
+        self.assertEqual(handshake.fnv1a64(b""), 0xcbf29ce484222325)
+        self.assertEqual(handshake.fnv1a64(b"a"), 0xaf63dc4c8601ec8c)
+        self.assertEqual(handshake.fnv1a64(b"foobar"), 0x85944171f73967e8)
+        self.assertEqual(handshake.fnv1a64_hex(np.zeros(0, np.float32)), "cbf29ce484222325")
+
+    def test_doubles_print_as_nlohmann_does(self):
+        # (value, nlohmann::json(value).dump()); the Grisu2 rows are not the shortest digits Python's repr gives.
+        for x, text in [(1e-5, "1e-05"), (0.002, "0.002"), (10.0, "10.0"), (1e15, "1e+15"), (1e16, "1e+16"),
+                        (123456789012345.0, "123456789012345.0"), (0.0001, "0.0001"), (-3.0, "-3.0"), (0.0, "0.0"),
+                        (-0.0, "-0.0"), (1e-8, "1e-08"), (5e-324, "5e-324"), (1.5e20, "1.5e+20"),
+                        (0.000649, "0.0006489999999999999"), (8.5444e21, "8.544399999999999e+21"),
+                        (3.65140555, "3.6514055500000002"), (math.nan, "null")]:
+            self.assertEqual(nlohmann_double.text(x), text, repr(x))
+
+    def test_handshake_of_the_tiny_run(self):
+        cfg = tiny_config()
+        self.assertEqual(handshake.model_json(cfg),
+                         '{"d_ff":0,"d_model":32,"init_std":0.02,"n_head":2,"n_layer":2,"norm_eps":1e-05,'
+                         '"preset":"tiny","rope_theta":10000.0,"seq_len":32,"tie_embeddings":true,"vocab_size":400}')
+        self.assertEqual(handshake.model_hash(cfg), 0x9549ae8190172364)
+        settings = handshake.training_settings_json(cfg)
+        self.assertTrue(settings.startswith('{"data":{"streams":0},"diloco":{"alpha":0.0,"anchor_versions":2,'))
+        self.assertIn('"screen_ratio":10.0,', settings)  # a double, though whole
+        self.assertIn('"train":{"adam_eps":1e-08,"batch_size":8,', settings)
+        for local in handshake.ROLE_LOCAL_TRAIN_KEYS:
+            self.assertNotIn('"%s"' % local, settings)
+
+
+class LayoutTest(unittest.TestCase):
+    def tiny_specs(self):
+        from dloco_learner.model import GPT
+        return [(n, tuple(p.shape)) for n, p in GPT(tiny_config()["model"]).named_parameters()]
+
+    def test_the_tiny_models_layout_hash_is_the_cpp_one(self):
+        self.assertEqual(layout.make_layout(self.tiny_specs(), 4).hash, 0x68495dc909d5f9c4)
+
+    def test_every_element_in_exactly_one_fragment_and_lpt_balance(self):
+        specs = self.tiny_specs()
+        for P in (1, 2, 3, 4, 7, 16):
+            lay = layout.make_layout(specs, P)
+            covered = {}
+            for f in lay.fragments:
+                self.assertEqual(f.numel, sum(b.numel for b in f.blocks))
+                for b in f.blocks:
+                    covered.setdefault(b.tensor, []).append((b.offset, b.offset + b.numel))
+            for i, (_, shape) in enumerate(lay.tensors):
+                ranges = sorted(covered[i])
+                self.assertEqual(ranges[0][0], 0)
+                self.assertEqual(ranges[-1][1], int(np.prod(shape)))
+                self.assertTrue(all(a[1] == b[0] for a, b in zip(ranges, ranges[1:])))
+            # Greedy list scheduling: the heaviest fragment got its last block while it was the lightest (≤ total/P).
+            largest = max(b.numel for f in lay.fragments for b in f.blocks)
+            self.assertLessEqual(max(f.numel for f in lay.fragments), lay.total_numel / P + largest)
+
+    def test_more_fragments_than_blocks_is_refused(self):
+        with self.assertRaises(ValueError):
+            layout.make_layout([("a", (1,)), ("b", (1,))], 3)
+
+
+class CodecTest(unittest.TestCase):
+    def test_round_trip_within_the_bound_for_every_size(self):
+        rng = np.random.default_rng(1)
+        for name in ("fp32", "bf16", "q8", "q4"):
+            for n in (0, 1, 2, 63, 64, 65, 255, 256, 257, 1000):
+                x = (rng.standard_normal(n) * rng.choice([1e-3, 1.0, 1e3])).astype(np.float32)
+                wire, data = codec.encode(x, name)
+                block = codec.DEFAULT_BLOCK.get(name, 0)
+                self.assertEqual(len(data), codec.encoded_bytes(name, n, block), (name, n))
+                y = codec.decode(wire, data, n)
+                if name == "fp32":
+                    np.testing.assert_array_equal(x, y)
+                elif name == "bf16":
+                    self.assertTrue(np.all(np.abs(x - y) <= np.abs(x) * 2.0 ** -8))
+                else:
+                    for lo in range(0, n, block):
+                        m = np.abs(x[lo:lo + block]).max()
+                        bound = m / (2 * codec.Q_MAX[name]) * (1 + 1e-5)
+                        self.assertTrue(np.all(np.abs(x[lo:lo + block] - y[lo:lo + block]) <= bound), (name, n, lo))
+
+    def test_q4_wire_layout(self):
+        wire, data = codec.encode(np.array([7, -7, 1], np.float32), "q4")
+        self.assertEqual(wire, "q4/64")
+        self.assertEqual(data, struct.pack("<Qf", 3, 1.0) + bytes([0x97, 0x01]))  # value 2i in the low nibble
+
+    def test_bf16_rounds_to_nearest_even(self):
+        bits = np.array([0x3F808000, 0x3F818000, 0x3F808001, 0x7F800000, 0x7F7FFFFF, 0x7FC00001, 0xFFA00000],
+                        np.uint32).view(np.float32)
+        self.assertEqual(codec.float_to_bf16(bits).tolist(), [0x3F80, 0x3F82, 0x3F81, 0x7F80, 0x7F80, 0x7FC0, 0xFFE0])
+
+    def test_malformed_payloads_are_refused(self):
+        _, q8 = codec.encode(np.ones(3, np.float32), "q8")
+        _, q4 = codec.encode(np.ones(3, np.float32), "q4")
+        for wire, data, n in [("q8/0", q8, 3), ("q8/70000", q8, 3), ("int8", q8, 3), ("q8/256", q8[:-1], 3),
+                              ("q8/256", q8, 4), ("q8/256", q8[:-1] + b"\x80", 3),
+                              ("q4/64", q4[:-1] + b"\x81", 3), ("q4/64", q4[:-2] + b"\x08\x00", 3),
+                              ("q8/256", q8[:8] + struct.pack("<f", -1.0) + q8[12:], 3),
+                              ("q8/256", q8[:8] + struct.pack("<f", math.nan) + q8[12:], 3),
+                              ("fp32", b"\x00" * 5, -1), ("bf16", b"\x00" * 4, 3)]:
+            with self.assertRaises(codec.CodecError, msg=(wire, data)):
+                codec.decode(wire, data, n)
+        with self.assertRaises(codec.CodecError):
+            codec.encode(np.array([1, math.inf], np.float32), "q8")
+        with self.assertRaises(codec.CodecError):
+            codec.apply_update(np.array([3e38], np.float32), *codec.encode(np.array([3e38], np.float32), "q8"))
+
+    def test_error_feedback_keeps_the_sum_within_one_rounding(self):
+        rng = np.random.default_rng(2)
+        fb, sent, total = codec.ErrorFeedback(), np.zeros(100, np.float64), np.zeros(100, np.float64)
+        for _ in range(50):
+            x = rng.standard_normal(100).astype(np.float32) * 0.01
+            wire, data = fb.encode(x, "q4")
+            sent += codec.decode(wire, data, 100)
+            total += x
+        self.assertLessEqual(np.abs(total - sent).max(), np.abs(fb.residual).max() + 1e-6)
+        self.assertLess(np.abs(total - sent).max(), 0.02)
+
+
+class ConfigTest(unittest.TestCase):
+    def test_preset_then_keys_then_overrides(self):
+        cfg = tiny_config(overrides=["train.lr=1e-3", "run.name=demo"])
+        self.assertEqual((cfg["model"]["vocab_size"], cfg["model"]["seq_len"], cfg["model"]["d_model"]), (400, 32, 32))
+        self.assertEqual(cfg["train"]["lr"], 1e-3)
+        self.assertEqual(cfg["run"]["name"], "demo")
+        self.assertIsInstance(cfg["diloco"]["screen_ratio"], float)
+        self.assertTrue(os.path.isabs(cfg["data"]["dir"]))
+
+    def test_types_as_the_cpp_reader_takes_them(self):
+        cfg = tiny_config(TINY_TOML + "[run]\nseed = 7.0\nreport_interval_s = 2\n")
+        self.assertEqual((cfg["run"]["seed"], cfg["run"]["report_interval_s"]), (7, 2.0))
+        self.assertIsInstance(cfg["run"]["report_interval_s"], float)
+        for bad, key in [("[train]\nbatch_size = 2.5\n", "train.batch_size"), ("[train]\nlr = \"x\"\n", "train.lr"),
+                         ("[train]\nlearning_rate = 1\n", "learning_rate"), ("[nope]\n", "[nope]"),
+                         ("[diloco]\nwire_up = \"int3\"\n", "diloco.wire_up"),
+                         ("[model]\npreset = \"huge\"\n", "huge")]:
+            with self.assertRaises(config.ConfigError) as e:
+                tiny_config(bad)
+            self.assertIn(key, str(e.exception))
+
+    def test_unsupported_setups_are_refused_with_the_reason(self):
+        for text, words in [('[diloco]\nmode = "dp"\n', "decoupled runs only"), ("[parallel]\ntensor = 2\n", "group"),
+                            ("[diloco]\nblocking = true\n", "blocking")]:
+            with self.assertRaises(config.ConfigError) as e:
+                config.check_supported(tiny_config(text), 1)
+            self.assertIn(words, str(e.exception))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
