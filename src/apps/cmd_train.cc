@@ -127,6 +127,7 @@ void run_train(const TrainFlags& f) {
   if (config.diloco.mode != Mode::kLocal) {
     if (f.stop_after_steps > 0) throw InputError("--stop-after-steps applies to diloco.mode = \"local\" only");
     check_data_fits_model(config);  // before any process starts (local mode checks it itself)
+    check_device(config.run.device);
     // SkipPipe learners: their setting and schedule against the model and the batch, before any process starts.
     for (int64_t id = 0; id < config.diloco.learners; ++id) {
       const ParallelConfig& g = config.parallel_for(id);

@@ -209,6 +209,7 @@ void validate_model(const ModelConfig& m) {
   require(m.vocab_size >= 2, "model.vocab_size", "must be ≥ 2");
   require(m.seq_len >= 2, "model.seq_len", "must be ≥ 2");
   require(m.n_layer >= 1, "model.n_layer", "must be ≥ 1");
+  require(m.d_model >= 2, "model.d_model", "must be ≥ 2");
   require(m.n_head >= 1 && m.d_model % m.n_head == 0, "model.n_head",
           "must be ≥ 1 and divide model.d_model (" + std::to_string(m.d_model) + ")");
   require((m.d_model / m.n_head) % 2 == 0, "model.d_model / model.n_head",
@@ -252,7 +253,10 @@ void Config::validate() const {
   require(d.inner_steps >= 1 && d.fragments >= 1 && d.inner_steps % d.fragments == 0, "diloco.inner_steps",
           "(H = " + std::to_string(d.inner_steps) + ") must be a positive multiple of diloco.fragments (P = " +
               std::to_string(d.fragments) + ")");
-  require(d.overlap >= 0, "diloco.overlap", "(τ) must be ≥ 0");
+  require(d.overlap >= 0 && d.overlap < d.inner_steps, "diloco.overlap",
+          "(τ) must be in [0, diloco.inner_steps = " + std::to_string(d.inner_steps) +
+              "): a fragment's merge is applied τ steps after its pull and before the fragment's next round, H steps "
+              "later");
   require(d.quorum >= 1 && d.quorum <= d.learners, "diloco.quorum",
           "(K) must be in [1, M = " + std::to_string(d.learners) + "]");
   require(d.gamma > 0 && d.gamma < 1, "diloco.gamma", "(γ) must be in (0, 1)");

@@ -3,6 +3,7 @@
 // Deliberately not here: anything a caller outside src/core should use (core/config.h is the interface).
 #pragma once
 
+#include <cmath>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -58,7 +59,11 @@ inline void assign(const std::string& source, const std::string& key, const toml
   if (node.is_integer()) { out = *node.value<int64_t>(); return; }
   if (node.is_floating_point()) {  // accept 2e6 for token budgets when it is a whole number
     const double d = *node.value<double>();
-    if (d == static_cast<double>(static_cast<int64_t>(d))) { out = static_cast<int64_t>(d); return; }
+    // In range before the cast: casting 1e300 or nan to int64 is undefined behaviour.
+    if (std::isfinite(d) && d == std::trunc(d) && d > -9223372036854775808.0 && d < 9223372036854775808.0) {
+      out = static_cast<int64_t>(d);
+      return;
+    }
   }
   throw InputError(where(source, node) + ": '" + key + "' must be an integer");
 }
@@ -68,8 +73,14 @@ inline void assign(const std::string& source, const std::string& key, const toml
   if (v < 0) throw InputError(where(source, node) + ": '" + key + "' must be ≥ 0");
   out = static_cast<uint64_t>(v);
 }
+// No field of the config means anything at nan or ±inf (an infinite init_std trained to NaN and wrote a manifest
+// that could not be read back): every number must be finite.
 inline void assign(const std::string& source, const std::string& key, const toml::node& node, double& out) {
-  if (auto v = node.value<double>()) { out = *v; return; }
+  if (auto v = node.value<double>()) {
+    if (!std::isfinite(*v)) throw InputError(where(source, node) + ": '" + key + "' must be a finite number");
+    out = *v;
+    return;
+  }
   throw InputError(where(source, node) + ": '" + key + "' must be a number");
 }
 template <ConfigChoice E>

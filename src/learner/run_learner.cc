@@ -24,6 +24,7 @@
 #include "learner/outer_sync.h"
 #include "monitor/monitor_server.h"
 #include "train/fragment_io.h"
+#include "train/run.h"
 #include "train/threads.h"
 #include "transport/handshake.h"
 #include "transport/local_address.h"
@@ -353,6 +354,7 @@ int run_learner(const Config& config, const LearnerOptions& options, wire::Trans
   apply_thread_budget(thread_budget(R > 1 ? rank_threads : static_cast<int>(config.run.threads)));
   fs::create_directories(options.run_dir / "events");
   EventLog events(options.run_dir / "events" / ("learner_" + std::to_string(id) + ".jsonl"), Role::kLearner, id);
+  check_device(config.run.device);
   const torch::Device device(config.run.device);
   // A group job also for R = 1 in bf16 (the bf16 engine; a group of one rank, nothing spawned).
   const bool group_job = R > 1 || parallel.precision != Precision::kFp32;

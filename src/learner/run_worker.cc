@@ -37,6 +37,7 @@
 #include "learner/group_ranks.h"
 #include "learner/worker.h"
 #include "train/fragment_io.h"
+#include "train/run.h"
 #include "train/checkpoint.h"
 #include "train/threads.h"
 #include "train/trainer.h"
@@ -58,6 +59,7 @@ int run_worker_group(const Config& config, const WorkerOptions& options);
 }  // namespace
 
 int run_worker(const Config& config, const WorkerOptions& options) {
+  check_device(config.run.device);
   try {
     return run_worker_group(config, options);
   } catch (const CollectiveError& e) {

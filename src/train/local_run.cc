@@ -249,6 +249,8 @@ nlohmann::json finish(LocalRun& run, const std::vector<int32_t>& prompt_ids, boo
 
 }  // namespace
 
+void check_device(const std::string& name) { (void)parse_device(name); }
+
 nlohmann::json run_local(const Config& config, const RunOptions& options) {
   const auto started = Clock::now();
   const fs::path run_dir = config.run_dir();

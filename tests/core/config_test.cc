@@ -91,6 +91,17 @@ TEST(Config, ABudgetBelowOneStepPerLearnerIsRefusedAndCompleteTokensAreWholeStep
   // Found by fuzz/config.cc: M = 18,101,810 was taken after seconds of checking; ids are < 65536 on the wire.
   EXPECT_NE(error_of("[diloco]\nlearners = 18101810\n").find("[1, 65536]"), std::string::npos);
   EXPECT_NE(error_of("[train]\nlr = inf\n").find("train.lr"), std::string::npos);
+  // Found by a new user's probes: an infinite init_std trained to NaN and wrote a manifest that could not be read
+  // back; d_model = 0 reached LibTorch; τ ≥ H silently mismatched merges and rounds; a float in an integer field
+  // out of int64's range was cast (UB). Every number must be finite and every size positive.
+  EXPECT_NE(error_of("[model]\ninit_std = inf\n").find("'model.init_std' must be a finite number"), std::string::npos);
+  EXPECT_NE(error_of("[run]\nrestart_delay_s = nan\n").find("'run.restart_delay_s' must be a finite number"),
+            std::string::npos);
+  EXPECT_NE(error_of("[model]\nd_model = 0\n").find("model.d_model"), std::string::npos);
+  EXPECT_NE(error_of("[diloco]\ninner_steps = 12\nfragments = 4\noverlap = 12\n").find("diloco.overlap"), std::string::npos);
+  EXPECT_EQ(error_of("[diloco]\ninner_steps = 12\nfragments = 4\noverlap = 11\n"), "");
+  EXPECT_NE(error_of("[train]\ntotal_tokens = 1e300\n").find("'train.total_tokens' must be an integer"),
+            std::string::npos);
   EXPECT_NE(error_of("[diloco]\nouter_lr = inf\n").find("diloco.outer_lr"), std::string::npos);
   // Screening (docs/protocol.md §10): 0 turns a ratio off; below 1 would refuse the median itself; clip below screen.
   EXPECT_NE(error_of("[diloco]\nscreen_ratio = 0.5\n").find("diloco.screen_ratio"), std::string::npos);

@@ -129,21 +129,60 @@ class LifecycleTest : public ::testing::Test {
 fs::path LifecycleTest::root_;
 
 TEST_F(LifecycleTest, ALearnerThatFailsOnEveryStartStopsTheRunWithItsError) {
-  const auto cfg = write_config("banana", "device = \"banana\"\nrestart_delay_s = 0.2\n");
-  const fs::path log = root_ / "banana.log";
+  // Learners that die at their first batch: a copy of the corpus whose train shards hold token ids past the
+  // vocabulary (their headers are intact, so the launcher's own checks pass; the syncer and the evaluator read only
+  // the validation split). A bad run.device used to be this test's trigger; the launcher now refuses it up front.
+  const fs::path bad = root_ / "data_corrupt";
+  fs::remove_all(bad);
+  fs::copy(root_ / "data", bad, fs::copy_options::recursive);
+  int corrupted = 0;
+  for (const auto& entry : fs::directory_iterator(bad)) {
+    if (entry.path().filename().string().rfind("train_", 0) != 0) continue;
+    const auto size = fs::file_size(entry.path());
+    std::fstream f(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(64);  // past the header
+    const std::string ones(static_cast<size_t>(size - 64), '\xff');
+    f.write(ones.data(), static_cast<std::streamsize>(ones.size()));
+    ++corrupted;
+  }
+  ASSERT_GT(corrupted, 0);
+  const auto cfg = write_config("corrupt", "restart_delay_s = 0.2\n");
+  const fs::path log = root_ / "corrupt.log";
   // `timeout`: before crash loops were told from crashes, this run restarted its learners for ever.
-  const int rc = std::system(("timeout 600 " + kDloco + " train --config " + cfg.string() + " > " + log.string() +
-                              " 2>&1").c_str());
+  const int rc = std::system(("timeout 600 " + kDloco + " train --config " + cfg.string() + " --set data.dir='\"" +
+                              bad.string() + "\"' > " + log.string() + " 2>&1").c_str());
   ASSERT_TRUE(WIFEXITED(rc));
   EXPECT_EQ(WEXITSTATUS(rc), 1) << slurp(log);
   const std::string console = slurp(log);
   EXPECT_NE(console.find("failed 3 times in a row before its first training step"), std::string::npos) << console;
-  EXPECT_NE(console.find("banana"), std::string::npos) << "the learner's own error is not on the console:\n" << console;
-  const json report = json::parse(std::ifstream(root_ / "banana" / "report.json"));
+  EXPECT_NE(console.find("a shard is corrupt"), std::string::npos) << "the learner's own error is not on the console:\n"
+                                                                   << console;
+  const json report = json::parse(std::ifstream(root_ / "corrupt" / "report.json"));
   EXPECT_EQ(report["status"], "failed");
-  EXPECT_NE(report.value("failure", "").find("banana"), std::string::npos) << report.dump(1);
+  EXPECT_NE(report.value("failure", "").find("a shard is corrupt"), std::string::npos) << report.dump(1);
   EXPECT_TRUE(report["final_val_loss"].is_null()) << "a failed run evaluated an untrained model";
-  EXPECT_TRUE(wait_until_none_naming(children_of("banana"), 60).empty());
+  EXPECT_TRUE(wait_until_none_naming(children_of("corrupt"), 60).empty());
+}
+
+// A run.device this build cannot use is refused before anything starts (it used to start learners that died before
+// their first step, three times each).
+TEST_F(LifecycleTest, ADeviceThisBuildCannotUseIsRefusedBeforeAnyProcessStarts) {
+  // "cuda" only where this build has no CUDA device (`dloco --version` says which).
+  const fs::path version = root_ / "version.txt";
+  ASSERT_EQ(std::system((kDloco + " --version > " + version.string()).c_str()), 0);
+  std::vector<std::string> devices{"banana"};
+  if (slurp(version).find("no CUDA device") != std::string::npos) devices.push_back("cuda");
+  for (const std::string& device : devices) {
+    const std::string name = std::string("device_") + device;
+    const auto cfg = write_config(name, std::string("device = \"") + device + "\"\n");
+    const fs::path log = root_ / (name + ".log");
+    const int rc = std::system(("timeout 120 " + kDloco + " train --config " + cfg.string() + " > " + log.string() +
+                                " 2>&1").c_str());
+    ASSERT_TRUE(WIFEXITED(rc));
+    EXPECT_EQ(WEXITSTATUS(rc), 2) << slurp(log);
+    EXPECT_NE(slurp(log).find(std::string("run.device = \"") + device + "\""), std::string::npos) << slurp(log);
+    EXPECT_FALSE(fs::exists(root_ / name / "logs" / "learner_0.log")) << "a learner was started";
+  }
 }
 
 TEST_F(LifecycleTest, ALauncherKilledWithSigkillLeavesNoProcessBehind) {
