@@ -24,7 +24,7 @@ def _parse(name):
     """("q8", 256) for "q8/256"; (name, 0) for fp32 and bf16; None for anything else."""
     if name in ("fp32", "bf16"):
         return name, 0
-    if len(name) >= 4 and name[:2] in ("q8", "q4") and name[2] == "/" and name[3:].isdigit() and len(name) <= 9:
+    if len(name) >= 4 and name[:2] in ("q8", "q4") and name[2] == "/" and name[3:].isascii() and name[3:].isdigit() and len(name) <= 9:
         block = int(name[3:])
         if 1 <= block <= MAX_BLOCK:
             return name[:2], block

@@ -30,14 +30,15 @@ def read_shard(path):
         header = f.read(HEADER_BYTES)
     if len(header) < HEADER_BYTES or header[:8] != MAGIC:
         raise ConfigError("%s: wrong magic: not a dloco token shard" % path)
-    version, width, _vocab, header_size = np.frombuffer(header[8:24], dtype="<u4")
+    version, width, vocab, header_size = np.frombuffer(header[8:24], dtype="<u4")
     count = int(np.frombuffer(header[24:32], dtype="<u8")[0])
     if version != 1 or width not in (2, 4) or header_size != HEADER_BYTES:
         raise ConfigError("%s: shard version %d, %d bytes per token, header %d: this reader takes version 1, 2 or 4 "
                           "bytes, 64" % (path, version, width, header_size))
     if os.path.getsize(path) != HEADER_BYTES + count * int(width):
         raise ConfigError("%s: the file's size does not match its %d tokens (truncated?)" % (path, count))
-    return np.memmap(path, dtype="<u2" if width == 2 else "<u4", mode="r", offset=HEADER_BYTES, shape=(count,))
+    tokens = np.memmap(path, dtype="<u2" if width == 2 else "<u4", mode="r", offset=HEADER_BYTES, shape=(count,))
+    return tokens, int(vocab)
 
 
 class TokenSplit:
@@ -48,7 +49,9 @@ class TokenSplit:
         if not paths:
             raise ConfigError("no %s shards in '%s': prepare the corpus first, e.g. `dloco data prepare --kjv --out "
                               "%s`" % (split, data_dir, data_dir))
-        self.shards = [read_shard(p) for p in paths]
+        read = [read_shard(p) for p in paths]
+        self.shards = [tokens for tokens, _ in read]
+        self.vocab = min(vocab for _, vocab in read)
         self.starts = np.cumsum([0] + [s.size for s in self.shards])
         self.size = int(self.starts[-1])
 
@@ -61,6 +64,9 @@ class TokenSplit:
             take = min(count - at, shard.size - lo)
             out[at:at + take] = shard[lo:lo + take]
             at, i = at + take, i + 1
+        if count and int(out.max()) >= self.vocab:  # a corrupt shard must not reach the embedding lookup
+            raise ConfigError("token shards hold token id %d near position %d, outside their vocabulary of %d: a "
+                              "shard is corrupt (re-run `dloco data prepare`)" % (int(out.max()), begin, self.vocab))
         return out
 
 
@@ -101,7 +107,7 @@ def parse_cursor(text, stream):
     try:
         j = json.loads(text)
         c = {k: int(j[k]) for k in ("stream", "position", "epoch", "tokens_served")}
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, OverflowError) as e:
         raise ConfigError("malformed data stream cursor %r: %s" % (text[:200], e)) from None
     if min(c.values()) < 0:
         raise ConfigError("malformed data stream cursor: negative field in %s" % text[:200])
@@ -130,8 +136,11 @@ class StreamLog:
         if not lines:
             self._append({"format": "dloco.stream_log", "version": 1})
             return
-        first = json.loads(lines[0])
-        if "format" in first:
+        try:
+            first = json.loads(lines[0])
+        except ValueError:
+            first = None  # not JSON: parse_cursor below names the line
+        if isinstance(first, dict) and "format" in first:
             if first.get("format") != "dloco.stream_log" or first.get("version") != 1:
                 raise ConfigError("stream log %s, line 1: %s, expected \"dloco.stream_log\" version 1"
                                   % (self.path, lines[0][:200]))

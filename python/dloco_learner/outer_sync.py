@@ -148,6 +148,11 @@ class OuterSync:
         # the syncer's history went back, or on a re-fetch (this learner's answers were refused
         # diloco.refetch_after times in a row: its parameters of p may be what went bad, §10).
         refetch = getattr(merged, "refetch", False)  # (absent from a proto before the re-fetch)
+        if refetch and any(q.fragment == p and q.version >= frag.version for q in self.pending):
+            # A merge of p at that version or later waits to be applied: it writes Θ_p anyway (maybe our own).
+            self.events.emit("refetch_skipped", fragment=p, version=frag.version,
+                             reason="a merge of the fragment at that version or later waits to be applied")
+            return
         replaces = whole and (refetch or self.resync_asked[p] or frag.version < self.newest_version[p])
         if frag.version <= self.newest_version[p] and not replaces:
             return  # stale or a duplicate

@@ -253,7 +253,9 @@ void Config::validate() const {
   require(d.inner_steps >= 1 && d.fragments >= 1 && d.inner_steps % d.fragments == 0, "diloco.inner_steps",
           "(H = " + std::to_string(d.inner_steps) + ") must be a positive multiple of diloco.fragments (P = " +
               std::to_string(d.fragments) + ")");
-  require(d.overlap >= 0 && d.overlap < d.inner_steps, "diloco.overlap",
+  // τ < H where τ means something (decoupled, streaming): a learner holds one answered round per fragment.
+  const bool overlapped = d.mode == Mode::kDecoupled || d.mode == Mode::kStreaming;
+  require(d.overlap >= 0 && (!overlapped || d.overlap < d.inner_steps), "diloco.overlap",
           "(τ) must be in [0, diloco.inner_steps = " + std::to_string(d.inner_steps) +
               "): a fragment's merge is applied τ steps after its pull and before the fragment's next round, H steps "
               "later");

@@ -141,6 +141,16 @@ void OuterSync::receive(wire::MergedFragment merged, int64_t step) {
   // one syncer, versions only grow and none is handed out before it is persisted).
   // A re-fetch (this learner's answers were refused diloco.refetch_after times in a row, §10) replaces the copy and
   // the parameters even at the version held: they may be what went bad.
+  // A re-fetch while a merge of p at that version or later waits to be applied changes nothing (that apply writes
+  // Θ_p into the parameters anyway) and must not take the place of that merge (which may be this learner's own,
+  // held back until s + τ).
+  if (merged.refetch && std::any_of(pending_.begin(), pending_.end(), [&](const Pending& q) {
+        return q.fragment == p && q.version >= merged.fragment.version;
+      })) {
+    emit("refetch_skipped", {{"fragment", p}, {"version", merged.fragment.version},
+                             {"reason", "a merge of the fragment at that version or later waits to be applied"}});
+    return;
+  }
   const bool replaces = whole && (merged.refetch || resync_asked_[p] || merged.fragment.version < newest_version_[p]);
   if (merged.fragment.version <= newest_version_[p] && !replaces) return;  // stale or duplicate
   Pending m{p, merged.fragment.version, step, false, {}, whole, replaces};

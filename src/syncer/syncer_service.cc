@@ -477,18 +477,17 @@ void SyncerService::merger_loop() {
             state_->version(pull.fragment)};
         for (int id : pull.learners) send(id, msg);
       }
-      // A learner refused diloco.refetch_after times in a row gets Θ whole, as published (§10): queued before this
-      // tick's merges are broadcast, so a merge that follows applies on top of it.
-      for (int id : actions.refetch) {
-        const auto box = outboxes_.find(id);
-        if (box == outboxes_.end()) continue;  // not connected: it takes Θ when it re-joins anyway
-        for (size_t p = 0; p < published_.size(); ++p) {
-          send(id, wire::MergedFragment{{static_cast<int>(p), published_[p].version,
-                                         wire::encode(*published_[p].theta, wire::Codec::kFp32)},
-                                        -1, {}, -1, 0, /*refetch=*/true});
-          if (box->second->carried.size() <= p) box->second->carried.resize(p + 1, false);
-          box->second->carried[p] = true;
-        }
+      // A learner refused diloco.refetch_after times in a row on fragment p gets Θ_p whole, as published (§10):
+      // queued before this tick's merges are broadcast, so a merge that follows applies on top of it.
+      for (const auto& due : actions.refetch) {
+        const auto box = outboxes_.find(due.learner);
+        const auto p = static_cast<size_t>(due.fragment);
+        if (box == outboxes_.end() || p >= published_.size()) continue;  // not connected: it takes Θ when it re-joins
+        send(due.learner, wire::MergedFragment{{due.fragment, published_[p].version,
+                                                wire::encode(*published_[p].theta, wire::Codec::kFp32)},
+                                               -1, {}, -1, 0, /*refetch=*/true});
+        if (box->second->carried.size() <= p) box->second->carried.resize(p + 1, false);
+        box->second->carried[p] = true;
       }
       if (config_.train.checkpoint_interval > 0 &&
           state_->global_step() >= last_checkpoint_step_ + config_.train.checkpoint_interval) {

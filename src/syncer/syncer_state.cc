@@ -210,25 +210,32 @@ void SyncerState::refuse_undecodable(int learner, int fragment, int64_t round_st
   refuse(learner, fragment, round_step, RefusalKind::kMalformed);
 }
 
-void SyncerState::refuse(int learner, int fragment, int64_t round_step, RefusalKind kind) {
+void SyncerState::refuse(int learner, int fragment, int64_t round_step, RefusalKind kind, bool solicited) {
   ++answers_refused_;
   ++refused_by_kind_[kind];
-  // A learner refused refetch_after times in a row may hold parameters that went bad (a bit flip, a diverged
-  // optimizer): it is told to take Θ whole (§10). The count restarts, so a learner that stays bad is told again
-  // every refetch_after refusals, not at every one.
-  if (auto rec = learners_.find(learner); rec != learners_.end() && config_.diloco.refetch_after > 0 &&
-                                          ++rec->second.refused_in_a_row >= config_.diloco.refetch_after) {
-    rec->second.refused_in_a_row = 0;
-    if (std::find(refetch_due_.begin(), refetch_due_.end(), learner) == refetch_due_.end()) refetch_due_.push_back(learner);
-  }
   auto it = open_.find(fragment);
-  if (it == open_.end() || !it->second.phase.is(RoundPhase::kPulling) || it->second.step != round_step) return;
-  Round& round = it->second;
-  if (std::find(round.requested.begin(), round.requested.end(), learner) != round.requested.end() &&
-      !round.answers.count(learner) &&
-      std::find(round.refused.begin(), round.refused.end(), learner) == round.refused.end()) {
-    round.refused.push_back(learner);  // the round waits for it no longer
+  if (!solicited && it != open_.end() && it->second.phase.is(RoundPhase::kPulling) && it->second.step == round_step) {
+    Round& round = it->second;
+    if (std::find(round.requested.begin(), round.requested.end(), learner) != round.requested.end() &&
+        !round.answers.count(learner) &&
+        std::find(round.refused.begin(), round.refused.end(), learner) == round.refused.end()) {
+      round.refused.push_back(learner);  // the round waits for it no longer
+      solicited = true;
+    }
   }
+  // A learner whose answers to pulls of p were refused refetch_after times in a row may hold parameters of p that
+  // went bad (a bit flip, a diverged optimizer): it is told to take Θ_p whole (§10). Only answers to a pull it was
+  // sent count, at most one per round, so unsolicited junk cannot make the syncer send Θ_p at every tick. The
+  // count restarts, so a learner that stays bad is told again every refetch_after refusals, not at every one.
+  auto rec = learners_.find(learner);
+  if (rec == learners_.end()) return;
+  rec->second.carried_error.erase(fragment);  // its residual may be anything now: no allowance for the next one
+  if (!solicited || config_.diloco.refetch_after <= 0) return;
+  int& in_a_row = rec->second.refused_in_a_row[fragment];
+  if (++in_a_row < config_.diloco.refetch_after) return;
+  in_a_row = 0;
+  const SyncerActions::Refetch due{learner, fragment};
+  if (std::find(refetch_due_.begin(), refetch_due_.end(), due) == refetch_due_.end()) refetch_due_.push_back(due);
 }
 
 std::map<std::string, int64_t> SyncerState::answers_refused_by_kind() const {
@@ -350,14 +357,16 @@ SyncerActions SyncerState::tick(double now_s) {
     actions.events.push_back(event("finished", {{"global_step", global_step_}, {"merges", merges_}}));
   }
   // Last, so that refusals made by this tick's merges (norm screening) are told at once.
-  for (int id : refetch_due_) {
-    actions.refetch.push_back(id);
+  for (const auto& due : refetch_due_) {
+    actions.refetch.push_back(due);
     ++refetches_;
-    actions.events.push_back(event("refetch_told", {{"learner", id}, {"refused_in_a_row", config_.diloco.refetch_after},
-                                                    {"reason", "its answers were refused " +
+    if (auto rec = learners_.find(due.learner); rec != learners_.end()) rec->second.carried_error.erase(due.fragment);
+    actions.events.push_back(event("refetch_told", {{"learner", due.learner}, {"fragment", due.fragment},
+                                                    {"refused_in_a_row", config_.diloco.refetch_after},
+                                                    {"reason", "its answers to pulls of this fragment were refused " +
                                                                    std::to_string(config_.diloco.refetch_after) +
-                                                                   " times in a row (diloco.refetch_after): Θ goes to "
-                                                                   "it whole, to replace its parameters"}}));
+                                                                   " times in a row (diloco.refetch_after): Θ_p goes "
+                                                                   "to it whole, to replace its parameters"}}));
   }
   refetch_due_.clear();
   return actions;
@@ -474,21 +483,25 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
   std::vector<int> ids;
   std::vector<std::vector<float>> grads;
   std::vector<double> weights, per_step;
+  std::vector<double> reference;  // per step, without the error-feedback allowance: what others are compared with
+  std::vector<double> codec_error;
   std::vector<bool> raw;  // a raw θ (re-anchor): its Δ also carries merges it missed
   std::vector<int64_t> tokens, steps;
   for (auto& [id, a] : round.answers) {
     // The size screened (5b) is the learner's own Δ against its base: an honest answer against the version before
     // (its merge came after s + τ, with the next pull) rebased onto Θ_p also carries the syncer's last outer step,
     // and was refused at ratios of 10–916 (found by the Python learner's test). A raw θ has no own Δ: its rebased one.
-    double own_norm = a.base_version >= 0 ? l2_norm(a.delta) : -1;
-    // With error feedback a payload carries x = Δ + e_prev (what the codec dropped from this learner's last answer of
-    // p) and decodes to x − e_new: ‖Δ‖ ≥ ‖x̂‖ − ‖e_prev‖ − ‖e_new‖, each bounded by its payload's codec error. A short
-    // answer after a long one (a learner that trained alone while the quorum waited) carried the long one's residual
-    // and was refused at 13–25× (found by the Python learner's test, C++ learner, q4 + error feedback).
-    if (auto rec = learners_.find(id); rec != learners_.end()) {
-      double& carried = rec->second.carried_error[p];
-      if (own_norm >= 0 && config_.diloco.error_feedback) own_norm = std::max(0.0, own_norm - carried - a.codec_error);
-      carried = a.codec_error;
+    const double sent_norm = a.base_version >= 0 ? l2_norm(a.delta) : -1;
+    double own_norm = sent_norm;
+    // With error feedback a payload carries x = Δ + e_prev, what the codec dropped from this learner's last answer of
+    // p: ‖Δ‖ ≥ ‖x̂‖ − ‖e_prev‖ − ‖e_now‖. A short answer after a long one (a learner that trained alone while the
+    // quorum waited) carried the long one's residual and was refused at 13–25× (found by the Python learner's test,
+    // C++ learner, q4 + error feedback). The allowance is e_prev's bound only, and only from an answer this syncer
+    // merged (it passed the screen itself): an attacker can then gain at most 1/(1 − c) over the screen, c = e / ‖x̂‖
+    // ≤ √B / (2·q_max) for the run's codec (2.3× for q4/64, 1.07× for q8/256; other codecs and blocks are refused).
+    if (auto rec = learners_.find(id); rec != learners_.end() && own_norm >= 0 && config_.diloco.error_feedback) {
+      const auto carried = rec->second.carried_error.find(p);
+      if (carried != rec->second.carried_error.end()) own_norm = std::max(0.0, own_norm - carried->second);
     }
     // 4) outer gradient anchored at the current Θ_p: Δ = Θ_p − θ_m with θ_m = Θ_p^base − delta (or raw θ_m).
     std::vector<float> g(n);
@@ -510,9 +523,13 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
     double lr_sum = 0;
     for (int64_t t = std::max<int64_t>(0, a.captured_step - a.steps); t < a.captured_step; ++t) lr_sum += schedule_.at(t);
     lr_sum = std::max(lr_sum, schedule_.at(std::max<int64_t>(0, a.captured_step)));
-    const double norm = lr_sum > 0 ? (own_norm >= 0 ? own_norm : l2_norm(g)) / lr_sum : -1;  // −1: not comparable
-                                                                                              // (lr 0: min_lr_ratio 0)
+    const double rebased = own_norm >= 0 ? 0 : l2_norm(g);
+    const double norm = lr_sum > 0 ? (own_norm >= 0 ? own_norm : rebased) / lr_sum : -1;  // −1: not comparable
+                                                                                        // (lr 0: min_lr_ratio 0)
+    const double unreduced = lr_sum > 0 ? (sent_norm >= 0 ? sent_norm : rebased) / lr_sum : -1;
     per_step.push_back(std::isfinite(norm) ? norm : -1);
+    reference.push_back(std::isfinite(unreduced) ? unreduced : -1);
+    codec_error.push_back(a.codec_error);
     raw.push_back(a.base_version < 0);
     ids.push_back(id);
     grads.push_back(std::move(g));
@@ -532,7 +549,7 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
       if (steps[i] <= 0 || per_step[i] < 0) continue;
       std::vector<double> ref(frag.recent_norms.begin(), frag.recent_norms.end());
       for (size_t j = 0; j < ids.size(); ++j) {
-        if (j != i && steps[j] > 0 && per_step[j] >= 0 && !raw[j]) ref.push_back(per_step[j]);
+        if (j != i && steps[j] > 0 && reference[j] >= 0 && !raw[j]) ref.push_back(reference[j]);
       }
       if (ref.size() < 2) continue;
       const double median = lower_median(ref);
@@ -544,7 +561,7 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
       const double clip_at = raw[i] && screen > 0 && ratio >= screen ? screen : clip;
       if (screen > 0 && ratio >= screen && !raw[i]) {
         keep[i] = false;
-        refuse(ids[i], p, round.step, RefusalKind::kNorm);
+        refuse(ids[i], p, round.step, RefusalKind::kNorm, /*solicited=*/true);
         actions.events.push_back(event("answer_refused",
                                        {{"learner", ids[i]}, {"fragment", p}, {"round", round.step},
                                         {"kind", to_string(RefusalKind::kNorm)}, {"ratio", ratio},
@@ -556,6 +573,7 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
         const float scale = static_cast<float>(clip_at / ratio);
         for (float& v : grads[i]) v *= scale;
         per_step[i] *= scale;
+        reference[i] *= scale;
         ++answers_clipped_;
         actions.events.push_back(event("answer_clipped", {{"learner", ids[i]}, {"fragment", p}, {"round", round.step},
                                                           {"ratio", ratio}, {"to", clip_at}}));
@@ -569,12 +587,13 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
       if (!keep[i]) continue;
       if (k != i) {  // (a vector moved onto itself would be left empty)
         ids[k] = ids[i], grads[k] = std::move(grads[i]), weights[k] = weights[i], per_step[k] = per_step[i];
-        steps[k] = steps[i], raw[k] = raw[i];
+        steps[k] = steps[i], raw[k] = raw[i], reference[k] = reference[i], codec_error[k] = codec_error[i];
       }
       round_tokens += tokens[i];
       ++k;
     }
     ids.resize(k), grads.resize(k), weights.resize(k), per_step.resize(k), steps.resize(k), raw.resize(k);
+    reference.resize(k), codec_error.resize(k);
   }
   if (ids.empty() || !merge_has_weight(weights)) {
     actions.events.push_back(event("round_skipped", {{"fragment", p}, {"round", round.step},
@@ -626,7 +645,7 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
     return;
   }
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (steps[i] > 0 && per_step[i] >= 0 && !raw[i]) frag.recent_norms.push_back(per_step[i]);
+    if (steps[i] > 0 && reference[i] >= 0 && !raw[i]) frag.recent_norms.push_back(reference[i]);
   }
   const size_t keep_norms = static_cast<size_t>(std::max<int64_t>(8, 2 * config_.diloco.learners));
   while (frag.recent_norms.size() > keep_norms) frag.recent_norms.pop_front();
@@ -634,8 +653,15 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
   frag.anchors.emplace_back(frag.version, frag.theta);
   while (static_cast<int64_t>(frag.anchors.size()) > config_.diloco.anchor_versions) frag.anchors.pop_front();
   ++merges_;
-  for (int id : ids) {  // a merged answer ends a run of refusals
-    if (auto rec = learners_.find(id); rec != learners_.end()) rec->second.refused_in_a_row = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {  // a merged answer ends a run of refusals of p and sets its allowance
+    auto rec = learners_.find(ids[i]);
+    if (rec == learners_.end()) continue;
+    rec->second.refused_in_a_row.erase(p);
+    if (raw[i]) {
+      rec->second.carried_error.erase(p);  // a re-anchoring learner starts its error feedback again
+    } else {
+      rec->second.carried_error[p] = codec_error[i];
+    }
   }
   tokens_merged_ += round_tokens;
   last_quorum_ = static_cast<int64_t>(ids.size());

@@ -84,9 +84,15 @@ struct SyncerActions {
   };
   std::vector<Pull> pulls;
   std::vector<MergedFragmentData> merged;
-  // Learners whose answers were refused diloco.refetch_after times in a row (no merged answer between): send each
-  // Θ whole, to replace its parameters (docs/protocol.md §10). Each is named once per refetch_after refusals.
-  std::vector<int> refetch;
+  // Fragments of learners whose answers to pulls of that fragment were refused diloco.refetch_after times in a row
+  // (no merged answer of theirs between): send Θ_p whole, to replace their parameters (docs/protocol.md §10). Each
+  // is named once per refetch_after refusals.
+  struct Refetch {
+    int learner = 0;
+    int fragment = 0;
+    bool operator==(const Refetch&) const = default;
+  };
+  std::vector<Refetch> refetch;
   std::vector<nlohmann::json> events;  // structured decision events (quorum, grace, drop, absent …) with reasons
   bool clock_moved = false;
   bool finished_now = false;           // the final flush just completed: the run is over
@@ -125,8 +131,11 @@ struct LearnerRecord {
   bool was_live = false;
   int64_t bytes_sent = 0;      // syncer -> learner
   int64_t bytes_received = 0;  // learner -> syncer
-  int refused_in_a_row = 0;    // its answers refused since its last merged one (diloco.refetch_after, §10)
-  std::map<int, double> carried_error;  // fragment -> codec_error of its last answer screened (error feedback, §10)
+  std::map<int, int> refused_in_a_row;  // fragment -> its answers to pulls of it refused since its last merged one
+                                        // (diloco.refetch_after, §10)
+  std::map<int, double> carried_error;  // fragment -> codec_error of its last merged answer of it (with error
+                                        // feedback the residual it carries into the next one, §10); 0 after a
+                                        // refused, late, raw or re-fetched one
 };
 
 class SyncerState {
@@ -240,7 +249,9 @@ class SyncerState {
   void advance_round(int p, Round& round, double now_s, SyncerActions& actions);
   void merge_round(int p, Round& round, double now_s, SyncerActions& actions);
   /// Counts a refusal of `kind`; if the learner was asked in fragment's open round `round_step`, stops waiting.
-  void refuse(int learner, int fragment, int64_t round_step, RefusalKind kind);
+  // `solicited`: the answer was taken into its round (a norm refusal at the merge); otherwise the refusal counts
+  // towards a re-fetch only if the learner was pulled in that round and had not answered it.
+  void refuse(int learner, int fragment, int64_t round_step, RefusalKind kind, bool solicited = false);
   std::vector<LearnerState> learner_states() const;
   double slowest_step_s(double now_s) const;
 
@@ -260,7 +271,7 @@ class SyncerState {
   Ema quorum_ema_, sync_ema_;
   int64_t merges_ = 0, last_quorum_ = 0, answers_dropped_ = 0, answers_refused_ = 0, tokens_merged_ = 0;
   int64_t reports_refused_ = 0, answers_clipped_ = 0, merges_dropped_ = 0, refetches_ = 0;
-  std::vector<int> refetch_due_;  // learners whose refusals reached diloco.refetch_after since the last tick
+  std::vector<SyncerActions::Refetch> refetch_due_;  // reached diloco.refetch_after since the last tick
   std::map<RefusalKind, int64_t> refused_by_kind_;
   double grace_wait_s_ = 0;
   StateMachine<SyncerPhase, 2> phase_{SyncerPhase::kTraining, kSyncerMoves};

@@ -408,21 +408,24 @@ TEST_F(SyncerStateTest, AnAnswerAgainstThePreviousVersionIsScreenedByItsOwnDelta
 
 // With error feedback a payload carries the residual of the learner's last answer of that fragment (what the codec
 // dropped from it): a short answer after a long one carried the long one's residual and was refused at 13–25× the
-// median. The screen takes ‖Δ‖ ≥ ‖x̂‖ − (last payload's codec error) − (this one's); without error feedback it
-// does not.
+// median. The screen takes ‖Δ‖ as ‖x̂‖ − (the codec error of the learner's last merged answer of the fragment).
 TEST_F(SyncerStateTest, WithErrorFeedbackTheNormScreenAllowsForTheCarriedResidual) {
-  for (const bool feedback : {true, false}) {
-    SCOPED_TRACE(feedback);
-    auto s = make(3, 3, false, "mean", "uniform", 1.0, 0.0, WireDtype::kFp32, feedback);
+  // "merged": learner 2's first answer was merged, its residual bound 7.9 is allowed for in its next answer.
+  // "refused": that first answer was itself refused (by norm): no allowance comes from it, so a learner cannot
+  //   build one up from answers the screen refused. "off": without error feedback there is no allowance.
+  for (const std::string run : {"merged", "refused", "off"}) {
+    SCOPED_TRACE(run);
+    auto s = make(3, 3, false, "mean", "uniform", 1.0, 0.0, WireDtype::kFp32, /*error_feedback=*/run != "off");
     for (int m = 0; m < 3; ++m) s.on_join(m, 0.0), s.on_report(m, report(1), 1.0);
     std::string why;
     ASSERT_EQ(s.tick(1.0).pulls.size(), 1u);
     for (int m = 0; m < 3; ++m) {
-      auto a = answer(1, 1, std::vector<float>(4, 0.1f));
+      auto a = answer(1, 1, std::vector<float>(4, m == 2 && run == "refused" ? 100.f : 0.1f));
       a.codec_error = m == 2 ? 7.9 : 0.01;  // learner 2's answer left a residual of up to 7.9
       ASSERT_EQ(s.on_answer(m, a, 1.1, &why), AnswerOutcome::kAccepted) << why;
     }
     ASSERT_EQ(s.tick(1.2).merged.size(), 1u);
+    ASSERT_EQ(s.answers_refused(), run == "refused" ? 1 : 0);
     for (int m = 0; m < 3; ++m) s.on_report(m, report(3), 3.0);
     (void)s.tick(3.0);
     for (int m = 0; m < 3; ++m) {  // learner 2 sends its residual with a small Δ: ‖x̂‖ = 8, 40× the others' 0.2
@@ -432,12 +435,12 @@ TEST_F(SyncerStateTest, WithErrorFeedbackTheNormScreenAllowsForTheCarriedResidua
     }
     const auto a = s.tick(3.2);
     ASSERT_EQ(a.merged.size(), 1u);
-    if (feedback) {
+    if (run == "merged") {
       EXPECT_EQ(a.merged[0].participants, (std::vector<int>{0, 1, 2}));
       EXPECT_EQ(s.answers_refused(), 0);
     } else {
       EXPECT_EQ(a.merged[0].participants, (std::vector<int>{0, 1}));
-      EXPECT_EQ(s.answers_refused_by_kind().at("norm"), 1);
+      EXPECT_EQ(s.answers_refused_by_kind().at("norm"), run == "refused" ? 2 : 1);
     }
   }
 }
@@ -528,9 +531,10 @@ TEST_F(SyncerStateTest, ImpossibleCountersAreRefusedAndARefusedAnswerEndsTheWait
   EXPECT_EQ(s.answers_refused_by_kind().at("malformed"), 1);
 }
 
-// docs/protocol.md §10: a learner whose answers were refused diloco.refetch_after (3) times in a row, with no merged
-// answer between, is named once in SyncerActions::refetch (the service sends it Θ whole); a merged answer starts the
-// count again; refetch_after = 0 turns it off.
+// docs/protocol.md §10: a learner whose answers to pulls of p were refused diloco.refetch_after (3) times in a row,
+// with no merged answer of its own of p between, is named once in SyncerActions::refetch with p (the service sends
+// it Θ_p whole). Only answers to a pull it was sent count, one per round: junk sent without a pull, or again in a
+// round already refused, does not. A merged answer starts the count again; refetch_after = 0 turns it off.
 TEST_F(SyncerStateTest, ALearnerRefusedRefetchAfterTimesInARowIsToldToRefetchOnce) {
   for (int refetch_after : {3, 0}) {
     SCOPED_TRACE(refetch_after);
@@ -539,44 +543,53 @@ TEST_F(SyncerStateTest, ALearnerRefusedRefetchAfterTimesInARowIsToldToRefetchOnc
     const int64_t tps = parse_config("").train.tokens_per_step(parse_config("").model);
     s.on_join(0, 0.0);
     s.on_join(1, 0.0);
-    s.on_report(0, report(1), 1.0);
-    s.on_report(1, report(1), 1.0);
-    ASSERT_EQ(s.tick(1.0).pulls.size(), 1u);
     std::string why;
-    auto impossible = answer(1, 1, std::vector<float>(4, 0.1f));
-    impossible.tokens = impossible.steps * tps + 1;
-    auto refuse = [&] { ASSERT_EQ(s.on_answer(1, impossible, 1.1, &why), AnswerOutcome::kRefused); };
-    refuse();
-    refuse();
-    EXPECT_TRUE(s.tick(1.1).refetch.empty()) << "two refusals";
-    refuse();
-    const auto told = s.tick(1.1);
+    // Fragment 1's rounds are at odd steps. In each, learner 1's answer is impossible (more tokens than its steps
+    // can hold) and learner 0's is merged without it.
+    auto round = [&](int64_t u, bool bad_twice, bool one_good) {
+      s.on_report(0, report(u), static_cast<double>(u));
+      s.on_report(1, report(u), static_cast<double>(u));
+      std::vector<int> pulled;
+      for (const auto& pull : s.tick(static_cast<double>(u)).pulls) {
+        if (pull.fragment == 1) pulled = pull.learners;
+      }
+      EXPECT_EQ(pulled, (std::vector<int>{0, 1})) << "round " << u;
+      auto impossible = answer(1, u, std::vector<float>(4, 0.1f), s.version(1));
+      impossible.tokens = impossible.steps * tps + 1;
+      if (one_good) {
+        EXPECT_EQ(s.on_answer(1, answer(1, u, std::vector<float>(4, 0.1f), s.version(1)), u + 0.1, &why),
+                  AnswerOutcome::kAccepted) << why;
+      } else {
+        EXPECT_EQ(s.on_answer(1, impossible, u + 0.1, &why), AnswerOutcome::kRefused);
+        if (bad_twice) EXPECT_EQ(s.on_answer(1, impossible, u + 0.1, &why), AnswerOutcome::kRefused);
+      }
+      EXPECT_EQ(s.on_answer(0, answer(1, u, std::vector<float>(4, 0.1f), s.version(1)), u + 0.1, &why),
+                AnswerOutcome::kAccepted) << why;
+      return s.tick(u + 0.2);
+    };
+    // Unsolicited junk (a fragment that does not exist, no pull) counts for nothing.
+    for (int k = 0; k < 5; ++k) s.on_answer(1, answer(7, 1, std::vector<float>(4, 0.1f)), 0.5, &why);
+    EXPECT_TRUE(round(1, /*bad_twice=*/true, false).refetch.empty()) << "one refusal (the second in its round is not counted)";
+    EXPECT_TRUE(round(3, false, false).refetch.empty()) << "two refusals";
+    const auto told = round(5, false, false);
     if (refetch_after == 0) {
       EXPECT_TRUE(told.refetch.empty());
       EXPECT_EQ(s.refetches(), 0);
       continue;
     }
-    EXPECT_EQ(told.refetch, (std::vector<int>{1}));
+    EXPECT_EQ(told.refetch, (std::vector<SyncerActions::Refetch>{{1, 1}}));
     EXPECT_TRUE(std::any_of(told.events.begin(), told.events.end(), [](const auto& e) {
-      return e["event"] == "refetch_told" && e["learner"] == 1 && e["refused_in_a_row"] == 3;
+      return e["event"] == "refetch_told" && e["learner"] == 1 && e["fragment"] == 1 && e["refused_in_a_row"] == 3;
     }));
-    EXPECT_TRUE(s.tick(1.1).refetch.empty()) << "told once";
+    EXPECT_TRUE(s.tick(5.3).refetch.empty()) << "told once";
     EXPECT_EQ(s.refetches(), 1);
-    // Two more refusals, then the learner's well-formed answer is merged: the count starts again.
-    refuse();
-    refuse();
-    ASSERT_EQ(s.on_answer(1, answer(1, 1, std::vector<float>(4, 0.1f)), 1.1, &why), AnswerOutcome::kAccepted) << why;
-    ASSERT_EQ(s.on_answer(0, answer(1, 1, std::vector<float>(4, 0.1f)), 1.1, &why), AnswerOutcome::kAccepted) << why;
-    const auto merged = s.tick(1.2);
+    // Two more refusals, then learner 1's answer is merged: the count starts again.
+    EXPECT_TRUE(round(7, false, false).refetch.empty());
+    EXPECT_TRUE(round(9, false, false).refetch.empty());
+    const auto merged = round(11, false, /*one_good=*/true);
     ASSERT_EQ(merged.merged.size(), 1u);
-    EXPECT_TRUE(merged.refetch.empty());
-    s.on_report(0, report(3), 2.0);
-    s.on_report(1, report(3), 2.0);
-    (void)s.tick(2.0);
-    auto late = answer(1, 3, std::vector<float>(4, 0.1f), 1);
-    late.tokens = late.steps * tps + 1;
-    ASSERT_EQ(s.on_answer(1, late, 2.1, &why), AnswerOutcome::kRefused);
-    EXPECT_TRUE(s.tick(2.1).refetch.empty()) << "one refusal after a merged answer";
+    EXPECT_EQ(merged.merged[0].participants, (std::vector<int>{0, 1}));
+    EXPECT_TRUE(round(13, false, false).refetch.empty()) << "one refusal after a merged answer";
     EXPECT_EQ(s.refetches(), 1);
   }
 }

@@ -222,11 +222,8 @@ TEST(Codec, MalformedPayloadsAreRefusedWithTheReason) {
 namespace dloco::wire {
 namespace {
 
-// A constant signal sent 1,000 rounds: without error feedback the sum of what was sent drifts from the sum of the
-// inputs by the codec's bias every round (linearly); with it the gap stays the last residual, within one block's
-// bound, at every round. A reset starts from e = 0.
 // error_bound bounds ‖x − x̂‖ for every codec (the norm screen's allowance for an error-feedback residual, §10), is
-// tight for the integer codecs (within 2× on Gaussian values) and claims nothing for a large declared scale over zeros.
+// tight for the integer codecs (within 4× on Gaussian values) and claims nothing for a large declared scale over zeros.
 TEST(Codec, TheErrorBoundHoldsAndCannotBeInflatedByADeclaredScale) {
   std::mt19937 rng(3);
   std::normal_distribution<float> normal(0, 1);
@@ -266,6 +263,9 @@ TEST(Codec, EmptyPayloadsDecodeToNoValues) {
   }
 }
 
+// A constant signal sent 1,000 rounds: without error feedback the sum of what was sent drifts from the sum of the
+// inputs by the codec's bias every round (linearly); with it the gap stays the last residual, within one block's
+// bound, at every round. A reset starts from e = 0.
 TEST(ErrorFeedback, TheSentSumTracksTheInputSumWithinOneRounding) {
   for (Codec codec : {Codec::kQ4, Codec::kQ8, Codec::kBf16}) {
     SCOPED_TRACE(to_string(codec));
