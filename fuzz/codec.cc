@@ -16,17 +16,6 @@
 
 using namespace dloco;
 
-namespace {
-
-void require(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "codec invariant broken: %s\n", what);
-    std::abort();
-  }
-}
-
-}  // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view in = fuzz::as_text(data, size);
   const std::string_view name = fuzz::take_until(in, "\n");
@@ -40,15 +29,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     codec = wire::parse_codec(codec_name);
   } catch (const InputError&) {
-    require(false, "decode() took a payload whose codec parse_codec() refuses");
+    fuzz::require(false, "decode() took a payload whose codec parse_codec() refuses");
   }
   const int64_t n = static_cast<int64_t>(values.size());
   const int64_t block = name.find('/') == std::string_view::npos ? 0 : std::atoll(std::string(name.substr(name.find('/') + 1)).c_str());
-  require(wire::encoded_bytes(codec, n, block) == static_cast<int64_t>(payload.bytes.size()),
+  fuzz::require(wire::encoded_bytes(codec, n, block) == static_cast<int64_t>(payload.bytes.size()),
           "a payload of another size than encoded_bytes() was taken");
   const bool integer = codec == wire::Codec::kQ8 || codec == wire::Codec::kQ4;
   if (integer) {
-    for (float v : values) require(std::isfinite(v), "q8/q4 decoded a non-finite value");
+    for (float v : values) fuzz::require(std::isfinite(v), "q8/q4 decoded a non-finite value");
   }
 
   // Re-encode what was decoded: fp32 and bf16 give the same bits back (bf16 values are exact in bf16); q8/q4 give
@@ -58,9 +47,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (finite || !integer) {
     const wire::Payload again = wire::encode(values, codec, block);
     std::vector<float> twice;
-    require(wire::decode(again, twice, n).empty(), "decode() refused what encode() wrote");
+    fuzz::require(wire::decode(again, twice, n).empty(), "decode() refused what encode() wrote");
     if (!integer) {
-      require(values.empty() || std::memcmp(twice.data(), values.data(), values.size() * sizeof(float)) == 0 || !finite,
+      fuzz::require(values.empty() || std::memcmp(twice.data(), values.data(), values.size() * sizeof(float)) == 0 || !finite,
               "fp32/bf16 did not round-trip bit for bit");
     } else {
       const int64_t b = block > 0 ? block : wire::default_block(codec);
@@ -70,7 +59,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         float amax = 0;
         for (int64_t i = start; i < end; ++i) amax = std::max(amax, std::fabs(values[i]));
         const float bound = amax / (2 * q_max) * 1.0001f + 1e-30f;
-        for (int64_t i = start; i < end; ++i) require(std::fabs(twice[i] - values[i]) <= bound, "re-encoding moved a value past the codec's bound");
+        for (int64_t i = start; i < end; ++i) fuzz::require(std::fabs(twice[i] - values[i]) <= bound, "re-encoding moved a value past the codec's bound");
       }
     }
   }
@@ -79,8 +68,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::vector<float> base(values.size(), 1.0f);
   std::vector<float> out;
   if (wire::apply_update(base, payload, out).empty()) {
-    require(out.size() == base.size(), "apply_update() changed the size");
-    for (float v : out) require(std::isfinite(v), "apply_update() took an update that makes a value non-finite");
+    fuzz::require(out.size() == base.size(), "apply_update() changed the size");
+    for (float v : out) fuzz::require(std::isfinite(v), "apply_update() took an update that makes a value non-finite");
   }
   return 0;
 }

@@ -14,6 +14,7 @@
 #include "core/safetensors.h"
 #include "data/shards.h"
 #include "data/stream_log.h"
+#include "fuzz/fuzz_syncer.h"
 #include "syncer/syncer_service.h"
 #include "syncer/syncer_store.h"
 #include "transport/codec.h"
@@ -54,7 +55,7 @@ std::string record(int kind, const google::protobuf::MessageLite& m) {
 }
 
 // The fuzz targets' run (fuzz/syncer_rpc.cc, fuzz/syncer_restore.cc): two fragments of a 512-value model.
-FragmentLayout fuzz_layout() { return make_fragment_layout({{"a.weight", {40, 8}}, {"b.weight", {24, 8}}}, 2); }
+FragmentLayout fuzz_layout() { return fuzz::syncer_layout(); }
 
 void codec_seeds() {
   const auto values = ramp(100, 0.01f);
@@ -154,19 +155,8 @@ void stream_log_seeds(const fs::path& tmp) {
 // A syncer that ran a little and stopped: its state.json and fragment 0's file.
 void syncer_restore_seeds(const fs::path& tmp) {
   const FragmentLayout layout = fuzz_layout();
-  Config config;
-  config.run.name = "fuzz";
-  config.diloco.learners = 3;
-  config.diloco.inner_steps = 4;
-  config.diloco.fragments = 2;
-  config.diloco.overlap = 2;
-  config.diloco.quorum = 2;
-  config.train.checkpoint_interval = 0;
-  config.train.total_tokens = 3 * 40 * 64;
-  config.train.batch_size = 1;
-  config.train.grad_accum = 1;
-  config.model.seq_len = 64;
-  const wire::Handshake handshake{"fuzz", wire::kProtocolVersion, "", layout.hash, 1, 2, ""};
+  const Config config = fuzz::syncer_config();
+  const wire::Handshake handshake = fuzz::syncer_handshake(layout);
   const fs::path dir = tmp / "syncer_run";
   std::vector<std::vector<float>> theta;
   for (const auto& f : layout.fragments) theta.push_back(ramp(f.numel, 0.1f));

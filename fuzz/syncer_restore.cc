@@ -15,6 +15,7 @@
 #include "core/events.h"
 #include "core/fragments.h"
 #include "fuzz/fuzz_support.h"
+#include "fuzz/fuzz_syncer.h"
 #include "syncer/syncer_service.h"
 #include "syncer/syncer_store.h"
 #include "transport/codec.h"
@@ -24,13 +25,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-void require(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "syncer invariant broken: %s\n", what);
-    std::abort();
-  }
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -38,20 +32,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const fs::path dir = fuzz::scratch_dir() / "syncer_restore";
   fs::remove_all(dir);
   fs::create_directories(dir / "syncer");
-  Config config;
-  config.run.name = "fuzz";
-  config.diloco.learners = 3;
-  config.diloco.inner_steps = 4;
-  config.diloco.fragments = 2;
-  config.diloco.overlap = 2;
-  config.diloco.quorum = 2;
-  config.train.checkpoint_interval = 0;
-  config.train.total_tokens = 3 * 40 * 64;
-  config.train.batch_size = 1;
-  config.train.grad_accum = 1;
-  config.model.seq_len = 64;
-  const FragmentLayout layout = make_fragment_layout({{"a.weight", {40, 8}}, {"b.weight", {24, 8}}}, 2);
-  const wire::Handshake handshake{"fuzz", wire::kProtocolVersion, "", layout.hash, 1, 2, ""};
+  const Config config = fuzz::syncer_config();
+  const FragmentLayout layout = fuzz::syncer_layout();
+  const wire::Handshake handshake = fuzz::syncer_handshake(layout);
 
   std::string_view in = fuzz::as_text(data, size);
   fuzz::write_bytes(dir / "syncer" / "state.json", fuzz::take_until(in, "\n--fragment--\n"));
@@ -82,12 +65,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto joined = service->join(evaluator);
   if (joined.ok()) {
     const auto snap = service->snapshot(joined.value.session_id);
-    require(snap.ok(), "the snapshot was refused");
-    require(snap.value.fragments.size() == layout.fragments.size(), "a snapshot of another fragment count");
+    fuzz::require(snap.ok(), "the snapshot was refused");
+    fuzz::require(snap.value.fragments.size() == layout.fragments.size(), "a snapshot of another fragment count");
     for (size_t p = 0; p < snap.value.fragments.size(); ++p) {
       const std::vector<float> values = wire::fragment_values(snap.value.fragments[p]);
-      require(static_cast<int64_t>(values.size()) == layout.fragments[p].numel, "a fragment of another size");
-      for (float v : values) require(std::isfinite(v), "a restored syncer hands out a non-finite Θ");
+      fuzz::require(static_cast<int64_t>(values.size()) == layout.fragments[p].numel, "a fragment of another size");
+      for (float v : values) fuzz::require(std::isfinite(v), "a restored syncer hands out a non-finite Θ");
     }
   }
   (void)service->status();

@@ -25,6 +25,7 @@
 #include "core/events.h"
 #include "core/fragments.h"
 #include "fuzz/fuzz_support.h"
+#include "fuzz/fuzz_syncer.h"
 #include "syncer/syncer_service.h"
 #include "transport/codec.h"
 #include "transport/grpc/proto_convert.h"
@@ -33,15 +34,6 @@ using namespace dloco;
 namespace fs = std::filesystem;
 
 namespace {
-
-constexpr int kTokensPerStep = 64;
-
-void require(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "syncer invariant broken: %s\n", what);
-    std::abort();
-  }
-}
 
 // The syncer's end of one session: hands out the fuzzer's messages in order, then ends; what the syncer writes is
 // dropped.
@@ -77,26 +69,15 @@ Run make_run(uint8_t knobs) {
   r.dir = fuzz::scratch_dir() / "syncer_rpc";
   fs::remove_all(r.dir);
   fs::create_directories(r.dir / "events");
-  Config& c = r.config;
-  c.run.name = "fuzz";
-  c.diloco.learners = 3;
-  c.diloco.inner_steps = 4;
-  c.diloco.fragments = 2;
-  c.diloco.overlap = 2;
-  c.diloco.quorum = 2;
+  Config& c = r.config = fuzz::syncer_config();
   c.diloco.anchor_versions = 1;
   c.diloco.grace_window = (knobs & 1) != 0;
   c.diloco.wire_down = (knobs & 2) ? WireDtype::kQ4 : WireDtype::kFp32;
   c.diloco.wire_up = (knobs & 4) ? WireDtype::kQ8 : WireDtype::kFp32;
   c.diloco.error_feedback = (knobs & 8) != 0;
   c.diloco.merge = (knobs & 16) ? MergeRule::kMean : MergeRule::kRda;
-  c.train.checkpoint_interval = 0;
-  c.train.total_tokens = 3 * 40 * kTokensPerStep;
-  c.train.batch_size = 1;
-  c.train.grad_accum = 1;
-  c.model.seq_len = kTokensPerStep;
-  r.layout = make_fragment_layout({{"a.weight", {40, 8}}, {"b.weight", {24, 8}}}, 2);
-  r.handshake = {"fuzz", wire::kProtocolVersion, "", r.layout.hash, 1, 2, ""};
+  r.layout = fuzz::syncer_layout();
+  r.handshake = fuzz::syncer_handshake(r.layout);
   return r;
 }
 
@@ -197,15 +178,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   evaluator.handshake = run.handshake;
   evaluator.learner_id = -1;
   const auto joined = service.join(evaluator);
-  require(joined.ok(), "the evaluator's join was refused");
+  fuzz::require(joined.ok(), "the evaluator's join was refused");
   const auto snap = service.snapshot(joined.value.session_id);
-  require(snap.ok(), "the snapshot was refused");
-  require(snap.value.fragments.size() == run.layout.fragments.size(), "a snapshot of another fragment count");
+  fuzz::require(snap.ok(), "the snapshot was refused");
+  fuzz::require(snap.value.fragments.size() == run.layout.fragments.size(), "a snapshot of another fragment count");
   for (size_t p = 0; p < snap.value.fragments.size(); ++p) {
     const std::vector<float> values = wire::fragment_values(snap.value.fragments[p]);
-    require(static_cast<int64_t>(values.size()) == run.layout.fragments[p].numel, "a fragment of another size");
-    for (float v : values) require(std::isfinite(v), "the syncer hands out a non-finite Θ");
-    require(snap.value.fragments[p].version >= 0, "a negative version");
+    fuzz::require(static_cast<int64_t>(values.size()) == run.layout.fragments[p].numel, "a fragment of another size");
+    for (float v : values) fuzz::require(std::isfinite(v), "the syncer hands out a non-finite Θ");
+    fuzz::require(snap.value.fragments[p].version >= 0, "a negative version");
   }
   service.stop();
   return 0;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <cstdio>
 
 #include <toml++/toml.h>
@@ -32,6 +33,18 @@ double number(const toml::node& node, const std::string& where) {
     throw InputError(where + " must be a finite number (got " + fmt(*v) + ")");
   }
   throw InputError(where + " must be a number");
+}
+
+// A whole number: an integer, or a float with an integral value in int64's range (toml++'s value<int64_t>() casts a
+// float such as 1e20 out of range, which is undefined behaviour: found by fuzz/fault_plan.cc). nullopt otherwise.
+std::optional<int64_t> whole(const toml::node& node) {
+  if (node.is_integer()) return node.value<int64_t>();
+  if (!node.is_floating_point()) return std::nullopt;
+  const double d = *node.value<double>();
+  if (!std::isfinite(d) || d != std::trunc(d) || d <= -9223372036854775808.0 || d >= 9223372036854775808.0) {
+    return std::nullopt;
+  }
+  return static_cast<int64_t>(d);
 }
 
 }  // namespace
@@ -263,24 +276,24 @@ FaultPlan parse_fault_plan(std::string_view toml_text, const std::string& origin
             e.at_s = number(fv, at);
             if (e.at_s < 0) throw InputError(at + " must be ≥ 0");
           } else if (f == "at_step") {
-            const auto v = fv.value<int64_t>();
+            const auto v = whole(fv);
             if (!v || *v < 0) throw InputError(at + " must be a whole number ≥ 0");
             e.at_step = *v;
           } else if (f == "learner") {
-            const auto v = fv.value<int64_t>();
+            const auto v = whole(fv);
             if (!v || *v < 0 || *v > 1'000'000) throw InputError(at + " must be a learner slot in [0, 1000000]");
             e.learner = static_cast<int>(*v);
           } else if (f == "restart_after_s") {
             e.restart_after_s = number(fv, at);
             has_restart_after = true;
           } else if (f == "restart_at_step") {
-            const auto v = fv.value<int64_t>();
+            const auto v = whole(fv);
             if (!v || *v < 0) throw InputError(at + " must be a whole number ≥ 0 (a global step)");
             e.restart_at_step = *v;
           } else if (f == "duration_s") {
             e.duration_s = number(fv, at);
           } else if (f == "until_step") {
-            const auto v = fv.value<int64_t>();
+            const auto v = whole(fv);
             if (!v || *v < 0) throw InputError(at + " must be a whole number ≥ 0 (a global step)");
             e.until_step = *v;
           } else if (f == "factor") {
@@ -308,7 +321,7 @@ FaultPlan parse_fault_plan(std::string_view toml_text, const std::string& origin
         else if (r == "start_s") plan.random.start_s = number(rv, at);
         else if (r == "end_s") plan.random.end_s = number(rv, at);
         else if (r == "seed") {
-          const auto v = rv.value<int64_t>();
+          const auto v = whole(rv);
           if (!v || *v < 0) throw InputError(at + " must be a whole number ≥ 0");
           plan.random.seed = static_cast<uint64_t>(*v);
         } else {

@@ -74,6 +74,12 @@ TEST(FaultPlan, BadPlansSayWhatIsWrong) {
   expect_error("[random]\nmtbf_s = 0.001\nstart_s = 0\nend_s = 1000\n", "at most 100000");
   expect_error("[[fault]]\nat_s = 1\naction = \"cut_link\"\nlearner = 0\n", "duration_s > 0");
   expect_error("[[fault]]\nat_s = 1\naction = \"delay_link\"\nlearner = 0\nduration_s = 3\n", "delay_ms");
+  // Found by fuzz/fault_plan.cc: a float out of int64's range in a whole-number field was cast (undefined
+  // behaviour). It is refused; a whole float is taken.
+  expect_error("[random]\nmtbf_s = 60\nend_s = 600\nseed = 1e20\n", "random.seed must be a whole number");
+  expect_error("[[fault]]\nat_step = 1e30\naction = \"kill_syncer\"\n", "at_step must be a whole number");
+  expect_error("[[fault]]\nat_step = 2.5\naction = \"kill_syncer\"\n", "at_step must be a whole number");
+  EXPECT_EQ(parse_fault_plan("[random]\nmtbf_s = 60\nend_s = 600\nseed = 5.0\n", "p").random.seed, 5u);
   const FaultPlan plan = parse_fault_plan("[[fault]]\nat_s = 1\naction = \"kill_learner\"\nlearner = 7\n", "p");
   try {
     plan.resolve(4);
