@@ -54,6 +54,17 @@ std::vector<json> events_named(const fs::path& run, const std::string& role, con
 
 // Every fault the launcher injected fired at a global step, at or soon after the one the plan gave it (none at a
 // wall time), in the plan's order; and every fault bounded by until_step ended at its step, not by its cap.
+// docs/protocol.md §10: screening refuses nothing of honest learners under faults either (kills, restarts of the
+// syncer, pauses, cut links, joins and leaves): no answer of any kind, no report (issue 16: "zero refusals in the
+// chaos plan").
+void expect_no_refusal(const json& report) {
+  const json& screening = report.at("screening");
+  for (const auto& [kind, n] : screening.at("answers_refused_by_kind").items()) {
+    EXPECT_EQ(n, 0) << "answers refused as " << kind << ": " << screening.dump();
+  }
+  EXPECT_EQ(screening.at("reports_refused"), 0) << screening.dump();
+}
+
 void expect_faults_fired_at_their_steps(const fs::path& run, size_t expected) {
   const auto faults = events_named(run, "launcher", "fault");
   EXPECT_EQ(faults.size(), expected);
@@ -178,6 +189,7 @@ restart_after_s = 0.2
 )", "chaos");
   ASSERT_FALSE(report.is_null());
   EXPECT_EQ(report["status"], "finished");
+  expect_no_refusal(report);
   EXPECT_EQ(report["faults_injected"], 6);
   EXPECT_EQ(report["learner_restarts"], 5);
   EXPECT_EQ(report["syncer_restarts"], 0);
@@ -263,6 +275,7 @@ TEST_F(ChaosTest, KilledSyncerComesBackFromItsStateAndNoTokenOrCopyIsLost) {
                                             "restart_after_s = 1.0\n", "syncer_kill");
   ASSERT_FALSE(report.is_null());
   EXPECT_EQ(report["status"], "finished");
+  expect_no_refusal(report);
   EXPECT_EQ(report["faults_injected"], 1);
   EXPECT_EQ(report["syncer_restarts"], 1);
   EXPECT_EQ(report["learner_restarts"], 0);
@@ -301,6 +314,7 @@ TEST_F(ChaosTest, PausedLearnerNeverMakesTheOtherWait) {
                                             "until_step = 70\nduration_s = 60\n", "pause");
   ASSERT_FALSE(report.is_null());
   EXPECT_EQ(report["status"], "finished");
+  expect_no_refusal(report);
   const fs::path run = root_ / "pause";
   expect_faults_fired_at_their_steps(run, 1);
   const auto [paused_at, resumed_at] = fault_window(run, "pause_learner", 1);
@@ -339,6 +353,7 @@ duration_s = 60
 )", "links");
   ASSERT_FALSE(report.is_null());
   EXPECT_EQ(report["status"], "finished");
+  expect_no_refusal(report);
   EXPECT_EQ(report["faults_injected"], 2);
   const fs::path run = root_ / "links";
   expect_faults_fired_at_their_steps(run, 2);
@@ -383,6 +398,7 @@ restart_after_s = 0.5
 )", "pullkill", "--set diloco.quorum=2");
   ASSERT_FALSE(report.is_null());
   EXPECT_EQ(report["status"], "finished");
+  expect_no_refusal(report);
   EXPECT_EQ(report["learner_restarts"], 1);
   const fs::path run = root_ / "pullkill";
   expect_faults_fired_at_their_steps(run, 2);
@@ -446,6 +462,7 @@ TEST_F(ChaosTest, ALearnerJoiningMidRunNeverMakesTheOtherWait) {
                                        "join", "--set data.streams=2 --set diloco.bootstrap=peers --set run.threads=1");
   ASSERT_FALSE(report.is_null());
   EXPECT_EQ(report["status"], "finished");
+  expect_no_refusal(report);
   const fs::path run = root_ / "join";
   expect_faults_fired_at_their_steps(run, 1);
   json joined;
@@ -508,6 +525,7 @@ learner = 2
 )", "scavenge", "--set data.streams=3 --set diloco.bootstrap=peers --set diloco.quorum=2");
   ASSERT_FALSE(report.is_null());
   EXPECT_EQ(report["status"], "finished");
+  expect_no_refusal(report);
   EXPECT_EQ(report["faults_injected"], 4);
   EXPECT_EQ(report["learner_restarts"], 0) << "a learner that left, or one killed for good, was restarted";
   const fs::path run = root_ / "scavenge";
