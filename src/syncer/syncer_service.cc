@@ -61,6 +61,7 @@ void SyncerService::restore() {
       const int64_t global_step = json_integer(state->at("global_step"), "state.json: global_step");
       if (global_step < 0) throw InputError("state.json: global_step " + std::to_string(global_step) + " is negative");
       state_->restore_clock(global_step);
+      last_checkpoint_step_ = global_step;  // the next periodic checkpoint is an interval after the restored step
       merges_at_start_ = std::max<int64_t>(0, json_integer_or(*state, "merges", 0, "state.json"));
       state_->restore_merges(merges_at_start_);
       wall_before_s_ = std::max(0.0, state->value("wall_s", 0.0));

@@ -98,7 +98,21 @@ fs::path save_checkpoint(const fs::path& run_dir, int64_t step, GPT& model, torc
 fs::path save_checkpoint_files(const fs::path& run_dir, int64_t step, std::span<const SafetensorsEntry> tensors,
                                nlohmann::json manifest,
                                const std::function<void(const fs::path&, nlohmann::json&)>& extra, int keep) {
-  const fs::path final_dir = step_dir(run_dir, step);
+  // A folder once written is never replaced: another Θ at the same step (a resumed syncer's final flush merges
+  // without moving the clock) goes to the next revision, step_N_r001 …, which sorts after step_N and before
+  // step_N+1, so "newest" stays the name order.
+  fs::path final_dir = step_dir(run_dir, step);
+  std::error_code exists_ec;
+  for (int revision = 1; fs::exists(final_dir, exists_ec); ++revision) {
+    if (revision > 999) {
+      throw InputError("cannot write a checkpoint at step " + std::to_string(step) + ": 1000 folders of that step " +
+                       "exist under '" + (run_dir / "checkpoints").string() + "'");
+    }
+    char suffix[16];
+    std::snprintf(suffix, sizeof(suffix), "_r%03d", revision);
+    final_dir = step_dir(run_dir, step);
+    final_dir += suffix;
+  }
   fs::path tmp_dir = final_dir;
   tmp_dir += ".tmp";
   std::error_code ec;
@@ -119,7 +133,6 @@ fs::path save_checkpoint_files(const fs::path& run_dir, int64_t step, std::span<
   manifest["model_bytes"] = image.size();
   manifest["model_hash"] = fnv1a64(std::string_view(reinterpret_cast<const char*>(image.data()), image.size()));
   write_file_atomically(tmp_dir / "manifest.json", manifest.dump(2) + "\n");
-  fs::remove_all(final_dir, ec);
   fs::rename(tmp_dir, final_dir, ec);
   if (ec) throw InputError("cannot move checkpoint into '" + final_dir.string() + "': " + ec.message());
   fsync_path(final_dir.parent_path());

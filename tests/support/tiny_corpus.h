@@ -79,12 +79,15 @@ inline std::filesystem::path write_decoupled_config(const std::filesystem::path&
   return path;
 }
 
-/// Every line of a JSON-lines event log (events/<role>.jsonl); empty if the file does not exist yet.
+/// Every complete line of a JSON-lines event log (events/<role>.jsonl); empty if the file does not exist yet. A
+/// last line without its newline is being written by a live process (stdio may split a long line into several
+/// writes): it is left for the next read.
 inline std::vector<nlohmann::json> read_events(const std::filesystem::path& path) {
   std::vector<nlohmann::json> out;
   std::ifstream in(path);
   std::string line;
   while (std::getline(in, line)) {
+    if (in.eof()) break;  // no newline after it: unfinished
     if (!line.empty()) out.push_back(nlohmann::json::parse(line));
   }
   return out;

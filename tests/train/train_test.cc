@@ -139,6 +139,28 @@ TEST_F(TrainTest, CheckpointRoundTripAndTornFoldersAreSkipped) {
   EXPECT_FLOAT_EQ(py["tensors"]["wte.weight"]["values"][3].get<float>(), saved.view({-1})[3].item<float>());
 }
 
+// A second checkpoint at a step already written (a resumed syncer's final flush merges without moving the clock)
+// goes to the next revision folder; the first is left as it was, and the newest in name order is the later one.
+TEST_F(TrainTest, ACheckpointIsNeverReplacedByAnotherAtTheSameStep) {
+  auto save = [&](int64_t step, float value) {
+    std::vector<float> theta(4, value);
+    const std::vector<SafetensorsEntry> tensors = {f32_entry("w", {4}, theta)};
+    return save_checkpoint_files(dir_, step, tensors, {{"value", value}}, {}, 10);
+  };
+  const fs::path first = save(995, 1.0f);
+  const auto written = fs::last_write_time(first / "manifest.json");
+  const fs::path second = save(995, 2.0f);
+  const fs::path third = save(995, 3.0f);
+  EXPECT_EQ(first.filename(), "step_00000995");
+  EXPECT_EQ(second.filename(), "step_00000995_r001");
+  EXPECT_EQ(third.filename(), "step_00000995_r002");
+  EXPECT_EQ(fs::last_write_time(first / "manifest.json"), written);
+  EXPECT_EQ(resolve_checkpoint(first).manifest["value"], 1.0);
+  EXPECT_EQ(latest_checkpoint(dir_)->dir, third);
+  EXPECT_EQ(save(996, 4.0f).filename(), "step_00000996");
+  EXPECT_EQ(latest_checkpoint(dir_)->step, 996);
+}
+
 // A local run stopped halfway and resumed ends with exactly the parameters of an uninterrupted run.
 TEST_F(TrainTest, LocalRunResumesExactly) {
   const std::string tool = std::string(DLOCO_BINARY_DIR) + "/bin/dloco-data";
