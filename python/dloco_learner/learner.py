@@ -296,7 +296,12 @@ def run(config_path, syncer, learner_id, run_dir=None, overrides=(), bootstrap_t
         learner_id, joined.global_step, syncer, joined.stream_index, stream.cursor["tokens_served"],
         joined.tokens_budget), flush=True)
     link.start()
-    learner = Learner(cfg, learner_id, run_dir, joined, InnerTrainer(model, cfg), stream, sync, link, log, events)
+    # Its AdamW moments are always fresh (no saved state): joining a warm run, it repeats the warmup (lr_rewarmed).
+    rewarm_from = joined.global_step if joined.global_step > 0 and cfg["train"]["warmup_steps"] > 0 else -1
+    if rewarm_from > 0:
+        events.emit("lr_rewarmed", from_step=rewarm_from, steps=cfg["train"]["warmup_steps"])
+    learner = Learner(cfg, learner_id, run_dir, joined, InnerTrainer(model, cfg, rewarm_from), stream, sync, link,
+                      log, events)
     learner.run()
     learner.finish_run()
     return 0

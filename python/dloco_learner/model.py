@@ -118,9 +118,19 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 
 
-def lr_at(cfg, step):
+def lr_at(cfg, step, rewarm_from=-1):
     """The inner learning rate at global step `step` (LrSchedule in src/core/schedule.h): linear warmup, then cosine
-    from train.lr to lr·min_lr_ratio at the budget's global steps (total_tokens over M learners' B·T·accum)."""
+    from train.lr to lr·min_lr_ratio at the budget's global steps (total_tokens over M learners' B·T·accum). With
+    fresh AdamW moments from global step `rewarm_from` > 0 (a joiner amid warm learners) the warmup is repeated on
+    its own steps: × min(1, (step − rewarm_from + 1)/warmup_steps)."""
+    lr = _global_lr_at(cfg, step)
+    warmup = cfg["train"]["warmup_steps"]
+    if rewarm_from > 0 and warmup > 0 and rewarm_from <= step < rewarm_from + warmup:
+        return lr * (step - rewarm_from + 1) / warmup
+    return lr
+
+
+def _global_lr_at(cfg, step):
     t = cfg["train"]
     peak, warmup, floor = t["lr"], t["warmup_steps"], t["min_lr_ratio"]
     per_step = t["batch_size"] * cfg["model"]["seq_len"] * t["grad_accum"] * max(1, cfg["diloco"]["learners"])
@@ -146,8 +156,9 @@ def make_adamw(model, train):
 class InnerTrainer:
     """One replica's inner optimisation (docs/protocol.md §3 steps 1–2)."""
 
-    def __init__(self, model, cfg):
-        self.model, self.cfg = model, cfg
+    def __init__(self, model, cfg, rewarm_from=-1):
+        """`rewarm_from`: the global step its fresh AdamW starts at when the run's are warm (> 0), else −1."""
+        self.model, self.cfg, self.rewarm_from = model, cfg, rewarm_from
         self.optimizer = make_adamw(model, cfg["train"])
 
     def step(self, stream, step):
@@ -155,7 +166,7 @@ class InnerTrainer:
         skipped): a step whose loss or gradient norm is not finite leaves parameters and moments alone."""
         t = self.cfg["train"]
         B, T = t["batch_size"], self.cfg["model"]["seq_len"]
-        lr = lr_at(self.cfg, step)
+        lr = lr_at(self.cfg, step, self.rewarm_from)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.model.train()

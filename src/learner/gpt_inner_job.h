@@ -24,6 +24,7 @@ class GptInnerJob final : public InnerJob {
   void save_state(const std::filesystem::path& dir, int64_t step) override;
   int64_t restore_state(const std::filesystem::path& dir, std::string* why) override;
   /// The trainer (the dp baseline sets its gradient hook and checkpoints its AdamW, learner/run_worker.cc).
+  void rewarm(int64_t from_step) override { trainer_.rewarm(from_step); }
   InnerTrainer& trainer() { return trainer_; }
 
  private:

@@ -59,6 +59,7 @@ class GroupInnerJob final : public InnerJob {
   /// −1 with `why` when state.json names another group (ranks or kind) or a rank cannot load its file (then every
   /// rank starts with fresh moments, so data-parallel replicas stay identical).
   int64_t restore_state(const std::filesystem::path& dir, std::string* why) override;
+  void rewarm(int64_t from_step) override { schedule_.rewarm_from = from_step; }
   /// A keep-alive to the ranks at most every parallel.timeout_s / 4.
   void idle() override;
 

@@ -38,6 +38,10 @@ class InnerJob {
   /// Restores what save_state wrote; returns the step it was saved at, or −1 when there is none or it is unusable
   /// (`why` says which; empty when there is none).
   virtual int64_t restore_state(const std::filesystem::path& dir, std::string* why) = 0;
+  /// Its AdamW moments start fresh at global step `from_step` > 0 while the run's are warm: the lr repeats the run's
+  /// warmup over its own first train.warmup_steps steps (LrSchedule::rewarm_from, core/schedule.h). Default (a job
+  /// without an lr schedule): nothing.
+  virtual void rewarm(int64_t /*from_step*/) {}
   /// Called often (every few ms) while the learner does not train (finished, or waiting in blocking mode): a job
   /// of many ranks keeps them alive within their deadline (learner/group_inner_job.h). Default: nothing.
   virtual void idle() {}

@@ -317,16 +317,20 @@ std::unique_ptr<InnerJob> make_inner_job(const Config& config, int id, const fs:
                                          std::move(engine), std::move(group), group_timeout_s(config, id));
 }
 
-// A restart: resume the AdamW moments of the last incarnation, or say why they are unusable.
-void restore_inner_state(InnerJob& job, const fs::path& run_dir, int id, int64_t global_step, EventLog& events) {
+// A restart: resume the AdamW moments of the last incarnation, or say why they are unusable. Returns whether they
+// were restored.
+bool restore_inner_state(InnerJob& job, const fs::path& run_dir, int id, int64_t global_step, EventLog& events) {
   std::string why;
   const int64_t saved_at = job.restore_state(run_dir / "learners" / ("learner_" + std::to_string(id)), &why);
   if (saved_at >= 0) {
     events.emit("optimizer_restored", {{"saved_at_step", saved_at}, {"global_step", global_step}});
-  } else if (!why.empty()) {
+    return true;
+  }
+  if (!why.empty()) {
     events.emit("optimizer_not_restored", {{"reason", why}});
     std::printf("[learner %d] its saved AdamW state is unusable (%s): starting with fresh moments\n", id, why.c_str());
   }
+  return false;
 }
 
 }  // namespace
@@ -408,7 +412,12 @@ int run_learner(const Config& config, const LearnerOptions& options, wire::Trans
   std::unique_ptr<InnerJob> job_owner =
       make_inner_job(config, id, options.run_dir, ranks.get(), model, layout, device, std::move(stream), events);
   InnerJob& job = *job_owner;
-  if (config.train.learner_state_interval > 0) restore_inner_state(job, options.run_dir, id, joined.global_step, events);
+  const bool warm = config.train.learner_state_interval > 0 &&
+                    restore_inner_state(job, options.run_dir, id, joined.global_step, events);
+  if (!warm && joined.global_step > 0 && config.train.warmup_steps > 0) {  // fresh moments in a warm run
+    job.rewarm(joined.global_step);
+    events.emit("lr_rewarmed", {{"from_step", joined.global_step}, {"steps", config.train.warmup_steps}});
+  }
   OuterSync sync(outer_sync_config(config, id, layout), job, link, &events, &board);
   for (int p = 0; p < P; ++p) {
     const auto& f = boot->fetched.fragments[p];

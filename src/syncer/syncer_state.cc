@@ -521,8 +521,8 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
     // Its size per unit of inner learning rate: ‖Δ‖ / Σ lr(t) over its steps (AdamW moves each value by about lr(t)
     // a step whatever the gradient's scale, so warmup and decay do not move the comparison: §10).
     double lr_sum = 0;
-    for (int64_t t = std::max<int64_t>(0, a.captured_step - a.steps); t < a.captured_step; ++t) lr_sum += schedule_.at(t);
-    lr_sum = std::max(lr_sum, schedule_.at(std::max<int64_t>(0, a.captured_step)));
+    for (int64_t t = std::max<int64_t>(0, a.captured_step - a.steps); t < a.captured_step; ++t) lr_sum += schedule_.global_at(t);
+    lr_sum = std::max(lr_sum, schedule_.global_at(std::max<int64_t>(0, a.captured_step)));
     const double rebased = own_norm >= 0 ? 0 : l2_norm(g);
     const double norm = lr_sum > 0 ? (own_norm >= 0 ? own_norm : rebased) / lr_sum : -1;  // −1: not comparable
                                                                                         // (lr 0: min_lr_ratio 0)

@@ -63,6 +63,8 @@ class InnerTrainer {
   GPT& model() { return model_; }
   torch::optim::AdamW& optimizer() { return *optimizer_; }
   const LrSchedule& schedule() const { return schedule_; }
+  /// Fresh AdamW moments from global step `from_step` > 0 in a warm run: LrSchedule::rewarm_from.
+  void rewarm(int64_t from_step) { schedule_.rewarm_from = from_step; }
 
  private:
   GPT model_;

@@ -50,6 +50,66 @@ class TrainTest : public ::testing::Test {
   fs::path dir_;
 };
 
+// Why a joiner re-warms (core/schedule.h LrSchedule::rewarm_from): on noise-dominated gradients (uniformly random
+// tokens) a fresh AdamW's first steps from a warm learner's parameters move them several times further per unit of
+// lr than the warm learner's own steps, the syncer's norm screen compares exactly that (docs/protocol.md §10); with
+// the warmup repeated they move no further than the warm ones.
+TEST_F(TrainTest, AFreshAdamWAmongWarmOnesMovesFurtherPerStepUnlessItRewarms) {
+  std::vector<int32_t> tokens(200000);
+  uint64_t x = 88172645463325252ull;
+  for (auto& t : tokens) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    t = static_cast<int32_t>(x % 512);
+  }
+  write_shard(dir_ / "train_000.bin", tokens, 512);
+  auto split = std::make_shared<TokenSplit>(std::vector<fs::path>{dir_ / "train_000.bin"});
+  TrainConfig train = tiny_train();
+  train.warmup_steps = 5;
+  const LrSchedule schedule{train.lr, train.warmup_steps, 1000, 0.1};
+  GPT warm_model(model_preset("tiny"));
+  InnerTrainer warm(warm_model, train, schedule, torch::kCPU);
+  DataStream stream(split, 0, 1, 4, 32, StreamCursor{});
+  const int64_t t0 = 60, k = 2;
+  for (int64_t t = 0; t < t0; ++t) warm.step(stream, t);
+  const StreamCursor at = stream.cursor();
+  auto flat = [](GPT& m) {
+    std::vector<torch::Tensor> v;
+    for (const auto& p : m->parameters()) v.push_back(p.detach().flatten().clone());
+    return torch::cat(v);
+  };
+  const torch::Tensor start = flat(warm_model);
+  double lr_sum = 0;
+  for (int64_t t = t0; t < t0 + k; ++t) lr_sum += schedule.global_at(t);
+  // ‖Δ‖ per unit of the run's lr over k steps from `start` on the same batches.
+  auto per_lr = [&](InnerTrainer& trainer, GPT& model) {
+    DataStream s(split, 0, 1, 4, 32, at);
+    for (int64_t t = t0; t < t0 + k; ++t) trainer.step(s, t);
+    return (flat(model) - start).norm().item<double>() / lr_sum;
+  };
+  auto fresh_copy = [&]() {
+    GPT m(model_preset("tiny"));
+    torch::NoGradGuard no_grad;
+    auto dst = m->parameters();
+    auto src = warm_model->parameters();
+    for (size_t i = 0; i < dst.size(); ++i) dst[i].copy_(src[i]);
+    return m;
+  };
+  GPT cold_model = fresh_copy(), rewarmed_model = fresh_copy();
+  InnerTrainer cold(cold_model, train, schedule, torch::kCPU);
+  InnerTrainer rewarmed(rewarmed_model, train, schedule, torch::kCPU);
+  rewarmed.rewarm(t0);
+  const double cold_size = per_lr(cold, cold_model), rewarmed_size = per_lr(rewarmed, rewarmed_model);
+  const double warm_size = per_lr(warm, warm_model);
+  std::printf("per unit of lr over %lld steps: warm %.3g, fresh %.3g (%.2f×), fresh re-warmed %.3g (%.2f×)\n",
+              static_cast<long long>(k), warm_size, cold_size, cold_size / warm_size, rewarmed_size,
+              rewarmed_size / warm_size);
+  EXPECT_GT(cold_size, 2.5 * warm_size);
+  EXPECT_LT(rewarmed_size, 1.2 * warm_size);
+  EXPECT_DOUBLE_EQ(schedule.at(t0), schedule.global_at(t0));
+  EXPECT_DOUBLE_EQ(rewarmed.schedule().at(t0), schedule.global_at(t0) / 5);
+  EXPECT_DOUBLE_EQ(rewarmed.schedule().at(t0 + 5), schedule.global_at(t0 + 5));
+}
+
 TEST_F(TrainTest, InnerStepsReduceTheLoss) {
   auto split = pattern_split(20000);
   GPT model(model_preset("tiny"));
