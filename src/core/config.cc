@@ -206,15 +206,17 @@ double gpt_flops_per_token(const ModelConfig& m) {
 }
 
 void validate_model(const ModelConfig& m) {
-  require(m.vocab_size >= 2, "model.vocab_size", "must be ≥ 2");
-  require(m.seq_len >= 2, "model.seq_len", "must be ≥ 2");
-  require(m.n_layer >= 1, "model.n_layer", "must be ≥ 1");
-  require(m.d_model >= 2, "model.d_model", "must be ≥ 2");
+  // Upper bounds far above any model this runs, low enough that the products taken from them (B·T·grad_accum,
+  // V·C parameters) fit int64: batch_size = 4.4·10^17 overflowed B·T·grad_accum (found by fuzz/config.cc).
+  require(m.vocab_size >= 2 && m.vocab_size <= (int64_t{1} << 24), "model.vocab_size", "must be in [2, 2^24]");
+  require(m.seq_len >= 2 && m.seq_len <= (int64_t{1} << 20), "model.seq_len", "must be in [2, 2^20]");
+  require(m.n_layer >= 1 && m.n_layer <= 4096, "model.n_layer", "must be in [1, 4096]");
+  require(m.d_model >= 2 && m.d_model <= (int64_t{1} << 20), "model.d_model", "must be in [2, 2^20]");
   require(m.n_head >= 1 && m.d_model % m.n_head == 0, "model.n_head",
           "must be ≥ 1 and divide model.d_model (" + std::to_string(m.d_model) + ")");
   require((m.d_model / m.n_head) % 2 == 0, "model.d_model / model.n_head",
           "(the head size) must be even for rotary positions");
-  require(m.d_ff >= 0, "model.d_ff", "must be ≥ 0 (0 = automatic)");
+  require(m.d_ff >= 0 && m.d_ff <= (int64_t{1} << 22), "model.d_ff", "must be in [0, 2^22] (0 = automatic)");
   require(m.norm_eps > 0 && m.init_std > 0 && m.rope_theta > 0, "model.norm_eps/init_std/rope_theta",
           "must be > 0");
 }
@@ -223,8 +225,8 @@ void Config::validate() const {
   const auto& m = model;
   validate_model(m);
   const auto& t = train;
-  require(t.batch_size >= 1, "train.batch_size", "must be ≥ 1");
-  require(t.grad_accum >= 1, "train.grad_accum", "must be ≥ 1");
+  require(t.batch_size >= 1 && t.batch_size <= (int64_t{1} << 20), "train.batch_size", "must be in [1, 2^20]");
+  require(t.grad_accum >= 1 && t.grad_accum <= (int64_t{1} << 20), "train.grad_accum", "must be in [1, 2^20]");
   // Before anything divides the budget by M (diloco.learners = 0 was a SIGFPE in the per-stream check below).
   // Learner ids are in [0, 65536) on the wire (docs/protocol.md §7); a larger M also made this check loop for seconds
   // (found by fuzz/config.cc: M = 18,101,810 took 7 s here).

@@ -90,6 +90,10 @@ TEST(Config, ABudgetBelowOneStepPerLearnerIsRefusedAndCompleteTokensAreWholeStep
   EXPECT_NE(error_of("[diloco]\nlearners = 0\n").find("diloco.learners"), std::string::npos);
   // Found by fuzz/config.cc: M = 18,101,810 was taken after seconds of checking; ids are < 65536 on the wire.
   EXPECT_NE(error_of("[diloco]\nlearners = 18101810\n").find("[1, 65536]"), std::string::npos);
+  // Found by fuzz/config.cc (UBSan): B·T·grad_accum overflowed int64 before any bound on B was checked.
+  EXPECT_NE(error_of("[train]\nbatch_size = 444444444444444444\n").find("train.batch_size"), std::string::npos);
+  EXPECT_NE(error_of("[train]\ngrad_accum = 4611686018427387904\n").find("train.grad_accum"), std::string::npos);
+  EXPECT_NE(error_of("[model]\nseq_len = 4611686018427387904\n").find("model.seq_len"), std::string::npos);
   EXPECT_NE(error_of("[train]\nlr = inf\n").find("train.lr"), std::string::npos);
   // Found by a new user's probes: an infinite init_std trained to NaN and wrote a manifest that could not be read
   // back; d_model = 0 reached LibTorch; τ ≥ H silently mismatched merges and rounds; a float in an integer field
