@@ -10,6 +10,7 @@
 
 #include "core/check.h"
 #include "core/rng.h"
+#include "core/whole_number.h"
 
 namespace dloco {
 
@@ -40,11 +41,7 @@ double number(const toml::node& node, const std::string& where) {
 std::optional<int64_t> whole(const toml::node& node) {
   if (node.is_integer()) return node.value<int64_t>();
   if (!node.is_floating_point()) return std::nullopt;
-  const double d = *node.value<double>();
-  if (!std::isfinite(d) || d != std::trunc(d) || d <= -9223372036854775808.0 || d >= 9223372036854775808.0) {
-    return std::nullopt;
-  }
-  return static_cast<int64_t>(d);
+  return whole_int64(*node.value<double>());
 }
 
 }  // namespace

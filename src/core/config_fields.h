@@ -12,6 +12,7 @@
 
 #include "core/check.h"
 #include "core/config.h"
+#include "core/whole_number.h"
 
 namespace dloco::config_detail {
 
@@ -58,10 +59,8 @@ inline void assign(const std::string& source, const std::string& key, const toml
 inline void assign(const std::string& source, const std::string& key, const toml::node& node, int64_t& out) {
   if (node.is_integer()) { out = *node.value<int64_t>(); return; }
   if (node.is_floating_point()) {  // accept 2e6 for token budgets when it is a whole number
-    const double d = *node.value<double>();
-    // In range before the cast: casting 1e300 or nan to int64 is undefined behaviour.
-    if (std::isfinite(d) && d == std::trunc(d) && d > -9223372036854775808.0 && d < 9223372036854775808.0) {
-      out = static_cast<int64_t>(d);
+    if (const auto whole = whole_int64(*node.value<double>())) {
+      out = *whole;
       return;
     }
   }

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "core/whole_number.h"
 
 namespace dloco {
 
@@ -24,11 +25,7 @@ int64_t json_integer(const nlohmann::json& v, const std::string& what) {
     return v.get<int64_t>();
   }
   if (v.is_number_float()) {
-    const double d = v.get<double>();
-    // 2^63 is exact in a double; the open interval keeps the cast defined.
-    if (std::isfinite(d) && d == std::trunc(d) && d > -9223372036854775808.0 && d < 9223372036854775808.0) {
-      return static_cast<int64_t>(d);
-    }
+    if (const auto whole = whole_int64(v.get<double>())) return *whole;
   }
   throw InputError(what + ": expected an integer, got " + shown(v));
 }
