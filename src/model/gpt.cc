@@ -184,7 +184,8 @@ torch::Tensor GPTImpl::generate(torch::Tensor prompt, int64_t max_new_tokens, do
       idx = torch::cat({idx, logits.argmax(-1, /*keepdim=*/true)}, 1);
       continue;
     }
-    logits = logits / temperature;
+    // Shifted so the largest is 0 first: a tiny temperature (1e-45) then sends the others to −inf, not inf − inf.
+    logits = (logits - std::get<0>(logits.max(-1, /*keepdim=*/true))) / temperature;
     if (top_k > 0 && top_k < cfg_.vocab_size) {
       auto kth = std::get<0>(logits.topk(top_k, -1)).select(1, top_k - 1).unsqueeze(1);  // (1, 1)
       logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());

@@ -425,6 +425,16 @@ void copy_tokenizer_into_run(const Config& config) {
 std::string generate_from_checkpoint(const fs::path& checkpoint, const std::string& prompt, int64_t tokens,
                                      double temperature, int64_t top_k, uint64_t seed, int threads,
                                      const StageSelection* stages, const fs::path& tokenizer) {
+  // The text comes out at the end: a count that would run for hours looks like a hang (one was left 15 minutes).
+  constexpr int64_t kMaxGenerateTokens = 100000;
+  if (tokens < 1 || tokens > kMaxGenerateTokens) {
+    throw InputError("--tokens must be in [1, " + std::to_string(kMaxGenerateTokens) + "] (got " +
+                     std::to_string(tokens) + ")");
+  }
+  if (!(std::isfinite(temperature) && temperature >= 0)) {  // inf sampled uniformly, nan failed inside LibTorch
+    throw InputError("--temperature must be a finite number ≥ 0 (0 = greedy), got " + std::to_string(temperature));
+  }
+  if (top_k < 0) throw InputError("--top-k must be ≥ 0 (0 = off)");
   apply_thread_budget(thread_budget(threads));
   const auto ckpt = resolve_checkpoint(checkpoint);
   const Config c = checkpoint_config(ckpt);
@@ -439,14 +449,6 @@ std::string generate_from_checkpoint(const fs::path& checkpoint, const std::stri
     if (stages->skip_random > 0) throw InputError("generate takes a fixed --stages subset, not --skip-random");
     model->set_active_blocks(fixed_stage_mask(c.model, *stages));
   }
-  // The text comes out at the end: a count that would run for hours looks like a hang (one was left 15 minutes).
-  constexpr int64_t kMaxGenerateTokens = 100000;
-  if (tokens < 1 || tokens > kMaxGenerateTokens) {
-    throw InputError("--tokens must be in [1, " + std::to_string(kMaxGenerateTokens) + "] (got " +
-                     std::to_string(tokens) + ")");
-  }
-  if (!(temperature >= 0)) throw InputError("--temperature must be ≥ 0 (0 = greedy)");
-  if (top_k < 0) throw InputError("--top-k must be ≥ 0 (0 = off)");
   return sample_text(model, tok, tok.encode(prompt), tokens, temperature, top_k, seed, torch::kCPU);
 }
 
