@@ -142,7 +142,7 @@ class Learner:
 
     def __init__(self, cfg, learner_id, run_dir, joined, trainer, stream, sync, link, log, events):
         self.cfg, self.id, self.run_dir = cfg, learner_id, run_dir
-        self.step = joined.global_step  # adopt the global step: the lr schedule is global
+        self.step = joined.global_step  # adopt the global step: the lr schedule is global (re-warmed when fresh)
         self.stream_index, self.budget = joined.stream_index, joined.tokens_budget
         self.trainer, self.stream, self.sync, self.link, self.log, self.events = \
             trainer, stream, sync, link, log, events

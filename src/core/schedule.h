@@ -1,6 +1,7 @@
 // Learning-rate schedule of the inner optimizer: linear warmup, then cosine decay to a floor.
 // A pure function of the global step, so a learner that (re)joins at global step t adopts the same lr as
-// every other learner (docs/protocol.md §4, "A learner adopts t").
+// every other learner (docs/protocol.md §4, "A learner adopts t") — except that one whose AdamW moments start fresh
+// in a warm run repeats the warmup on its own first steps (rewarm_from below, docs/protocol.md §10).
 #pragma once
 
 #include <algorithm>

@@ -437,7 +437,7 @@ int run_learner(const Config& config, const LearnerOptions& options, wire::Trans
   std::fflush(stdout);
   link.start();
   phase.to(LearnerPhase::kTraining);
-  // Adopt the global step: the lr schedule is global.
+  // Adopt the global step: the lr schedule is global (re-warmed above when the moments are fresh).
   LearnerLoop loop(config, id, options.run_dir, joined.global_step, joined.stream_index, joined.tokens_budget, job,
                    sync, link, *boot->stream_log, events, phase);
   // Its /metrics endpoint (docs/monitoring.md), on a free port unless the config names one.

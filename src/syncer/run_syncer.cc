@@ -153,9 +153,12 @@ int run_syncer(const Config& config, const SyncerOptions& options, wire::Transpo
   service.stop();
   const wire::StatusReply last = service.status();  // after the merger stopped: nothing moves any more
   service.persist_final_state();  // state.json, the checkpoint below and the report name the same step and tokens
-  // A resumed run stopped before any merge keeps the checkpoint it resumed from (Θ is unchanged): never overwritten.
+  // A resumed run stopped before any merge keeps the checkpoint it resumed from when that holds this Θ (same step and
+  // fragment versions: a syncer killed in its final flush persisted fragments newer than its last checkpoint).
   const auto newest = latest_checkpoint(options.run_dir);
-  const bool unchanged = !service.merged_since_start() && newest && newest->step == last.global_step;
+  const bool unchanged = !service.merged_since_start() && newest && newest->step == last.global_step &&
+                         newest->manifest.value("fragment_versions", nlohmann::json()) ==
+                             nlohmann::json(service.published_versions());
   const fs::path ckpt = unchanged ? newest->dir : service.write_checkpoint();
   events.emit("checkpoint", {{"path", ckpt.string()}, {"written", !unchanged}});
   server.reset();

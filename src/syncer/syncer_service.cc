@@ -125,6 +125,11 @@ wire::Result<wire::JoinReply> SyncerService::join(const wire::JoinRequest& req) 
       return wire::Status{lease.refusal, lease.reason};
     }
   }
+  if (req.held_stream) {
+    reattaching_.insert(id);
+  } else {
+    reattaching_.erase(id);
+  }
   uint64_t session = std::random_device{}();
   session = (session << 32) ^ std::random_device{}() ^ static_cast<uint64_t>(id + 2);
   sessions_[session] = id;
@@ -408,6 +413,13 @@ void SyncerService::persist_final_state() {
 bool SyncerService::merged_since_start() {
   std::lock_guard lock(mu_);
   return state_->merges() > merges_at_start_;
+}
+
+std::vector<int64_t> SyncerService::published_versions() {
+  std::lock_guard lock(mu_);
+  std::vector<int64_t> versions;
+  for (const auto& f : published_) versions.push_back(f.version);
+  return versions;
 }
 
 fs::path SyncerService::write_checkpoint() {

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -59,6 +60,8 @@ class SyncerService final : public wire::SyncerHandler {
   /// Whether a merge happened since this syncer started (or restored): a resumed run stopped before any merge
   /// writes no checkpoint over the one it resumed from.
   bool merged_since_start();
+  /// The version of every fragment's durable Θ_p (what write_checkpoint writes as "fragment_versions").
+  std::vector<int64_t> published_versions();
   /// What the dashboard polls (docs/monitoring.md "status.json"): the run's counters, every learner with its state
   /// (live, absent, finished, left) and heartbeat age, the evaluations so far and goodput so far. Thread-safe.
   nlohmann::json monitor_status();
@@ -110,6 +113,7 @@ class SyncerService final : public wire::SyncerHandler {
   std::unique_ptr<SyncerState> state_;
   std::map<uint64_t, int> sessions_;                  // session id -> learner slot (-1: evaluator)
   std::map<int, std::shared_ptr<Outbox>> outboxes_;   // learner id -> its live session's outbox
+  std::set<int> reattaching_;  // learners that joined holding a stream (running processes re-attaching; under mu_)
   std::map<int, int64_t> bootstrap_bytes_;  // fragments fetched by a learner before its first metadata (under mu_)
   SyncerStore store_;
   StreamLeases streams_;  // data.streams leases (docs/protocol.md §7)

@@ -118,7 +118,7 @@ void SyncerService::on_metadata(int learner, const wire::Metadata& m) {
   if (holds && !r.cursor_json.empty()) streams_.set_cursor(stream, r.cursor_json);
   const auto rec = state_->learners().find(learner);
   if (holds && !m.leaving && (rec == state_->learners().end() || !rec->second.state.joined)) {
-    state_->on_join(learner, now_s());  // bootstrapped and training: live from now on
+    state_->on_join(learner, now_s(), !reattaching_.count(learner));  // bootstrapped and training: live from now on
   }
   if (auto b = bootstrap_bytes_.find(learner); b != bootstrap_bytes_.end()) {  // its bootstrap's download
     if (auto it = state_->learners().find(learner); it != state_->learners().end()) it->second.bytes_sent += b->second;

@@ -97,9 +97,12 @@ bool SyncerState::is_live(int learner, double now_s) const {
   return it != learners_.end() && dloco::is_live(it->second.state, now_s, quorum_.lease);
 }
 
-void SyncerState::on_join(int learner, double now_s) {
+void SyncerState::on_join(int learner, double now_s, bool fresh) {
   if (restored_ && first_join_after_restore_s_ < 0) first_join_after_restore_s_ = now_s;
   auto& rec = learners_[learner];
+  rec.rewarm_until = fresh && global_step_ > 0 && config_.train.warmup_steps > 0
+                         ? global_step_ + config_.train.warmup_steps
+                         : -1;
   rec.state.id = learner;
   rec.state.joined = true;
   rec.state.last_seen_s = now_s;
@@ -493,15 +496,21 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
     // and was refused at ratios of 10–916 (found by the Python learner's test). A raw θ has no own Δ: its rebased one.
     const double sent_norm = a.base_version >= 0 ? l2_norm(a.delta) : -1;
     double own_norm = sent_norm;
+    // A learner re-warming its lr after joining (core/schedule.h) answers well below the others per unit of the
+    // run's lr; in the reference it would lower the median the others are screened against.
+    bool rewarming = false;
     // With error feedback a payload carries x = Δ + e_prev, what the codec dropped from this learner's last answer of
     // p: ‖Δ‖ ≥ ‖x̂‖ − ‖e_prev‖ − ‖e_now‖. A short answer after a long one (a learner that trained alone while the
     // quorum waited) carried the long one's residual and was refused at 13–25× (found by the Python learner's test,
     // C++ learner, q4 + error feedback). The allowance is e_prev's bound only, and only from an answer this syncer
     // merged (it passed the screen itself): an attacker can then gain at most 1/(1 − c) over the screen, c = e / ‖x̂‖
     // ≤ √B / (2·q_max) for the run's codec (2.3× for q4/64, 1.07× for q8/256; other codecs and blocks are refused).
-    if (auto rec = learners_.find(id); rec != learners_.end() && own_norm >= 0 && config_.diloco.error_feedback) {
-      const auto carried = rec->second.carried_error.find(p);
-      if (carried != rec->second.carried_error.end()) own_norm = std::max(0.0, own_norm - carried->second);
+    if (auto rec = learners_.find(id); rec != learners_.end()) {
+      rewarming = a.captured_step - a.steps < rec->second.rewarm_until;
+      if (own_norm >= 0 && config_.diloco.error_feedback) {
+        const auto carried = rec->second.carried_error.find(p);
+        if (carried != rec->second.carried_error.end()) own_norm = std::max(0.0, own_norm - carried->second);
+      }
     }
     // 4) outer gradient anchored at the current Θ_p: Δ = Θ_p − θ_m with θ_m = Θ_p^base − delta (or raw θ_m).
     std::vector<float> g(n);
@@ -528,7 +537,7 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
                                                                                         // (lr 0: min_lr_ratio 0)
     const double unreduced = lr_sum > 0 ? (sent_norm >= 0 ? sent_norm : rebased) / lr_sum : -1;
     per_step.push_back(std::isfinite(norm) ? norm : -1);
-    reference.push_back(std::isfinite(unreduced) ? unreduced : -1);
+    reference.push_back(std::isfinite(unreduced) && !rewarming ? unreduced : -1);
     codec_error.push_back(a.codec_error);
     raw.push_back(a.base_version < 0);
     ids.push_back(id);

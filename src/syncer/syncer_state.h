@@ -136,6 +136,9 @@ struct LearnerRecord {
   std::map<int, double> carried_error;  // fragment -> codec_error of its last merged answer of it (with error
                                         // feedback the residual it carries into the next one, §10); 0 after a
                                         // refused, late, raw or re-fetched one
+  int64_t rewarm_until = -1;  // a fresh process joined a warm run at global step s: until s + train.warmup_steps it
+                              // may be re-warming its lr (core/schedule.h), and its answers then are screened but
+                              // kept out of the reference others are compared with (§10); −1: none
 };
 
 class SyncerState {
@@ -145,8 +148,10 @@ class SyncerState {
   SyncerState(const Config& config, FragmentLayout layout, std::vector<std::vector<float>> theta,
               std::function<bool(const std::string&)> is_embedding);
 
-  /// A learner (re)joined: it is live from now on with step = the global step it adopts.
-  void on_join(int learner, double now_s);
+  /// A learner (re)joined: it is live from now on with step = the global step it adopts. `fresh`: a new process (it
+  /// held no stream when it joined), which re-warms its lr when its AdamW moments start fresh after step 0; a
+  /// running learner re-attaching (after a syncer restart, a lost lease) is not fresh.
+  void on_join(int learner, double now_s, bool fresh = true);
   /// Metadata from a learner (docs/protocol.md §3 step 4). Unknown learners are ignored.
   void on_report(int learner, const LearnerReport& report, double now_s);
   /// Checks a learner's metadata before on_report (docs/protocol.md §10): "" when it is possible, else why not (the

@@ -99,18 +99,31 @@ fs::path save_checkpoint_files(const fs::path& run_dir, int64_t step, std::span<
                                nlohmann::json manifest,
                                const std::function<void(const fs::path&, nlohmann::json&)>& extra, int keep) {
   // A folder once written is never replaced: another Θ at the same step (a resumed syncer's final flush merges
-  // without moving the clock) goes to the next revision, step_N_r001 …, which sorts after step_N and before
-  // step_N+1, so "newest" stays the name order.
-  fs::path final_dir = step_dir(run_dir, step);
-  std::error_code exists_ec;
-  for (int revision = 1; fs::exists(final_dir, exists_ec); ++revision) {
-    if (revision > 999) {
-      throw InputError("cannot write a checkpoint at step " + std::to_string(step) + ": 1000 folders of that step " +
-                       "exist under '" + (run_dir / "checkpoints").string() + "'");
+  // without moving the clock) goes to the revision after the highest there, step_N_r001 …, which sorts after step_N
+  // and before step_N+1, so "newest" stays the name order (the first free name could be one pruning just freed,
+  // and sort first: pruned at once).
+  const fs::path base = step_dir(run_dir, step);
+  const std::string base_name = base.filename().string();
+  int highest = -1;  // −1: no folder of this step; 0: step_N; r: step_N_r<r>
+  std::error_code list_ec;
+  for (const auto& e : fs::directory_iterator(base.parent_path(), list_ec)) {
+    const std::string name = e.path().filename().string();
+    if (name == base_name) {
+      highest = std::max(highest, 0);
+    } else if (name.size() == base_name.size() + 5 && name.compare(0, base_name.size(), base_name) == 0 &&
+               name.compare(base_name.size(), 2, "_r") == 0 &&
+               std::all_of(name.end() - 3, name.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      highest = std::max(highest, std::stoi(name.substr(base_name.size() + 2)));
     }
+  }
+  if (highest >= 999) {
+    throw InputError("cannot write a checkpoint at step " + std::to_string(step) + ": its revisions up to _r999 " +
+                     "exist under '" + base.parent_path().string() + "'");
+  }
+  fs::path final_dir = base;
+  if (highest >= 0) {
     char suffix[16];
-    std::snprintf(suffix, sizeof(suffix), "_r%03d", revision);
-    final_dir = step_dir(run_dir, step);
+    std::snprintf(suffix, sizeof(suffix), "_r%03d", highest + 1);
     final_dir += suffix;
   }
   fs::path tmp_dir = final_dir;
@@ -144,7 +157,9 @@ fs::path save_checkpoint_files(const fs::path& run_dir, int64_t step, std::span<
     if (e.is_directory() && name.rfind("step_", 0) == 0 && e.path().extension() != ".tmp") dirs.push_back(e.path());
   }
   std::sort(dirs.begin(), dirs.end());
-  for (size_t i = 0; i + static_cast<size_t>(std::max(keep, 1)) < dirs.size(); ++i) fs::remove_all(dirs[i], ec);
+  for (size_t i = 0; i + static_cast<size_t>(std::max(keep, 1)) < dirs.size(); ++i) {
+    if (dirs[i] != final_dir) fs::remove_all(dirs[i], ec);  // the one just written is never pruned
+  }
   return final_dir;
 }
 

@@ -1,7 +1,8 @@
 // Checkpoints: Θ as safetensors (loadable by Python's safetensors/PyTorch) plus a JSON manifest (resolved
 // config, global step, fragment versions, tokenizer, data cursors), and optionally the inner optimizer.
-// Layout: <run>/checkpoints/step_<08d>/{model.safetensors, optimizer.pt, manifest.json}. A checkpoint is written
-// into step_<08d>.tmp and renamed into place when complete (each file fsynced, then the folder), so a crash
+// Layout: <run>/checkpoints/step_<08d>/{model.safetensors, optimizer.pt, manifest.json} (step_<08d>_r<03d> for a
+// later checkpoint at a step already written: none is replaced). A checkpoint is written
+// into <folder>.tmp and renamed into place when complete (each file fsynced, then the folder), so a crash
 // mid-write leaves either the previous checkpoint or the new one, never a torn one; loaders skip a folder
 // without a valid manifest or whose model file does not match the manifest's size and hash.
 #pragma once

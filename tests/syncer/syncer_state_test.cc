@@ -406,6 +406,45 @@ TEST_F(SyncerStateTest, AnAnswerAgainstThePreviousVersionIsScreenedByItsOwnDelta
   EXPECT_EQ(s.answers_refused(), 0);
 }
 
+// A fresh process joining a warm run re-warms its lr (core/schedule.h), so its first answers are small per unit of
+// the run's lr. They are screened but kept out of the reference the others are compared with: five of them beside two
+// warm learners (whose four earlier answers per fragment are the fragment's recent norms) make the lower median their
+// size, and the warm learners' honest answers were refused at 50×. Running learners re-attaching (they hold their
+// stream) do not re-warm and stay in the reference.
+TEST_F(SyncerStateTest, AnswersOfAFreshJoinerReWarmingItsLrAreKeptOutOfTheReference) {
+  for (const bool fresh : {true, false}) {
+    SCOPED_TRACE(fresh ? "fresh joiners" : "running learners re-attaching");
+    auto s = make(7, 2, false);
+    std::string why;
+    auto answer_all = [&](const SyncerActions& actions, double now, int64_t captured) {
+      for (const auto& pull : actions.pulls) {
+        for (int m : pull.learners) {
+          auto a = answer(pull.fragment, pull.round_step, std::vector<float>(4, m >= 2 ? 0.002f : 0.1f));
+          a.captured_step = captured;
+          ASSERT_EQ(s.on_answer(m, a, now, &why), AnswerOutcome::kAccepted) << why;
+        }
+      }
+    };
+    s.on_join(0, 0.0), s.on_join(1, 0.0);
+    s.on_report(0, report(4), 1.0), s.on_report(1, report(4), 1.0);
+    answer_all(s.tick(1.0), 1.1, 4);
+    (void)s.tick(1.2);
+    ASSERT_EQ(s.global_step(), 4);
+    for (int m = 2; m < 7; ++m) s.on_join(m, 2.0, fresh);  // at global step 4
+    for (int m = 0; m < 7; ++m) s.on_report(m, report(6), 3.0);
+    const auto pulled = s.tick(3.0);
+    ASSERT_FALSE(pulled.pulls.empty());
+    for (const auto& pull : pulled.pulls) ASSERT_EQ(pull.learners.size(), 7u);
+    answer_all(pulled, 3.1, 6);
+    (void)s.tick(3.2);
+    if (fresh) {
+      EXPECT_EQ(s.answers_refused(), 0);
+    } else {
+      EXPECT_GT(s.answers_refused_by_kind().at("norm"), 0);
+    }
+  }
+}
+
 // With error feedback a payload carries the residual of the learner's last answer of that fragment (what the codec
 // dropped from it): a short answer after a long one carried the long one's residual and was refused at 13–25× the
 // median. The screen takes ‖Δ‖ as ‖x̂‖ − (the codec error of the learner's last merged answer of the fragment).

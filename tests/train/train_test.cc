@@ -219,6 +219,17 @@ TEST_F(TrainTest, ACheckpointIsNeverReplacedByAnotherAtTheSameStep) {
   EXPECT_EQ(latest_checkpoint(dir_)->dir, third);
   EXPECT_EQ(save(996, 4.0f).filename(), "step_00000996");
   EXPECT_EQ(latest_checkpoint(dir_)->step, 996);
+  // With the default keep = 2 pruning frees step_N; the next revision still follows the highest, so the checkpoint
+  // just written is the newest and is kept (the first free name, step_N, sorted first and was pruned at once).
+  for (int i = 0; i < 4; ++i) {
+    std::vector<float> theta(4, static_cast<float>(10 + i));
+    const std::vector<SafetensorsEntry> tensors = {f32_entry("w", {4}, theta)};
+    const fs::path written = save_checkpoint_files(dir_, 997, tensors, {{"value", 10 + i}});
+    EXPECT_TRUE(fs::exists(written / "manifest.json")) << written;
+    EXPECT_EQ(latest_checkpoint(dir_)->dir, written);
+    EXPECT_EQ(latest_checkpoint(dir_)->manifest["value"], 10 + i);
+  }
+  EXPECT_EQ(latest_checkpoint(dir_)->dir.filename(), "step_00000997_r003");
 }
 
 // A local run stopped halfway and resumed ends with exactly the parameters of an uninterrupted run.
