@@ -23,8 +23,8 @@ class GptInnerJob final : public InnerJob {
   /// dir/optimizer.pt, then dir/state.json = {"format", "step", "bytes"} written after it, both atomically.
   void save_state(const std::filesystem::path& dir, int64_t step) override;
   int64_t restore_state(const std::filesystem::path& dir, std::string* why) override;
-  /// The trainer (the dp baseline sets its gradient hook and checkpoints its AdamW, learner/run_worker.cc).
   void rewarm(int64_t from_step) override { trainer_.rewarm(from_step); }
+  /// The trainer (the dp baseline sets its gradient hook and checkpoints its AdamW, learner/run_worker.cc).
   InnerTrainer& trainer() { return trainer_; }
 
  private:

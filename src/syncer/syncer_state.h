@@ -134,8 +134,8 @@ struct LearnerRecord {
   std::map<int, int> refused_in_a_row;  // fragment -> its answers to pulls of it refused since its last merged one
                                         // (diloco.refetch_after, §10)
   std::map<int, double> carried_error;  // fragment -> codec_error of its last merged answer of it (with error
-                                        // feedback the residual it carries into the next one, §10); 0 after a
-                                        // refused, late, raw or re-fetched one
+                                        // feedback the residual it carries into the next one, §10); none after
+                                        // a refused, raw or re-fetched one
   int64_t rewarm_until = -1;  // a fresh process joined a warm run at global step s: until s + train.warmup_steps it
                               // may be re-warming its lr (core/schedule.h), and its answers then are screened but
                               // kept out of the reference others are compared with (§10); −1: none
@@ -254,8 +254,8 @@ class SyncerState {
   void advance_round(int p, Round& round, double now_s, SyncerActions& actions);
   void merge_round(int p, Round& round, double now_s, SyncerActions& actions);
   /// Counts a refusal of `kind`; if the learner was asked in fragment's open round `round_step`, stops waiting.
-  // `solicited`: the answer was taken into its round (a norm refusal at the merge); otherwise the refusal counts
-  // towards a re-fetch only if the learner was pulled in that round and had not answered it.
+  /// `solicited`: the answer was taken into its round (a norm refusal at the merge); otherwise the refusal counts
+  /// towards a re-fetch only if the learner was pulled in that round and had not answered it.
   void refuse(int learner, int fragment, int64_t round_step, RefusalKind kind, bool solicited = false);
   std::vector<LearnerState> learner_states() const;
   double slowest_step_s(double now_s) const;

@@ -31,7 +31,8 @@ struct CheckpointInfo {
 
 /// Writes a checkpoint of `model` (and `optimizer` when not null) at `step` under run_dir/checkpoints, with
 /// `manifest` extended by format, version, step and the model file's size and hash, into step_N (zero-padded to 8
-/// digits) or, when that folder exists, the next free step_N_r001 … step_N_r999: a checkpoint is never replaced.
+/// digits) or, when that folder exists, the revision after the highest of that step (step_N_r001 … step_N_r999): a
+/// checkpoint is never replaced, and the one just written is never pruned.
 /// Keeps the newest `keep` checkpoints (in name order) and deletes older ones. Throws InputError if the folder
 /// cannot be written (nothing older is deleted then). `extra(tmp_dir, manifest)`, when set, adds files (a learner
 /// group's optimizer state) and fields before the manifest is written. Returns the checkpoint folder.

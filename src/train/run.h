@@ -32,8 +32,9 @@ nlohmann::json run_local(const Config& config, const RunOptions& options);
 void check_data_fits_model(const Config& config);
 
 /// run.device names a torch device this build can use ("cpu"; "cuda" or "cuda:N" only with a CUDA LibTorch and a
-/// visible GPU; N is not compared with the device count here). Every mode and role checks it before it starts anything (a CPU build given "cuda" used to start
-/// its learners, which died before their first step and were restarted in a loop). Throws InputError saying which.
+/// visible GPU; N is not compared with the device count here). Every mode and role checks it before it starts
+/// anything (a CPU build given "cuda" used to start its learners, which died before their first step and were
+/// restarted in a loop). Throws InputError saying which.
 void check_device(const std::string& name);
 
 /// Which SkipPipe stages of the model run (model/stages.h; docs/skippipe.md "Inference with stages down").
