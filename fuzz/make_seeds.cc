@@ -9,12 +9,12 @@
 #include <string>
 #include <vector>
 
-#include "core/events.h"
 #include "core/fragments.h"
 #include "core/safetensors.h"
 #include "data/shards.h"
 #include "data/stream_log.h"
 #include "fuzz/fuzz_syncer.h"
+#include "process/events.h"
 #include "syncer/syncer_service.h"
 #include "syncer/syncer_store.h"
 #include "transport/codec.h"

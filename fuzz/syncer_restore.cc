@@ -12,10 +12,10 @@
 #include <memory>
 
 #include "core/check.h"
-#include "core/events.h"
 #include "core/fragments.h"
 #include "fuzz/fuzz_support.h"
 #include "fuzz/fuzz_syncer.h"
+#include "process/events.h"
 #include "syncer/syncer_service.h"
 #include "syncer/syncer_store.h"
 #include "transport/codec.h"

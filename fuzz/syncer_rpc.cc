@@ -22,10 +22,10 @@
 #include <thread>
 
 #include "core/check.h"
-#include "core/events.h"
 #include "core/fragments.h"
 #include "fuzz/fuzz_support.h"
 #include "fuzz/fuzz_syncer.h"
+#include "process/events.h"
 #include "syncer/syncer_service.h"
 #include "transport/codec.h"
 #include "transport/grpc/proto_convert.h"

@@ -5,7 +5,9 @@ A heuristic, not a parser: strips comments and string/char literals, tracks brac
 depth, and treats a `{` that follows `)` (optionally with const/noexcept/override/
 -> type/member initialisers) outside any function body as a function body. Lambdas
 and local classes count toward the function that encloses them.
-Usage: tools/longest_functions.py [-n 10] [dirs or files...]   (default: src)
+Usage: tools/longest_functions.py [-n 10] [--over N] [dirs or files...]   (default: src)
+  --over N   print every function longer than N lines (instead of the n longest) and exit 1 if there is one that
+             tools/size_exceptions.txt does not name (its lines: `function NAME  reason`)
 """
 import os
 import re
@@ -90,12 +92,26 @@ def functions(path):
     return out
 
 
+def exceptions(kind):
+    """Names listed as `KIND NAME  reason` in tools/size_exceptions.txt (blank lines and # comments skipped)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'size_exceptions.txt')
+    names = set()
+    if os.path.exists(path):
+        for line in open(path, encoding='utf-8'):
+            parts = line.split()
+            if len(parts) >= 2 and parts[0] == kind:
+                names.add(parts[1])
+    return names
+
+
 def main(argv):
-    n, paths = 10, []
+    n, over, paths = 10, None, []
     it = iter(argv)
     for a in it:
         if a == '-n':
             n = int(next(it))
+        elif a == '--over':
+            over = int(next(it))
         else:
             paths.append(a)
     paths = paths or ['src']
@@ -106,9 +122,20 @@ def main(argv):
         for root, _, names in os.walk(p):
             files += [os.path.join(root, f) for f in names if f.endswith(('.cc', '.cpp', '.h'))]
     allf = [f for path in sorted(files) for f in functions(path)]
-    for lines, name, path, first in sorted(allf, reverse=True)[:n]:
-        print(f'{lines:5d}  {name}  {path}:{first}')
+    if over is None:
+        for lines, name, path, first in sorted(allf, reverse=True)[:n]:
+            print(f'{lines:5d}  {name}  {path}:{first}')
+        return 0
+    allowed, bad = exceptions('function'), 0
+    for lines, name, path, first in sorted(allf, reverse=True):
+        if lines <= over:
+            break
+        kept = name in allowed
+        bad += 0 if kept else 1
+        print(f'{lines:5d}  {name}  {path}:{first}' + ('  (an exception: tools/size_exceptions.txt)' if kept else
+                                                         f'  OVER {over}'))
+    return 1 if bad else 0
 
 
 if __name__ == '__main__':
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

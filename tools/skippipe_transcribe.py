@@ -3,8 +3,8 @@
 
 An authoring tool, run once by hand; dloco never runs Python. It reads the figures of the public reference
 code gensyn-ai/skippipe (commit 7f20d8a67d62bcc959aad57dcd846a5cddcc3fe1) and writes them in dloco's setting
-and schedule formats (src/pipeline/setting.h, src/pipeline/schedule.h). It does not simulate anything: the
-stored times are copied from schedule.json, and tests/pipeline/reference_replay_test.cc checks that dloco's
+and schedule formats (src/skippipe/setting.h, src/skippipe/schedule.h). It does not simulate anything: the
+stored times are copied from schedule.json, and tests/skippipe/reference_replay_test.cc checks that dloco's
 simulator reproduces them.
 
 Usage: tools/skippipe_transcribe.py REPO_CHECKOUT_DIR OUT_DIR

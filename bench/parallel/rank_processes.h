@@ -1,5 +1,5 @@
 // What the bench/parallel benchmarks share: a benchmark binary runs as the parent (no --rank flag), which spawns
-// itself once per rank through launcher/children.h's spawn() (posix_spawn, one BLAS thread and one OpenMP thread
+// itself once per rank through process/children.h's spawn() (posix_spawn, one BLAS thread and one OpenMP thread
 // each, its output in a log), and as a rank (--rank r --world W --store FILE --out FILE), which joins a c10d
 // FileStore group, measures, and writes one JSON object that the parent reads back. Ranks are processes, so
 // /proc/self/status (VmRSS, VmHWM, VmPeak) is one rank's own.
@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "collective/process_group.h"
-#include "launcher/children.h"
+#include "process/children.h"
 #include "train/threads.h"
 
 namespace dloco::bench {

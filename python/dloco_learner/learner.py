@@ -45,7 +45,7 @@ def _json_safe(value):
 
 
 class EventLog:
-    """One JSON object per line: {"t", "role", "id", "event", ...fields}, appended and flushed (core/events.h)."""
+    """One JSON object per line: {"t", "role", "id", "event", ...fields}, appended and flushed (process/events.h)."""
 
     def __init__(self, path, learner_id):
         self.file = open(path, "a")

@@ -119,7 +119,7 @@ class GPT(nn.Module):
 
 
 def lr_at(cfg, step, rewarm_from=-1):
-    """The inner learning rate at global step `step` (LrSchedule in src/core/schedule.h): linear warmup, then cosine
+    """The inner learning rate at global step `step` (LrSchedule in src/core/lr_schedule.h): linear warmup, then cosine
     from train.lr to lr·min_lr_ratio at the budget's global steps (total_tokens over M learners' B·T·accum). With
     fresh AdamW moments from global step `rewarm_from` > 0 (a joiner amid warm learners) the warmup is repeated on
     its own steps: × min(1, (step − rewarm_from + 1)/warmup_steps)."""

@@ -12,13 +12,14 @@
 #include <sstream>
 
 #include "apps/commands.h"
+#include "baselines/chaos_report.h"
 #include "chaos/chaos_report.h"
 #include "chaos/fault_plan.h"
 #include "chaos/sim_replay.h"
-#include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/config.h"
-#include "core/private_file.h"
+#include "process/atomic_file.h"
+#include "process/private_file.h"
 #include "sim/goodput_sim.h"
 
 namespace dloco::apps {

@@ -13,10 +13,10 @@
 #include <sstream>
 
 #include "apps/commands.h"
-#include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/config.h"
-#include "core/private_file.h"
+#include "process/atomic_file.h"
+#include "process/private_file.h"
 #include "sim/report.h"
 
 namespace dloco::apps {

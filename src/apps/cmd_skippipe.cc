@@ -6,8 +6,8 @@
 //     simulator modes, the visits per stage and the search's wall time printed.
 //   dloco skippipe train --config FILE --setting FILE --schedule FILE [--iterations K] [--link-scale X]
 //     [--compute-scale Y] [--out DIR] [--timeout-s S]: the pipeline as one process per node on this machine
-//     (launcher/skippipe_launcher.h), each a hidden `dloco skippipe node` (parallel/skip_pipeline_run.h).
-// Flags -> files -> run happens here; the formats, the simulators and the scheduler live in src/pipeline. Bad input
+//     (skippipe/launcher.h), each a hidden `dloco skippipe node` (skippipe/node_run.h).
+// Flags -> files -> run happens here; the formats, the simulators and the scheduler live in src/skippipe. Bad input
 // throws InputError (exit 2). Deliberately not here: any scheduling logic.
 #include <charconv>
 #include <fstream>
@@ -24,18 +24,18 @@
 
 #include "apps/commands.h"
 #include "core/check.h"
-#include "launcher/skippipe_launcher.h"
-#include "parallel/skip_pipeline_run.h"
-#include "pipeline/json_fields.h"
-#include "pipeline/schedule.h"
-#include "pipeline/scheduler.h"
-#include "pipeline/setting.h"
-#include "pipeline/simulator.h"
+#include "skippipe/json_fields.h"
+#include "skippipe/launcher.h"
+#include "skippipe/node_run.h"
+#include "skippipe/schedule.h"
+#include "skippipe/scheduler.h"
+#include "skippipe/setting.h"
+#include "skippipe/simulator.h"
 
 namespace dloco::apps {
 namespace {
 
-using namespace dloco::pipeline;
+using namespace dloco::skippipe;
 
 // The shortest decimal that reads back as the same double (what the reference's Python prints).
 std::string shortest(double x) {
@@ -79,7 +79,7 @@ nlohmann::json to_json(const Schedule& schedule, SimMode mode, const SimResult& 
   return j;
 }
 
-void add_simulate(CLI::App& skippipe) {
+void add_simulate(CLI::App& cmd) {
   struct Args {
     std::string setting;
     std::string schedule;
@@ -87,7 +87,7 @@ void add_simulate(CLI::App& skippipe) {
     std::string format = "table";
   };
   auto args = std::make_shared<Args>();
-  CLI::App* sub = skippipe.add_subcommand("simulate", "iteration time of a schedule on a setting (exact or reference)");
+  CLI::App* sub = cmd.add_subcommand("simulate", "iteration time of a schedule on a setting (exact or reference)");
   sub->add_option("--setting", args->setting, "setting file (e.g. configs/skippipe/reference_setting.json)")
       ->required();
   sub->add_option("--schedule", args->schedule, "schedule file (e.g. configs/skippipe/skippipe.json)")->required();
@@ -210,10 +210,10 @@ void run_schedule(ScheduleArgs& a) {
   print_schedule_report(a, r);
 }
 
-void add_schedule(CLI::App& skippipe) {
+void add_schedule(CLI::App& cmd) {
   auto a = std::make_shared<ScheduleArgs>();
   SchedulerOptions& o = a->options;
-  CLI::App* sub = skippipe.add_subcommand("schedule", "find a SkipPipe schedule (or a baseline) for a setting");
+  CLI::App* sub = cmd.add_subcommand("schedule", "find a SkipPipe schedule (or a baseline) for a setting");
   sub->add_option("--setting", a->setting, "setting file (e.g. configs/skippipe/reference_setting.json)")->required();
   sub->add_option("--placement", a->placement, "placement: a schedule file's \"placement\" or a bare array");
   sub->add_option("--stages", o.stages, "S, to search a placement when none is given");
@@ -259,9 +259,9 @@ void read_fault_plan(SkipTrainOptions& o) {
   }
 }
 
-void add_train(CLI::App& skippipe) {
+void add_train(CLI::App& cmd) {
   auto o = std::make_shared<SkipTrainOptions>();
-  CLI::App* sub = skippipe.add_subcommand("train", "train on a SkipPipe pipeline: one process per node, this machine");
+  CLI::App* sub = cmd.add_subcommand("train", "train on a SkipPipe pipeline: one process per node, this machine");
   sub->add_option("--config", o->config, "config: model, data and train (train.batch_size = micro-batch size b)")
       ->required();
   sub->add_option("--setting", o->setting, "setting file: the nodes and links")->required();
@@ -285,9 +285,9 @@ void add_train(CLI::App& skippipe) {
 }
 
 // One node (started by `train`; hidden from --help).
-void add_node(CLI::App& skippipe) {
+void add_node(CLI::App& cmd) {
   auto o = std::make_shared<SkipNodeOptions>();
-  CLI::App* sub = skippipe.add_subcommand("node", "one SkipPipe node (started by `dloco skippipe train`)");
+  CLI::App* sub = cmd.add_subcommand("node", "one SkipPipe node (started by `dloco skippipe train`)");
   sub->group("");
   sub->add_option("--config", o->config)->required();
   sub->add_option("--setting", o->setting)->required();

@@ -5,17 +5,19 @@
 #include <optional>
 
 #include "apps/commands.h"
+#include "baselines/launcher.h"
+#include "baselines/worker.h"
 #include "core/check.h"
-#include "launcher/children.h"
 #include "launcher/launcher.h"
+#include "launcher/run_report.h"
 #include "learner/learner.h"
-#include "learner/worker.h"
 #include "model/stages.h"
-#include "pipeline/pipeline_check.h"
+#include "process/children.h"
+#include "skippipe/pipeline_check.h"
 #include "syncer/syncer.h"
+#include "train/run.h"
 #include "transport/grpc/grpc_transport.h"
 #include "transport/handshake.h"
-#include "train/run.h"
 
 namespace dloco::apps {
 
@@ -133,7 +135,7 @@ void run_train(const TrainFlags& f) {
       const ParallelConfig& g = config.parallel_for(id);
       const bool own = &g != &config.parallel;
       if (g.skippipe() && (own || id == 0)) {
-        (void)pipeline::check_skippipe_learner(config, g, own ? "parallel.learner[id = " + std::to_string(id) + "]"
+        (void)skippipe::check_skippipe_learner(config, g, own ? "parallel.learner[id = " + std::to_string(id) + "]"
                                                               : "parallel");
       }
     }

@@ -11,7 +11,7 @@ void add_data_commands(CLI::App& app);
 /// `dloco train`, `dloco eval`, `dloco generate` (src/train).
 void add_train_commands(CLI::App& app);
 /// Exit status the last `dloco train` asks for: 0 finished, 1 failed, 3 incomplete, 128 + the signal that stopped it
-/// (report_exit_code, launcher/children.h).
+/// (report_exit_code, launcher/run_report.h).
 int train_exit_code();
 
 /// The help group of the role subcommands (syncer, learner, evaluator, worker) that `dloco train` starts and that
@@ -23,7 +23,7 @@ void add_compare_command(CLI::App& app);
 void add_chaos_command(CLI::App& app);
 /// `dloco sim goodput|bandwidth|...` (src/sim).
 void add_sim_commands(CLI::App& app);
-/// `dloco skippipe simulate` (src/pipeline): the SkipPipe iteration-time simulator.
+/// `dloco skippipe simulate` (src/skippipe): the SkipPipe iteration-time simulator.
 void add_skippipe_commands(CLI::App& app);
 
 }  // namespace dloco::apps

@@ -14,7 +14,7 @@
 #include "apps/commands.h"
 #include "core/check.h"
 #include "dloco_version.h"
-#include "launcher/children.h"
+#include "process/children.h"
 
 namespace {
 

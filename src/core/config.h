@@ -263,8 +263,8 @@ struct ParallelConfig {
   double timeout_s = 60;           // deadline of the group's collectives and of a rank's wait for its leader, s
   // A SkipPipe pipeline as the learner (docs/skippipe.md "A SkipPipe learner"): one rank per node of the setting,
   // micro-batches on the schedule's paths; both files set, or neither. Paths: relative to the config file.
-  std::string skippipe_setting;    // the setting (nodes, regions, links: pipeline/setting.h)
-  std::string skippipe_schedule;   // the schedule (placement and paths: pipeline/schedule.h)
+  std::string skippipe_setting;    // the setting (nodes, regions, links: skippipe/setting.h)
+  std::string skippipe_schedule;   // the schedule (placement and paths: skippipe/schedule.h)
   double skippipe_link_scale = 0;     // emulated links: a hop takes scale · its setting time (0 = off)
   double skippipe_compute_scale = 0;  // emulated compute: an operation lasts at least scale · its setting time
   int64_t skippipe_nodes = 0;      // the setting's node count: read from skippipe_setting when 0 (written out so a

@@ -131,8 +131,8 @@ void apply_parallel_learner(const std::string& source, const toml::table& table,
 std::string parallel_learners_toml(const Config& c);
 
 /// Sets skippipe_nodes of [parallel] and every [[parallel.learner]] that names a skippipe_setting but no
-/// skippipe_nodes: the length of the setting file's "nodes" array (pipeline/setting.h; its full check, and that a
-/// given skippipe_nodes matches, is pipeline/pipeline_check.h's, before any process starts). A config written out
+/// skippipe_nodes: the length of the setting file's "nodes" array (skippipe/setting.h; its full check, and that a
+/// given skippipe_nodes matches, is skippipe/pipeline_check.h's, before any process starts). A config written out
 /// (to_toml: the run's config.toml, a checkpoint's manifest) carries the count, so reading it again needs no file.
 /// Throws InputError naming the key when the file cannot be read or has no "nodes" array.
 void resolve_skippipe_nodes(Config& c);

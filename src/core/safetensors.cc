@@ -4,12 +4,10 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
-#include <fstream>
 #include <set>
 
 #include <nlohmann/json.hpp>
 
-#include "core/atomic_file.h"
 #include "core/bf16.h"
 #include "core/check.h"
 
@@ -156,11 +154,6 @@ std::vector<std::byte> encode_safetensors(std::span<const SafetensorsEntry> tens
   return image;
 }
 
-void write_safetensors(const std::filesystem::path& path, std::span<const SafetensorsEntry> tensors,
-                       const std::map<std::string, std::string>& metadata) {
-  const std::vector<std::byte> image = encode_safetensors(tensors, metadata);
-  write_file_atomically(path, image);
-}
 
 SafetensorsFile decode_safetensors(std::span<const std::byte> image, std::string_view source) {
   // 1. Header length.
@@ -270,12 +263,5 @@ SafetensorsFile decode_safetensors(std::span<const std::byte> image, std::string
   return file;
 }
 
-SafetensorsFile read_safetensors(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError("cannot open safetensors file " + path.string() + ": " + std::strerror(errno));
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw InputError("cannot read safetensors file " + path.string());
-  return decode_safetensors(std::as_bytes(std::span<const char>(bytes)), path.string());
-}
 
 }  // namespace dloco

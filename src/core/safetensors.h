@@ -4,7 +4,7 @@
 // The header maps each tensor name to {"dtype", "shape", "data_offsets": [begin, end]} (byte offsets relative to
 // the start of the data, contiguous, covering it without holes) and may hold "__metadata__", a string → string
 // map. The writer lists tensors in offset order and pads the header with spaces to a multiple of 8 bytes so the
-// data is aligned. Files are written atomically (core/atomic_file.h).
+// data is aligned. Files are written atomically (process/atomic_file.h).
 //
 // The reader trusts nothing: every bound, offset, dtype and size is checked and a bad file is refused with an
 // InputError naming the file and the problem. Only little-endian hosts are supported (checked at compile time).
@@ -12,7 +12,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <filesystem>
 #include <map>
 #include <span>
 #include <string>
@@ -68,17 +67,10 @@ struct SafetensorsFile {
 std::vector<std::byte> encode_safetensors(std::span<const SafetensorsEntry> tensors,
                                           const std::map<std::string, std::string>& metadata = {});
 
-/// encode_safetensors + write_file_atomically. Throws InputError as those do.
-void write_safetensors(const std::filesystem::path& path, std::span<const SafetensorsEntry> tensors,
-                       const std::map<std::string, std::string>& metadata = {});
-
 /// Parses a file image. `source` names it in error messages (usually the path). Throws InputError if the image is
 /// shorter than 8 bytes, the header length exceeds the image or 100 MB, the header is not valid JSON of the
 /// expected form, a dtype is unknown, a shape is negative, offsets are not contiguous from 0 to the end of the data,
 /// or a tensor's byte length differs from shape product × dtype size.
 SafetensorsFile decode_safetensors(std::span<const std::byte> image, std::string_view source = "<memory>");
-
-/// Reads and parses `path`; throws InputError if it cannot be read or decode_safetensors refuses it.
-SafetensorsFile read_safetensors(const std::filesystem::path& path);
 
 }  // namespace dloco

@@ -8,11 +8,11 @@
 #include <fstream>
 #include <regex>
 
-#include "core/atomic_file.h"
 #include "core/check.h"
 #include "data/shards.h"
 #include "data/spm.h"
 #include "data/tokenizer.h"
+#include "process/atomic_file.h"
 
 namespace dloco {
 

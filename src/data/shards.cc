@@ -11,8 +11,8 @@
 #include <cstring>
 #include <fstream>
 
-#include "core/atomic_file.h"
 #include "core/check.h"
+#include "process/atomic_file.h"
 
 namespace dloco {
 

@@ -1,5 +1,6 @@
 // Tokenizer client; see tokenizer.h.
 #include "data/tokenizer.h"
+#include "process/file_hash.h"
 
 #include <spawn.h>
 #include <sys/wait.h>
@@ -19,13 +20,7 @@ namespace dloco {
 
 namespace fs = std::filesystem;
 
-uint64_t tokenizer_file_hash(const fs::path& model_file) {
-  std::ifstream in(model_file, std::ios::binary);
-  if (!in) throw InputError("cannot read tokenizer '" + model_file.string() + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return fnv1a64(ss.str());
-}
+uint64_t tokenizer_file_hash(const fs::path& model_file) { return file_fnv1a64(model_file, "tokenizer"); }
 
 fs::path data_tool_path() {
   if (const char* env = std::getenv("DLOCO_DATA_BIN"); env && *env) return env;

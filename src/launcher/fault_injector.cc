@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <limits>
 
-#include "core/atomic_file.h"
+#include "process/atomic_file.h"
 
 namespace dloco {
 

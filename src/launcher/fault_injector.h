@@ -12,8 +12,8 @@
 
 #include "chaos/fault_plan.h"
 #include "chaos/link_proxy.h"
-#include "core/events.h"
-#include "launcher/children.h"
+#include "process/children.h"
+#include "process/events.h"
 
 namespace dloco {
 

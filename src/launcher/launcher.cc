@@ -20,18 +20,19 @@
 #include <map>
 #include <thread>
 
-#include "core/atomic_file.h"
-#include "transport/status_json.h"
-#include "core/console.h"
-#include "core/decisions.h"
-#include "core/events.h"
 #include "chaos/fault_plan.h"
-#include "launcher/children.h"
+#include "core/decisions.h"
 #include "launcher/fault_injector.h"
 #include "launcher/launcher.h"
-#include "core/stop_signals.h"
+#include "launcher/run_report.h"
+#include "process/atomic_file.h"
+#include "process/children.h"
+#include "process/console.h"
+#include "process/events.h"
+#include "process/stop_signals.h"
 #include "train/checkpoint.h"
 #include "train/fragment_io.h"
+#include "transport/status_json.h"
 
 namespace dloco {
 

@@ -9,10 +9,10 @@
 #include <memory>
 #include <optional>
 
-#include "core/events.h"
 #include "data/stream_log.h"
 #include "learner/link.h"
 #include "learner/peer.h"
+#include "process/events.h"
 
 namespace dloco {
 

@@ -5,7 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/atomic_file.h"
+#include "process/atomic_file.h"
 #include "train/fragment_io.h"
 
 namespace dloco {

@@ -24,7 +24,7 @@ class GptInnerJob final : public InnerJob {
   void save_state(const std::filesystem::path& dir, int64_t step) override;
   int64_t restore_state(const std::filesystem::path& dir, std::string* why) override;
   void rewarm(int64_t from_step) override { trainer_.rewarm(from_step); }
-  /// The trainer (the dp baseline sets its gradient hook and checkpoints its AdamW, learner/run_worker.cc).
+  /// The trainer (the dp baseline sets its gradient hook and checkpoints its AdamW, baselines/run_worker.cc).
   InnerTrainer& trainer() { return trainer_; }
 
  private:

@@ -5,8 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/atomic_file.h"
 #include "core/check.h"
+#include "process/atomic_file.h"
 #include "train/fragment_io.h"
 
 namespace dloco {

@@ -28,7 +28,7 @@
 
 #include "collective/process_group.h"
 #include "core/fragments.h"
-#include "core/schedule.h"
+#include "core/lr_schedule.h"
 #include "learner/inner_job.h"
 #include "model/gpt.h"
 #include "parallel/rank_engine.h"

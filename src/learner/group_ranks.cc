@@ -8,13 +8,14 @@
 
 #include <cstdio>
 
-#include "core/atomic_file.h"
 #include "core/check.h"
-#include "core/events.h"
-#include "core/private_file.h"
-#include "launcher/children.h"
+#include "learner/group_engine.h"
 #include "learner/group_inner_job.h"
 #include "parallel/rank_engine.h"
+#include "process/atomic_file.h"
+#include "process/children.h"
+#include "process/events.h"
+#include "process/private_file.h"
 #include "train/fragment_io.h"
 #include "train/threads.h"
 
@@ -147,7 +148,7 @@ int run_group_rank(const Config& config, const GroupRankOptions& options) {
     o.timeout_s = group_timeout_s(config, options.id);
     o.rendezvous_timeout_s = rendezvous_s(options.group, 120, o.timeout_s);  // the leader passes its own
     Collective group(o);
-    auto engine = make_rank_engine(model, parallel, config.train, group, options.run_dir / "offload" / who);
+    auto engine = make_group_engine(model, parallel, config.train, group, options.run_dir / "offload" / who);
     std::unique_ptr<Collective> replicas;  // the dp baseline: this rank of every learner
     if (options.group.replicas > 0) {  // checked above
       CollectiveOptions ro;

@@ -17,7 +17,7 @@
 
 #include "collective/process_group.h"
 #include "core/config.h"
-#include "launcher/children.h"
+#include "process/children.h"
 
 namespace dloco {
 

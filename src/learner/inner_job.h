@@ -1,6 +1,6 @@
 // A learner's inner job (docs/protocol.md "Learner loop", steps 1–2): whatever trains the replica between two
 // outer syncs: one process holding the whole GPT (learner/gpt_inner_job.h), or a group of ranks with sharded
-// state (learner/group_inner_job.h), a SkipPipe pipeline among them (parallel/skip_pipeline_engine.cc). The
+// state (learner/group_inner_job.h), a SkipPipe pipeline among them (skippipe/engine.cc). The
 // outer sync (learner/outer_sync.h) sees only this interface.
 // Deliberately not here: the network, the syncer's protocol, LibTorch.
 #pragma once
@@ -39,7 +39,7 @@ class InnerJob {
   /// (`why` says which; empty when there is none).
   virtual int64_t restore_state(const std::filesystem::path& dir, std::string* why) = 0;
   /// Its AdamW moments start fresh at global step `from_step` > 0 while the run's are warm: the lr repeats the run's
-  /// warmup over its own first train.warmup_steps steps (LrSchedule::rewarm_from, core/schedule.h). Default (a job
+  /// warmup over its own first train.warmup_steps steps (LrSchedule::rewarm_from, core/lr_schedule.h). Default (a job
   /// without an lr schedule): nothing.
   virtual void rewarm(int64_t /*from_step*/) {}
   /// Called often (every few ms) while the learner does not train (finished, or waiting in blocking mode): a job

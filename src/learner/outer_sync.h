@@ -14,10 +14,10 @@
 #include <memory>
 #include <vector>
 
-#include "core/events.h"
 #include "learner/inner_job.h"
 #include "learner/link.h"
 #include "learner/peer.h"
+#include "process/events.h"
 #include "transport/codec.h"
 
 namespace dloco {

@@ -9,9 +9,9 @@
 #include <cstring>
 #include <thread>
 
-#include "core/events.h"
 #include "learner/learner.h"
 #include "learner/link.h"
+#include "process/events.h"
 #include "train/fragment_io.h"
 #include "train/threads.h"
 #include "train/trainer.h"

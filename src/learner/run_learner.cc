@@ -11,9 +11,7 @@
 #include <mutex>
 #include <thread>
 
-#include "core/control_file.h"
 #include "core/decisions.h"
-#include "core/events.h"
 #include "core/prometheus.h"
 #include "data/stream.h"
 #include "learner/bootstrap.h"
@@ -21,8 +19,11 @@
 #include "learner/group_inner_job.h"
 #include "learner/group_ranks.h"
 #include "learner/learner.h"
+#include "learner/learner_setup.h"
 #include "learner/outer_sync.h"
 #include "monitor/monitor_server.h"
+#include "process/control_file.h"
+#include "process/events.h"
 #include "train/fragment_io.h"
 #include "train/run.h"
 #include "train/threads.h"
@@ -39,76 +40,9 @@ namespace {
 std::atomic<int> g_learner_signal{0};
 extern "C" void on_learner_signal(int sig) { g_learner_signal.store(sig); }
 
-std::string hostname() {
-  char buf[256] = {};
-  ::gethostname(buf, sizeof(buf) - 1);
-  return buf;
-}
 
-// Where the stream resumes (exact data): the stream's own log is at least as new as the syncer's copy of the
-// cursor (which lags by up to a second, or more after a syncer restart). One step's batches after the last record
-// are skipped: they were trained, or lost when the previous incarnation died, but never retrained.
-DataStream resume_stream(const Config& config, const wire::JoinReply& joined, const StreamLog& log, bool* from_log) {
-  StreamCursor cursor{joined.stream_index, 0, 0, 0};
-  if (!joined.stream_cursor_json.empty()) cursor = StreamCursor::from_json(nlohmann::json::parse(joined.stream_cursor_json));
-  const auto& taken = log.last_taken();
-  *from_log = taken && taken->stream == joined.stream_index && taken->tokens_served >= cursor.tokens_served;
-  if (*from_log) cursor = *taken;
-  // The data is cut into the syncer's S streams (it leases them), whatever this learner's config says.
-  const int64_t S = joined.streams > 0 ? joined.streams
-                                       : (config.data.streams > 0 ? config.data.streams : config.diloco.learners);
-  if (joined.stream_index < 0 || joined.stream_index >= S) {
-    throw InputError("the syncer leased stream " + std::to_string(joined.stream_index) + " of S = " +
-                     std::to_string(S) + " streams");
-  }
-  auto split = std::make_shared<TokenSplit>(split_shards(fs::path(config.data.dir), "train"));
-  DataStream stream(split, joined.stream_index, S, config.train.batch_size, config.model.seq_len, cursor);
-  for (int64_t i = 0; *from_log && i < config.train.grad_accum; ++i) stream.skip();  // a step reads accum batches
-  return stream;
-}
 
-OuterSyncConfig outer_sync_config(const Config& config, int id, const FragmentLayout& layout) {
-  OuterSyncConfig c;
-  c.learner_id = id;
-  c.fragments = static_cast<int>(layout.fragments.size());
-  for (const auto& f : layout.fragments) c.fragment_numel.push_back(f.numel);
-  c.inner_steps = config.diloco.inner_steps;
-  c.overlap = config.diloco.overlap;
-  c.alpha = config.diloco.alpha;
-  c.reanchor = config.diloco.stale_policy == StalePolicy::kReanchor;
-  c.blocking = config.diloco.blocking;
-  c.codec = wire::parse_codec(to_string(config.diloco.wire_up));
-  c.error_feedback = config.diloco.error_feedback;
-  return c;
-}
 
-// What the learner's /metrics endpoint shows (docs/monitoring.md): written by the training thread after each step,
-// read by the endpoint's threads.
-struct LearnerGauges {
-  std::mutex mu;
-  int id = 0;
-  int64_t step = 0, tokens = 0, merges_applied = 0, lost_steps = 0, reconnects = 0;
-  double loss = NAN, tokens_per_s = 0, step_s = 0, boundary_s = 0;
-
-  std::string text() {
-    std::lock_guard lock(mu);
-    PrometheusText m;
-    const PrometheusLabels who = {{"learner", std::to_string(id)}};
-    m.gauge("dloco_learner_step", "Inner steps this learner has trained (its step counter).", double(step), who);
-    m.counter("dloco_learner_tokens_trained_total", "Tokens this learner served from its stream.", double(tokens), who);
-    m.gauge("dloco_learner_loss", "Training loss (EMA), nats/token.", loss, who);
-    m.gauge("dloco_learner_tokens_per_second", "Training speed (EMA of the step time), tokens/s.", tokens_per_s, who);
-    m.gauge("dloco_learner_step_seconds", "Compute time of the last inner step, s.", step_s, who);
-    m.gauge("dloco_learner_boundary_seconds", "Time outside compute after the last step (sync, metadata), s.",
-            boundary_s, who);
-    m.counter("dloco_learner_merges_applied_total", "Merged fragments applied to this learner's copy.",
-              double(merges_applied), who);
-    m.counter("dloco_learner_lost_steps_total", "Steps whose work a merge without this learner dropped.",
-              double(lost_steps), who);
-    m.counter("dloco_learner_reconnects_total", "Sessions re-opened to the syncer.", double(reconnects), who);
-    return m.str();
-  }
-};
 
 // The training loop and what it keeps between steps. `phase` is training when it starts.
 class LearnerLoop {
@@ -294,44 +228,7 @@ class LearnerLoop {
   LearnerGauges* gauges_ = nullptr;
 };
 
-// The inner job: a group of ranks (rank 0 here; `ranks` started the others) or the one-process GPT job.
-std::unique_ptr<InnerJob> make_inner_job(const Config& config, int id, const fs::path& run_dir, GroupRanks* ranks,
-                                         GPT model, const FragmentLayout& layout, torch::Device device,
-                                         DataStream stream, EventLog& events) {
-  if (!ranks) {
-    auto job =
-        std::make_unique<GptInnerJob>(model, layout, config.train, make_schedule(config), device, std::move(stream));
-    job->trainer().set_skip(config.skippipe, skip_path_seed(config.run.seed, id));
-    return job;
-  }
-  const ParallelConfig& parallel = config.parallel_for(id);
-  auto group = ranks->join();
-  torch::manual_seed(config.run.seed + 1 + static_cast<uint64_t>(id));  // the ranks' initial GPT
-  auto engine = make_rank_engine(GPT(config.model), parallel, config.train, *group,
-                                 run_dir / "offload" / ("learner_" + std::to_string(id) + "_rank_0"));
-  events.emit("group_formed", {{"ranks", parallel.ranks()}, {"group", engine->describe()},
-                               {"store", ranks->store().string()}, {"pids", ranks->pids()}});
-  std::printf("[learner %d] a group of %lld ranks: %s\n", id, static_cast<long long>(parallel.ranks()),
-              engine->describe().c_str());
-  return std::make_unique<GroupInnerJob>(model, layout, config.train, make_schedule(config), std::move(stream),
-                                         std::move(engine), std::move(group), group_timeout_s(config, id));
-}
 
-// A restart: resume the AdamW moments of the last incarnation, or say why they are unusable. Returns whether they
-// were restored.
-bool restore_inner_state(InnerJob& job, const fs::path& run_dir, int id, int64_t global_step, EventLog& events) {
-  std::string why;
-  const int64_t saved_at = job.restore_state(run_dir / "learners" / ("learner_" + std::to_string(id)), &why);
-  if (saved_at >= 0) {
-    events.emit("optimizer_restored", {{"saved_at_step", saved_at}, {"global_step", global_step}});
-    return true;
-  }
-  if (!why.empty()) {
-    events.emit("optimizer_not_restored", {{"reason", why}});
-    std::printf("[learner %d] its saved AdamW state is unusable (%s): starting with fresh moments\n", id, why.c_str());
-  }
-  return false;
-}
 
 }  // namespace
 
@@ -375,27 +272,13 @@ int run_learner(const Config& config, const LearnerOptions& options, wire::Trans
   const FragmentLayout layout = model_layout(model, config.diloco);
   const int P = static_cast<int>(layout.fragments.size());
   // SIGTERM from the first moment: a learner asked to leave while it still bootstraps exits cleanly.
-  std::signal(SIGTERM, on_learner_signal);
-  std::signal(SIGINT, on_learner_signal);
+  for (int sig : {SIGTERM, SIGINT}) std::signal(sig, on_learner_signal);
   const wire::Handshake handshake = make_handshake(config, layout);
   LearnerLink link(transport.connect_syncer(options.syncer), options.syncer, handshake, id, hostname(),
                    config.run.seed * 1000003u + static_cast<uint64_t>(id) + 1);
   FragmentBoard board(P);  // Θ_p at the version last applied, shared with the peer server (read-only)
-  std::unique_ptr<PeerServer> peer_server;
-  if (config.diloco.bootstrap == Bootstrap::kPeers) {  // serve our copy to joiners; advertised with every join
-    // Listen where the syncer is reached from (or where run.peer_host says) and advertise an address other
-    // machines can dial: never a wildcard, never loopback unless the syncer is on loopback too.
-    const std::string towards = local_address_towards(options.syncer);
-    const std::string listen = config.run.peer_host.empty() ? (towards.empty() ? "127.0.0.1" : towards)
-                                                            : config.run.peer_host;
-    std::string advertise = config.run.peer_advertise;
-    if (advertise.empty()) advertise = is_wildcard_host(listen) ? (towards.empty() ? "127.0.0.1" : towards) : listen;
-    peer_server = std::make_unique<PeerServer>(transport, listen, handshake, board);
-    const std::string& bound = peer_server->address();
-    const std::string advertised = advertise + bound.substr(bound.rfind(':'));
-    link.set_peer_address(advertised);
-    events.emit("peer_server", {{"listening", peer_server->listen_address()}, {"advertised", advertised}});
-  }
+  // diloco.bootstrap = "peers": serve our copy to joiners; advertised with every join
+  const auto peer_server = start_peer_server(config, options.syncer, transport, handshake, board, link, events);
   LearnerPhaseMachine phase(LearnerPhase::kBootstrapping, kLearnerMoves);
   auto boot = bootstrap(link, transport, handshake, options.run_dir, P, options.bootstrap_timeout_s, events,
                         g_learner_signal, "[learner " + std::to_string(id) + "]");
@@ -412,29 +295,13 @@ int run_learner(const Config& config, const LearnerOptions& options, wire::Trans
   std::unique_ptr<InnerJob> job_owner =
       make_inner_job(config, id, options.run_dir, ranks.get(), model, layout, device, std::move(stream), events);
   InnerJob& job = *job_owner;
-  const bool warm = config.train.learner_state_interval > 0 &&
-                    restore_inner_state(job, options.run_dir, id, joined.global_step, events);
-  if (!warm && joined.global_step > 0 && config.train.warmup_steps > 0) {  // fresh moments in a warm run
-    job.rewarm(joined.global_step);
-    events.emit("lr_rewarmed", {{"from_step", joined.global_step}, {"steps", config.train.warmup_steps}});
-  }
+  restore_or_rewarm(config, job, options.run_dir, id, joined.global_step, events);
   OuterSync sync(outer_sync_config(config, id, layout), job, link, &events, &board);
   for (int p = 0; p < P; ++p) {
     const auto& f = boot->fetched.fragments[p];
     sync.adopt(p, f.version, std::make_shared<const std::vector<float>>(wire::fragment_values(f)));
   }
-  std::map<std::string, int> from_source;
-  for (const auto& name : boot->fetched.source) ++from_source[name];
-  events.emit("bootstrapped", {{"pid", ::getpid()}, {"global_step", joined.global_step}, {"versions", sync.versions()},
-                               {"cursor", job.cursor().to_json()}, {"cursor_from_stream_log", from_log},
-                               {"syncer_generation", joined.syncer_generation}, {"stream", joined.stream_index},
-                               {"sources", from_source}, {"source_failures", boot->fetched.failures},
-                               {"peer_address", peer_server ? peer_server->address() : ""}});
-  std::printf("[learner %d step %lld] joined %s: stream %lld, %lld/%lld tokens done\n", id,
-              static_cast<long long>(joined.global_step), options.syncer.c_str(),
-              static_cast<long long>(joined.stream_index), static_cast<long long>(job.cursor().tokens_served),
-              static_cast<long long>(joined.tokens_budget));
-  std::fflush(stdout);
+  announce_bootstrapped(id, options.syncer, *boot, from_log, sync, job, peer_server.get(), events);
   link.start();
   phase.to(LearnerPhase::kTraining);
   // Adopt the global step: the lr schedule is global (re-warmed above when the moments are fresh).
@@ -443,16 +310,8 @@ int run_learner(const Config& config, const LearnerOptions& options, wire::Trans
   // Its /metrics endpoint (docs/monitoring.md), on a free port unless the config names one.
   LearnerGauges gauges;
   gauges.id = id;
-  std::unique_ptr<MonitorServer> monitor;
-  if (!config.run.learner_monitor.empty()) {
-    monitor = std::make_unique<MonitorServer>(config.run.learner_monitor,
-                                              MonitorServer::Routes{[&gauges] { return gauges.text(); }, {}, ""},
-                                              transport_security(config));
-    loop.set_gauges(&gauges);
-    events.emit("monitor", {{"url", monitor->url()}, {"address", monitor->address()}});
-    std::printf("[learner %d] metrics %smetrics\n", id, monitor->url().c_str());
-    std::fflush(stdout);
-  }
+  const auto monitor = start_learner_monitor(config, id, gauges, events);
+  if (monitor) loop.set_gauges(&gauges);
   try {
     loop.run();
   } catch (const CollectiveError& e) {  // a rank of this learner's group died or missed its deadline

@@ -3,7 +3,7 @@
 // final norm and the head, and is never skipped. A stage subset (stage 0 and some others, in increasing order)
 // becomes the model's active-block mask (GPTImpl::set_active_blocks): what inference with stages down runs.
 // Also the balanced random paths of a training step (every non-zero stage visited equally).
-// Deliberately not here: paths that reorder stages, network-aware scheduling (src/pipeline), the pipeline's processes.
+// Deliberately not here: paths that reorder stages, network-aware scheduling (src/skippipe), the pipeline's processes.
 #pragma once
 
 #include <cstdint>

@@ -283,7 +283,10 @@ std::unique_ptr<RankEngine> make_rank_engine(GPT full, const ParallelConfig& par
     throw InputError("a group of " + std::to_string(parallel.ranks()) + " ranks (tensor · pipeline · data) over a " +
                      "collective of " + std::to_string(group.world()));
   }
-  if (parallel.skippipe()) return make_skippipe_engine(full, parallel, train, group);
+  if (parallel.skippipe()) {
+    throw InputError("a SkipPipe group (parallel.skippipe_schedule) has its own engine: skippipe/engine.h "
+                     "(learner/group_engine.h picks it)");
+  }
   if (parallel.precision == Precision::kBf16) {
     if (parallel.tensor > 1 || parallel.pipeline > 1 || parallel.zero > 0) {
       throw InputError("bf16 runs in data-parallel learner groups without ZeRO only (tensor = pipeline = 1, zero = 0)");

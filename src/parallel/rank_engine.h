@@ -7,7 +7,7 @@
 //                 (parallel/zero.h)
 //   pipeline = p  pipeline stages (parallel/pipeline_stage.h) with the configured schedule and micro-batches,
 //                 AdamW on each stage's parameters
-//   skippipe_schedule  a SkipPipe pipeline (parallel/skip_pipeline_engine.cc): one rank per node of the setting,
+//   skippipe_schedule  a SkipPipe pipeline (skippipe/engine.cc): one rank per node of the setting,
 //                 micro-batches on the schedule's paths, each stage averaged over its visits and replicas
 // Every kind reproduces train/trainer.cc's step: the lr given, global-norm clipping at train.grad_clip over the
 // whole model, the non-finite guard (the same skip decision on every rank), weight decay on matrices only.
@@ -61,7 +61,7 @@ class RankEngine {
   /// The dp baseline over learner groups (docs/parallel.md "Baselines over learner groups"): `replicas` joins this
   /// rank with the same rank of every other learner (world = the learners, every learner the same group kind). From
   /// the next step on, the loss and this rank's gradients (after the group's own reduction) are averaged over it
-  /// before clipping and the guard, so every learner takes the same step: one process's dp hook (collective/dp.h)
+  /// before clipping and the guard, so every learner takes the same step: one process's dp hook (baselines/dp.h)
   /// for a rank. Null: none. The collective must outlive the engine's steps; its failure throws CollectiveError.
   virtual void set_replicas(Collective* replicas) { replicas_ = replicas; }
   /// "tensor-parallel t = 2", "ZeRO-2 over d = 2", … for logs and events.

@@ -53,7 +53,7 @@ inline void copy_checked(torch::Tensor target, const torch::Tensor& full, const 
 
 // The dp baseline over learner groups (RankEngine::set_replicas): `grads` (undefined ones skipped; the same set on
 // every replica) and `loss` summed over `replicas` in one fp32 buffer and divided by its world, in place, as
-// collective/dp.cc's hook does for one-process workers. Returns the averaged loss; without replicas, `loss`.
+// baselines/dp.cc's hook does for one-process workers. Returns the averaged loss; without replicas, `loss`.
 inline double average_over_learners(Collective* replicas, const std::vector<torch::Tensor>& grads, double loss) {
   if (replicas == nullptr) return loss;
   torch::NoGradGuard no_grad;
@@ -98,10 +98,5 @@ inline void guard_and_step(torch::optim::AdamW& adamw, EngineStep& r) {
 namespace dloco {
 /// The engine of pipeline = p (× tensor = t) groups (pipeline_engine.cc).
 std::unique_ptr<RankEngine> make_pipeline_engine(GPT full, const ParallelConfig& parallel, const TrainConfig& train,
-                                                 Collective& group);
-/// The engine of a SkipPipe learner (parallel.skippipe_schedule; skip_pipeline_engine.cc): this rank is node
-/// group.rank() of the setting. Throws InputError when the files do not fit the model or the batch
-/// (pipeline/pipeline_check.h), CollectiveError.
-std::unique_ptr<RankEngine> make_skippipe_engine(GPT full, const ParallelConfig& parallel, const TrainConfig& train,
                                                  Collective& group);
 }  // namespace dloco

@@ -4,10 +4,9 @@
 #include <cstdio>
 #include <thread>
 
-#include "core/atomic_file.h"
-#include "transport/status_json.h"
 #include "monitor/dashboard.h"
 #include "monitor/monitor_server.h"
+#include "process/atomic_file.h"
 #include "syncer/syncer.h"
 #include "syncer/syncer_service.h"
 #include "train/checkpoint.h"
@@ -15,6 +14,7 @@
 #include "train/run.h"
 #include "train/threads.h"
 #include "transport/handshake.h"
+#include "transport/status_json.h"
 
 namespace dloco {
 

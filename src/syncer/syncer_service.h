@@ -16,12 +16,12 @@
 #include <thread>
 
 #include "core/config.h"
-#include "core/events.h"
 #include "core/safetensors.h"
-#include "transport/transport.h"
+#include "process/events.h"
 #include "syncer/stream_leases.h"
 #include "syncer/syncer_state.h"
 #include "syncer/syncer_store.h"
+#include "transport/transport.h"
 
 namespace dloco {
 
@@ -90,7 +90,23 @@ class SyncerService final : public wire::SyncerHandler {
     bool greeted = false;  // the session's first metadata was read
   };
 
+  // The merger thread (merger_thread.cc), one tick after another.
+  struct Tick {
+    SyncerActions actions;
+    std::vector<std::vector<float>> momenta;  // v_p of each merged fragment, to persist with it
+    bool checkpoint_due = false;
+  };
   void merger_loop();
+  /// Ticks the state and sends its pulls and re-fetches (under mu_).
+  Tick tick_and_pull();
+  /// Writes the tick's decision events to events/syncer.jsonl.
+  void emit_decisions(const SyncerActions& actions);
+  /// Persists each merged fragment, then publishes and broadcasts it. False when before_persist_ stopped it.
+  bool persist_and_broadcast(Tick& tick);
+  /// train.shared_budget: BudgetSpent to every unfinished learner, once a second from the moment it is spent.
+  void notify_budget_spent(double now, double& last_notice);
+  /// The final flush is done: the final_state event, Stop to every session.
+  void finish();
   void send(int learner, const wire::SyncerMessage& msg);
   void on_metadata(int learner, const wire::Metadata& m);
   void on_answer(int learner, const wire::PullAnswer& a);

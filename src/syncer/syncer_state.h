@@ -26,9 +26,10 @@
 #include "core/config.h"
 #include "core/decisions.h"
 #include "core/fragments.h"
+#include "core/lr_schedule.h"
 #include "core/merge.h"
-#include "core/schedule.h"
 #include "core/state_machine.h"
+#include "syncer/screening.h"
 #include "transport/codec.h"
 
 namespace dloco {
@@ -137,7 +138,7 @@ struct LearnerRecord {
                                         // feedback the residual it carries into the next one, §10); none after
                                         // a refused, raw or re-fetched one
   int64_t rewarm_until = -1;  // a fresh process joined a warm run at global step s: until s + train.warmup_steps it
-                              // may be re-warming its lr (core/schedule.h), and its answers then are screened but
+                              // may be re-warming its lr (core/lr_schedule.h), and its answers then are screened but
                               // kept out of the reference others are compared with (§10); −1: none
 };
 
@@ -252,7 +253,25 @@ class SyncerState {
 
   void open_rounds(double now_s, SyncerActions& actions);
   void advance_round(int p, Round& round, double now_s, SyncerActions& actions);
+  /// One answer of a round on its way through the merge (syncer_merge.cc): its outer gradient anchored at Θ_p and
+  /// what the screen and the bookkeeping need of it.
+  struct MergeCandidate {
+    int learner = 0;
+    std::vector<float> grad;  // Δ_m = Θ_p − θ_m, fragment-sized
+    double weight = 0;        // tokens² / steps, or 1 (uniform) for a learner that trained
+    ScreenEntry screen;       // its steps, sizes per unit of lr and whether it is a raw θ
+    double codec_error = 0;   // PullAnswerData::codec_error (the next error-feedback allowance)
+    int64_t tokens = 0;
+  };
+  /// The paper's merge of fragment p's round (docs/protocol.md §4), steps 1–6 in syncer_merge.cc.
   void merge_round(int p, Round& round, double now_s, SyncerActions& actions);
+  /// Step 1: each answer's outer gradient anchored at the current Θ_p (answers' deltas are moved out), weight and
+  /// sizes for the screen.
+  std::vector<MergeCandidate> outer_gradients(int p, Round& round) const;
+  /// Step 2: refuses (counted, evented) and clips answers (screening.h); returns the largest ratio kept.
+  double screen_round(int p, const Round& round, std::vector<MergeCandidate>& answers, SyncerActions& actions);
+  /// Step 6: version_p + 1, the anchor, the screen's reference norms and the learners' records after a merge.
+  void publish_merge(int p, const Round& round, const std::vector<MergeCandidate>& answers, double now_s);
   /// Counts a refusal of `kind`; if the learner was asked in fragment's open round `round_step`, stops waiting.
   /// `solicited`: the answer was taken into its round (a norm refusal at the merge); otherwise the refusal counts
   /// towards a re-fetch only if the learner was pulled in that round and had not answered it.

@@ -5,9 +5,10 @@
 #include <cmath>
 #include <fstream>
 
-#include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/safetensors.h"
+#include "process/atomic_file.h"
+#include "process/safetensors_file.h"
 
 namespace dloco {
 

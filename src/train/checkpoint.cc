@@ -9,10 +9,11 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/hash.h"
 #include "core/safetensors.h"
+#include "process/atomic_file.h"
+#include "process/safetensors_file.h"
 
 namespace dloco {
 

@@ -11,20 +11,20 @@
 #include <random>
 #include <unistd.h>
 
-#include "core/stages_per_path.h"
-#include "core/atomic_file.h"
 #include "core/check.h"
-#include "core/private_file.h"
-#include "core/console.h"
-#include "core/events.h"
+#include "core/stages_per_path.h"
 #include "data/stream.h"
 #include "data/tokenizer.h"
 #include "model/stages.h"
+#include "process/atomic_file.h"
+#include "process/console.h"
+#include "process/events.h"
+#include "process/private_file.h"
+#include "process/stop_signals.h"
 #include "train/checkpoint.h"
 #include "train/run.h"
 #include "train/threads.h"
 #include "train/trainer.h"
-#include "core/stop_signals.h"
 
 namespace dloco {
 

@@ -11,7 +11,7 @@
 #include <memory>
 
 #include "core/config.h"
-#include "core/schedule.h"
+#include "core/lr_schedule.h"
 #include "data/stream.h"
 #include "model/gpt.h"
 

@@ -11,7 +11,7 @@
 
 #include "core/check.h"
 #include "core/hash.h"
-#include "data/tokenizer.h"
+#include "process/file_hash.h"
 
 namespace dloco {
 
@@ -79,7 +79,7 @@ wire::Handshake make_handshake(const Config& config, const FragmentLayout& layou
   h.secret = run_secret(config);
   h.layout_hash = layout.hash;
   h.model_hash = model_config_hash(config.model);
-  h.tokenizer_hash = tokenizer_file_hash(std::filesystem::path(config.data.dir) / "tokenizer.model");
+  h.tokenizer_hash = file_fnv1a64(std::filesystem::path(config.data.dir) / "tokenizer.model", "tokenizer");
   h.training = training_settings_json(config);
   return h;
 }

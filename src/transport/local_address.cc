@@ -84,8 +84,9 @@ std::string check_listen_policy(const std::string& host, const Security& securit
   const std::string where = is_wildcard_host(host) ? "every interface" : "'" + host + "'";
   if (!security.insecure) {
     throw InputError(what + " would listen on " + where + " without " + missing +
-                     ": anyone who reaches it could read the run and send updates. Set them (README \"Across "
-                     "machines\"), listen on 127.0.0.1, or pass --insecure (run.insecure = true) on a trusted network");
+                     ": anyone who reaches it could read the run and send updates. Set them (README \"Running on "
+                     "several machines by hand\"), listen on 127.0.0.1, or pass --insecure (run.insecure = true) "
+                     "on a trusted network");
   }
   return "warning: " + what + " listens on " + where + " without " + missing + " (run.insecure = true)";
 }

@@ -5,6 +5,7 @@
 
 #include <fstream>
 
+#include "baselines/chaos_report.h"
 #include "chaos/chaos_report.h"
 #include "chaos/sim_replay.h"
 #include "core/check.h"

@@ -99,7 +99,7 @@ TEST(ParallelConfig, RefusalsNameTheKeyAndWhy) {
 }
 
 // A SkipPipe learner ([[parallel.learner]] skippipe_setting / skippipe_schedule): its group has one rank per node
-// of the setting (counted when the config is read; the files' full check is pipeline/pipeline_check.h's), it
+// of the setting (counted when the config is read; the files' full check is skippipe/pipeline_check.h's), it
 // round-trips, and what it cannot be combined with is refused naming the key.
 TEST(ParallelConfig, ASkipPipeLearnerHasOneRankPerNodeAndRefusesWhatItIsNot) {
   namespace fs = std::filesystem;

@@ -1,6 +1,7 @@
 // The safetensors writer against an independent Python reader (tests/core/safetensors_reader.py, standard
 // library only), the C++ reader's validation, and the atomic file write under it.
 #include "core/safetensors.h"
+#include "process/safetensors_file.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -12,9 +13,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/atomic_file.h"
 #include "core/bf16.h"
 #include "core/check.h"
+#include "process/atomic_file.h"
 
 namespace dloco {
 namespace {

@@ -526,7 +526,7 @@ learner = 2
   ASSERT_FALSE(report.is_null());
   EXPECT_EQ(report["status"], "finished");
   // A joiner's fresh AdamW amid warm learners moved 4–11× further per step in its first answers and the norm screen
-  // refused one in 2 of 5 runs, until joiners re-warmed (lr_rewarmed below, core/schedule.h).
+  // refused one in 2 of 5 runs, until joiners re-warmed (lr_rewarmed below, core/lr_schedule.h).
   expect_no_refusal(report);
   EXPECT_EQ(report["faults_injected"], 4);
   EXPECT_EQ(report["learner_restarts"], 0) << "a learner that left, or one killed for good, was restarted";

@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "chaos/fault_plan.h"
-#include "core/events.h"
 #include "launcher/fault_injector.h"
+#include "process/events.h"
 #include "support/tiny_corpus.h"
 
 namespace {

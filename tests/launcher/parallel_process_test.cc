@@ -149,7 +149,7 @@ TEST(ParallelLearners, TensorParallelAndZeroGroupsTrainAndAKilledRankRestartsOnl
 }
 
 // A SkipPipe pipeline as one Decoupled DiLoCo learner (docs/skippipe.md "A SkipPipe learner"; issue 13 part 6):
-// M = 2, learner 0 the 5-node hand pipeline of skip_pipeline_test (3 stages, 6 micro-batches per step that skip
+// M = 2, learner 0 the 5-node hand pipeline of skippipe_node_test (3 stages, 6 micro-batches per step that skip
 // stages; [[parallel.learner]] skippipe_setting / skippipe_schedule), learner 1 one process, a 3-block tiny GPT.
 // The syncer sees learner 0 as one learner: the run finishes with every token trained, learner 0's group is the
 // pipeline of 5 nodes (4 rank processes beside its leader), it trains steps with finite losses, merges happen, and

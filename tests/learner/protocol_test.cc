@@ -23,9 +23,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/events.h"
 #include "core/hash.h"
 #include "learner/outer_sync.h"
+#include "process/events.h"
 #include "syncer/syncer_service.h"
 #include "transport/codec.h"
 #include "transport/inproc/inproc_transport.h"

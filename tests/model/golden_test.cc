@@ -26,6 +26,7 @@
 
 #include "core/safetensors.h"
 #include "model/gpt.h"
+#include "process/safetensors_file.h"
 
 namespace dloco {
 namespace {

@@ -1,5 +1,5 @@
 // Shared by the SkipPipe tests: a hand-made setting of nodes in one region, every hop the same cost, built through
-// the real parser (pipeline/setting.h) so it is validated like a file.
+// the real parser (skippipe/setting.h) so it is validated like a file.
 #pragma once
 
 #include <cstdint>
@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "pipeline/setting.h"
+#include "skippipe/setting.h"
 
 namespace dloco::testing_support {
 
@@ -33,9 +33,9 @@ inline nlohmann::json one_region_setting_json(const std::vector<double>& forward
 }
 
 /// one_region_setting_json, parsed (validated like a file).
-inline pipeline::Setting one_region_setting(const std::vector<double>& forward_s, double bandwidth_bytes_per_s,
+inline skippipe::Setting one_region_setting(const std::vector<double>& forward_s, double bandwidth_bytes_per_s,
                                             int64_t bytes_per_hop, int64_t memory) {
-  return pipeline::parse_setting(one_region_setting_json(forward_s, bandwidth_bytes_per_s, bytes_per_hop, memory),
+  return skippipe::parse_setting(one_region_setting_json(forward_s, bandwidth_bytes_per_s, bytes_per_hop, memory),
                                  "hand");
 }
 

@@ -406,7 +406,7 @@ TEST_F(SyncerStateTest, AnAnswerAgainstThePreviousVersionIsScreenedByItsOwnDelta
   EXPECT_EQ(s.answers_refused(), 0);
 }
 
-// A fresh process joining a warm run re-warms its lr (core/schedule.h), so its first answers are small per unit of
+// A fresh process joining a warm run re-warms its lr (core/lr_schedule.h), so its first answers are small per unit of
 // the run's lr. They are screened but kept out of the reference the others are compared with: five of them beside two
 // warm learners (whose four earlier answers per fragment are the fragment's recent norms) make the lower median their
 // size, and the warm learners' honest answers were refused at 50×. Running learners re-attaching (they hold their

@@ -10,6 +10,7 @@
 #include "core/safetensors.h"
 #include "data/shards.h"
 #include "model/stages.h"
+#include "process/safetensors_file.h"
 #include "train/checkpoint.h"
 #include "train/run.h"
 #include "train/trainer.h"
@@ -50,7 +51,7 @@ class TrainTest : public ::testing::Test {
   fs::path dir_;
 };
 
-// Why a joiner re-warms (core/schedule.h LrSchedule::rewarm_from): on noise-dominated gradients (uniformly random
+// Why a joiner re-warms (core/lr_schedule.h LrSchedule::rewarm_from): on noise-dominated gradients (uniformly random
 // tokens) a fresh AdamW's first steps from a warm learner's parameters move them several times further per unit of
 // lr than the warm learner's own steps, the syncer's norm screen compares exactly that (docs/protocol.md §10); with
 // the warmup repeated they move no further than the warm ones.

@@ -1,0 +1,38 @@
+// Entry point of a baseline's worker process (dp, diloco, streaming over c10d/Gloo); a worker is one process or
+// the leader of a learner group of R ranks ([parallel], docs/parallel.md "Baselines over learner groups").
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "baselines/worker_status.h"  // kPeerFailedExit, kOwnGroupFailedExit
+#include "core/check.h"
+#include "core/config.h"
+
+namespace dloco {
+
+struct WorkerOptions {
+  std::filesystem::path run_dir;     // events/worker_<slot>.jsonl; rank 0 also status.json and checkpoints
+  int rank = 0;                      // 0 ≤ rank < world
+  std::filesystem::path store_file;  // c10d FileStore rendezvous file, the same for every rank of the group
+  std::string hostname = "127.0.0.1";  // address Gloo binds (loopback on one machine)
+  // dp with run.recovery = restart | elastic: the group of one generation (the launcher re-forms it after a failure).
+  std::vector<int> slots;            // learner slot (data stream) of each rank; world = slots.size(); empty = 0…M−1
+  int64_t generation = 0;            // how many times the group was formed before this one
+  std::filesystem::path resume_from; // checkpoint (model, AdamW, every slot's cursor) to start from; empty = Θ0
+};
+
+/// Runs one worker of a baseline (diloco.mode = "dp", "diloco" or "streaming"; docs/protocol.md §11): joins the Gloo group
+/// (deadline run.collective_timeout_s), trains its share of the token budget in lock-step with the others and
+/// returns 0. Throws InputError on bad set-up; returns kPeerFailedExit when a peer dies or a collective passes its
+/// deadline (synchronous training cannot go on without every worker), kOwnGroupFailedExit when one of this
+/// worker's own group ranks was killed or failed by itself (at any point: start-up, a step, a checkpoint).
+/// dp trains until the whole group's tokens reach train.total_tokens (W = world workers add W·B·T·accum tokens
+/// per step), starting from `resume_from` if given; rank 0 checkpoints the model, the AdamW state and every
+/// slot's data cursor every train.checkpoint_interval steps. SIGTERM on any rank stops every rank after the same
+/// step (the stop is voted in that step's all-reduce) and rank 0 checkpoints it: the elastic launcher's way to
+/// re-form the group without losing work.
+int run_worker(const Config& config, const WorkerOptions& options);
+
+}  // namespace dloco
