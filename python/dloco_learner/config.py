@@ -2,8 +2,8 @@
 default, presets, `--set section.key=value` overrides, paths relative to the config file, unknown keys refused.
 
 The fields below are a copy of the C++ table (for_each_field in src/core/config.cc). They must stay in step with it:
-the handshake hashes [model] and the shared [train]/[diloco] settings, so a field missing here is refused by the
-syncer ("settings differ ...", docs/protocol.md §7), never silently ignored.
+the handshake sends [model] and the shared [train]/[diloco] settings typed by this table, so a field missing here or
+of another type is refused by the syncer ("settings differ ...", docs/protocol.md §7), never silently ignored.
 
 Deliberately not here: the checks of modes and sections the Python learner does not run (baselines, [parallel]
 groups, SkipPipe); a config that needs them is refused with a clear error (check_supported).
@@ -14,7 +14,7 @@ from pathlib import Path
 
 # (section, key, kind, default). kind: "str" | "int" | "uint" | "float" | "bool" | a tuple of choices (a string).
 # Floats are written with a decimal point even when whole (screen_ratio = 10.0): the C++ field is a double, and the
-# canonical JSON of the handshake prints it as 10.0, not 10.
+# handshake sends it as a double (handshake.settings), not as the integer 10.
 FIELDS = [
     ("model", "preset", "str", "small"),
     ("model", "vocab_size", "int", 4096),

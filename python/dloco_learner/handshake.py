@@ -1,28 +1,25 @@
-"""The handshake's hashes and settings, byte for byte as the C++ computes them (src/transport/handshake.cc,
+"""The handshake's hashes and typed settings, as the C++ computes them (src/transport/handshake.cc,
 src/core/hash.h; the recipes are written out in docs/protocol.md §13 "For implementers").
 
-  model_hash      FNV-1a 64 of the canonical JSON of [model] (all 11 fields, defaults included)
-  training        canonical JSON of {"data": {"streams"}, "diloco": {all}, "train": {all but 5 role-local keys}}
+  settings        one dloco.v1.Setting per shared field ("train.lr" = 0.002 as a double): every [model] field,
+                  [train] but the 5 role-local keys, all of [diloco], data.streams; typed as config.py's FIELDS
   tokenizer_hash  FNV-1a 64 of the bytes of data.dir/tokenizer.model
   layout_hash     FNV-1a 64 of the fragment layout's canonical text (layout.py)
 
-Canonical JSON is what nlohmann::json::dump() prints: no spaces, object keys sorted bytewise, integers as integers,
-doubles with nlohmann's Grisu2 digits and layout (nlohmann_double.py), strings JSON-escaped as UTF-8.
+The syncer compares the settings as values (doubles within a relative 1e-12), not as text: no float printer to port.
 """
-import json
 from pathlib import Path
 
 import numpy as np
 
 from . import config as config_mod
-from . import nlohmann_double
 
-PROTOCOL_VERSION = 3  # proto/dloco.proto: 3 = bearer token on every call + the settings in the handshake
+PROTOCOL_VERSION = 4  # proto/dloco.proto: 4 = the shared settings as typed values (3: JSON text and a model hash)
 FNV_OFFSET = 14695981039346656037
 FNV_PRIME = 1099511628211
 _MASK = (1 << 64) - 1
 
-# [train] keys each process sets for itself: not part of the shared settings (training_settings_json).
+# [train] keys each process sets for itself: not part of the shared settings (handshake_settings in the C++).
 ROLE_LOCAL_TRAIN_KEYS = ("eval_interval", "eval_tokens", "checkpoint_interval", "learner_state_interval",
                          "log_interval")
 
@@ -47,37 +44,25 @@ def fnv1a64_hex(values):
     return "%016x" % fnv1a64_floats(values)
 
 
-def canonical_json(value):
-    """nlohmann::json::dump() of a value built from dicts, lists, str, int, float and bool."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return nlohmann_double.text(value)
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, dict):
-        items = sorted(value.items(), key=lambda kv: kv[0].encode("utf-8"))
-        return "{" + ",".join(canonical_json(k) + ":" + canonical_json(v) for k, v in items) + "}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(canonical_json(v) for v in value) + "]"
-    raise TypeError("no canonical JSON for %r" % (value,))
-
-
-def model_json(cfg):
-    """The [model] section as canonical JSON: every field of ModelConfig, the preset's name included."""
-    return canonical_json(cfg["model"])
-
-
-def model_hash(cfg):
-    return fnv1a64(model_json(cfg).encode("utf-8"))
-
-
-def training_settings_json(cfg):
-    """The settings every process of a run shares (training_settings_json in src/transport/handshake.cc)."""
-    train = {k: v for k, v in cfg["train"].items() if k not in ROLE_LOCAL_TRAIN_KEYS}
-    return canonical_json({"train": train, "diloco": cfg["diloco"], "data": {"streams": cfg["data"]["streams"]}})
+def settings(cfg):
+    """The shared settings as (name, kind, value), kind "int" | "double" | "bool" | "string" as the C++ field's type
+    (config.py KINDS: "uint" is an integer, a tuple of choices a string), in the order of FIELDS."""
+    out = []
+    for section, key, kind, _ in config_mod.FIELDS:
+        shared = section in ("model", "diloco") or (section == "train" and key not in ROLE_LOCAL_TRAIN_KEYS) or \
+            (section, key) == ("data", "streams")
+        if not shared:
+            continue
+        value = cfg[section][key]
+        if kind in ("int", "uint"):
+            out.append((section + "." + key, "int", int(value)))
+        elif kind == "float":
+            out.append((section + "." + key, "double", float(value)))
+        elif kind == "bool":
+            out.append((section + "." + key, "bool", bool(value)))
+        else:
+            out.append((section + "." + key, "string", str(value)))
+    return out
 
 
 def tokenizer_hash(cfg):
@@ -91,6 +76,7 @@ def tokenizer_hash(cfg):
 
 def make_handshake(pb, cfg, layout):
     """This learner's dloco.v1.Handshake message (`pb` is the generated dloco_pb2 module)."""
+    typed = [pb.Setting(name=name, **{kind + "_value": value}) for name, kind, value in settings(cfg)]
     return pb.Handshake(run_id=cfg["run"]["name"], protocol_version=PROTOCOL_VERSION,
-                        secret=config_mod.run_secret(cfg), layout_hash=layout.hash, model_hash=model_hash(cfg),
-                        tokenizer_hash=tokenizer_hash(cfg), training=training_settings_json(cfg))
+                        secret=config_mod.run_secret(cfg), layout_hash=layout.hash,
+                        tokenizer_hash=tokenizer_hash(cfg), settings=typed)

@@ -266,8 +266,8 @@ def run(config_path, syncer, learner_id, run_dir=None, overrides=(), bootstrap_t
     handshake = hs.make_handshake(pb, cfg, layout)
     link = SyncerLink(pb, pb_grpc, syncer, handshake, learner_id, socket.gethostname(),
                       cfg["run"]["seed"] * 1000003 + learner_id + 1, cfg)
-    print("%s model %d parameters in %d fragments (layout %016x, model %016x), threads %d" % (
-        who, layout.total_numel, len(layout.fragments), layout.hash, handshake.model_hash, threads), flush=True)
+    print("%s model %d parameters in %d fragments (layout %016x), %d shared settings, threads %d" % (
+        who, layout.total_numel, len(layout.fragments), layout.hash, len(handshake.settings), threads), flush=True)
     try:
         boot = bootstrap(link, run_dir, len(layout.fragments), bootstrap_timeout_s, events, who)
     except LinkRefused:

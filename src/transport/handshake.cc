@@ -10,27 +10,53 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
-#include "core/hash.h"
 #include "process/file_hash.h"
 
 namespace dloco {
 
-uint64_t model_config_hash(const ModelConfig& model) {
-  Config c;
-  c.model = model;
-  return fnv1a64(to_json(c)["model"].dump());
+namespace {
+
+// Appends `value` as the setting(s) named `name`: a scalar as one, an array's elements as name[i], an object's
+// members as name.key (none of the handshake's fields is one today).
+void add_settings(const std::string& name, const nlohmann::json& value, std::vector<wire::Setting>& out) {
+  using Type = nlohmann::json::value_t;
+  switch (value.type()) {
+    case Type::number_integer: out.push_back({name, value.get<int64_t>()}); return;
+    case Type::number_unsigned: {
+      const uint64_t u = value.get<uint64_t>();
+      if (u > static_cast<uint64_t>(INT64_MAX)) throw InvariantError("setting " + name + " is over the int64 range");
+      out.push_back({name, static_cast<int64_t>(u)});
+      return;
+    }
+    case Type::number_float: out.push_back({name, value.get<double>()}); return;
+    case Type::boolean: out.push_back({name, value.get<bool>()}); return;
+    case Type::string: out.push_back({name, value.get<std::string>()}); return;
+    case Type::array:
+      for (size_t i = 0; i < value.size(); ++i) add_settings(name + "[" + std::to_string(i) + "]", value[i], out);
+      return;
+    case Type::object:
+      for (const auto& [key, member] : value.items()) add_settings(name + "." + key, member, out);
+      return;
+    default: throw InvariantError("setting " + name + " has no value type (" + value.type_name() + ")");
+  }
 }
 
-std::string training_settings_json(const Config& config) {
+}  // namespace
+
+std::vector<wire::Setting> handshake_settings(const Config& config) {
   const nlohmann::json all = to_json(config);
-  nlohmann::json train = all["train"];
+  nlohmann::json train = all.at("train");
   // Role-local: how often this process evaluates, checkpoints, saves its AdamW state and prints.
   for (const char* local : {"eval_interval", "eval_tokens", "checkpoint_interval", "learner_state_interval",
                             "log_interval"}) {
     train.erase(local);
   }
-  return nlohmann::json{{"train", train}, {"diloco", all["diloco"]}, {"data", {{"streams", config.data.streams}}}}
-      .dump();  // nlohmann's objects are key-sorted: the text is canonical
+  std::vector<wire::Setting> out;
+  add_settings("model", all.at("model"), out);
+  add_settings("train", train, out);
+  add_settings("diloco", all.at("diloco"), out);
+  add_settings("data.streams", all.at("data").at("streams"), out);
+  return out;
 }
 
 std::string run_secret(const Config& config) {
@@ -78,9 +104,8 @@ wire::Handshake make_handshake(const Config& config, const FragmentLayout& layou
   h.protocol_version = wire::kProtocolVersion;
   h.secret = run_secret(config);
   h.layout_hash = layout.hash;
-  h.model_hash = model_config_hash(config.model);
   h.tokenizer_hash = file_fnv1a64(std::filesystem::path(config.data.dir) / "tokenizer.model", "tokenizer");
-  h.training = training_settings_json(config);
+  h.settings = handshake_settings(config);
   return h;
 }
 

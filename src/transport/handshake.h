@@ -2,6 +2,8 @@
 // peer servers compare what they receive with their own (wire::check_handshake).
 #pragma once
 
+#include <vector>
+
 #include "core/config.h"
 #include "core/fragments.h"
 #include "transport/protocol.h"
@@ -9,13 +11,12 @@
 
 namespace dloco {
 
-/// FNV-1a 64 of the [model] config's JSON: the model part of the handshake.
-uint64_t model_config_hash(const ModelConfig& model);
-
-/// The settings every process of a run must share, as canonical JSON (compact, keys sorted): [train] without the
-/// role-local intervals (eval_interval, eval_tokens, checkpoint_interval, learner_state_interval, log_interval),
-/// all of [diloco], and data.streams (docs/protocol.md §7 "Handshake").
-std::string training_settings_json(const Config& config);
+/// The settings every process of a run must share, typed as the config's fields (wire::Setting), in the order of
+/// to_json(config): every [model] field ("model.d_model"), [train] without the role-local eval_interval, eval_tokens,
+/// checkpoint_interval, learner_state_interval and log_interval ("train.lr"), all of [diloco] ("diloco.outer_lr"),
+/// and "data.streams" (docs/protocol.md §7 "Handshake"). Choices are strings ("rda"). Every field of these sections
+/// is a scalar today; an array or object would be flattened, its elements named "name[i]" and "name.key".
+std::vector<wire::Setting> handshake_settings(const Config& config);
 
 /// The run's secret: env DLOCO_SECRET when set, else run.secret. Throws InputError if DLOCO_SECRET is not printable
 /// ASCII without spaces or is over 256 bytes.
@@ -27,8 +28,7 @@ std::string run_secret(const Config& config);
 wire::Security transport_security(const Config& config);
 
 /// This process's handshake: run id (run.name), protocol version, secret (env DLOCO_SECRET overrides
-/// run.secret), the hashes of `layout`, the [model] config and the tokenizer in data.dir, and
-/// training_settings_json().
+/// run.secret), the hashes of `layout` and of the tokenizer in data.dir, and handshake_settings().
 /// Throws InputError if the tokenizer is missing.
 wire::Handshake make_handshake(const Config& config, const FragmentLayout& layout);
 

@@ -1,10 +1,11 @@
 // The learner ↔ syncer protocol as plain C++ types (docs/protocol.md): what the roles send and receive,
-// independent of how it travels. transport/grpc maps these one to one onto proto/dloco.proto (wire version 2);
+// independent of how it travels. transport/grpc maps these one to one onto proto/dloco.proto (kProtocolVersion);
 // transport/inproc passes them between threads of one process. Tensor payloads stay encoded (a codec name and
 // its bytes, transport/codec.h) so every transport refuses the same malformed payloads.
 // Deliberately not here: gRPC, protobuf, sockets, threads, LibTorch.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -16,9 +17,12 @@
 namespace dloco::wire {
 
 /// The wire protocol's version; a peer with another one is refused with both versions named.
-inline constexpr uint32_t kProtocolVersion = 3;  // 2: merged fragments may be updates (base_version, base_hash);
+inline constexpr uint32_t kProtocolVersion = 4;  // 2: merged fragments may be updates (base_version, base_hash);
                                                  // 3: the secret is a bearer token on every call, [train]/[diloco]
-                                                 // in the handshake (docs/protocol.md §7, §12)
+                                                 // in the handshake (docs/protocol.md §7, §12);
+                                                 // 4: [model]/[train]/[diloco] as typed settings compared as values
+                                                 // (no model hash, no JSON text: docs/protocol.md §7), no
+                                                 // GlobalStep message (it was never sent)
 
 /// An encoded tensor payload: `codec` names the encoding ("fp32" | "bf16" | "q8/<B>" | "q4/<B>",
 /// transport/codec.h), `bytes` the encoded values.
@@ -27,15 +31,34 @@ struct Payload {
   std::string bytes;
 };
 
+/// One setting every process of a run must share (docs/protocol.md §7 "Handshake"): its dotted name
+/// ("model.d_model", "train.lr", "diloco.outer_lr", "data.streams") and its value, typed as the config field is
+/// (core/config.h): int64 for an integer field, double for a floating-point one even when whole (1.0), bool, or
+/// string (names and choices: "tiny", "rda"). std::monostate only for a peer's setting that came with no value:
+/// check_handshake refuses it.
+struct Setting {
+  using Value = std::variant<std::monostate, int64_t, double, bool, std::string>;
+  std::string name;
+  Value value;
+  bool operator==(const Setting&) const = default;
+};
+
+/// Bounds of a peer's settings (check_handshake refuses more): the run's own are about 50 names under 40 bytes.
+inline constexpr size_t kMaxSettings = 512;
+inline constexpr size_t kMaxSettingName = 128;          // bytes
+inline constexpr size_t kMaxSettingString = 4096;       // bytes of a string value
+/// Two doubles agree when equal or within this relative difference, |a − b| ≤ 1e-12 · max(|a|, |b|): the same
+/// decimal read by two languages' parsers, not two different settings. NaN agrees with nothing.
+inline constexpr double kSettingRelativeTolerance = 1e-12;
+
 /// What every peer must agree on before it may take part (docs/protocol.md "Handshake").
 struct Handshake {
   std::string run_id;
   uint32_t protocol_version = kProtocolVersion;
   std::string secret;
   uint64_t layout_hash = 0;
-  uint64_t model_hash = 0;
   uint64_t tokenizer_hash = 0;
-  std::string training;  // the [train] and [diloco] fields that must agree, compact JSON with sorted keys
+  std::vector<Setting> settings;  // every [model] field, [train] but the role-local ones, [diloco], data.streams
 };
 
 struct JoinRequest {
@@ -134,12 +157,10 @@ struct MergedFragment {
                                   // parameters of p even at the version it holds (docs/protocol.md §10)
 };
 
-struct GlobalStep { int64_t step = 0; };  // the clock, when it moves
-struct Stop {};                           // the run is over: stop after this step
-struct BudgetSpent {};                    // the learners' tokens reached the shared budget: stop training, answer
-                                          // the final flush
+struct Stop {};         // the run is over: stop after this step
+struct BudgetSpent {};  // the learners' tokens reached the shared budget: stop training, answer the final flush
 
-using SyncerMessage = std::variant<PullRequest, MergedFragment, GlobalStep, Stop, BudgetSpent>;
+using SyncerMessage = std::variant<PullRequest, MergedFragment, Stop, BudgetSpent>;
 
 struct LearnerStatus {
   int id = 0;
@@ -191,8 +212,11 @@ namespace dloco::wire {
 
 /// Checks a peer's handshake against this process's own; returns "" when they match, else a message naming the
 /// first mismatch. The secret is compared first (constant time) and a wrong one gets kNotAuthenticated
-/// (transport/transport.h) whatever else differs; then protocol version, run id (the caller's named, never this
-/// process's), layout, model, tokenizer and the [train]/[diloco] settings (docs/protocol.md §7).
+/// (transport/transport.h) whatever else differs; then protocol version (an older peer is told to upgrade), run id
+/// (the caller's named, never this process's), layout and tokenizer hashes, and the settings: compared by name as
+/// values (int64, bool and string exactly, doubles within kSettingRelativeTolerance), a missing, extra, duplicate,
+/// valueless or differently typed setting is a mismatch; up to 6 are named with both values. A peer's settings over
+/// kMaxSettings, kMaxSettingName or kMaxSettingString are refused as such.
 std::string check_handshake(const Handshake& got, const Handshake& want);
 
 /// got == want in time that depends on want's length only (secrets, bearer tokens).

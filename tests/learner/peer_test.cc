@@ -12,7 +12,9 @@
 namespace dloco {
 namespace {
 
-wire::Handshake handshake() { return {"run", wire::kProtocolVersion, "s3cret", 11, 22, 33}; }
+wire::Handshake handshake() {
+  return {"run", wire::kProtocolVersion, "s3cret", 11, 33, {{"train.lr", 0.002}, {"model.preset", std::string("tiny")}}};
+}
 wire::Handshake expectation() { return handshake(); }
 
 wire::Transport& grpc() {
@@ -43,6 +45,13 @@ TEST(PeerBootstrap, ServesWhatTheBoardHoldsAndRefusesAnotherModel) {
   const auto refused = peer_source(grpc(), "peer", server.address(), other, 5.0).fetch(0);
   EXPECT_EQ(refused.status.code, wire::Code::kRefused) << "a peer of another model was served";
   EXPECT_NE(refused.status.message.find("layout"), std::string::npos) << refused.status.message;
+  // The typed settings travel through the protobuf messages and are compared as values.
+  other = handshake();
+  other.settings[0].value = 0.003;
+  const auto settings = peer_source(grpc(), "peer", server.address(), other, 5.0).fetch(0);
+  EXPECT_EQ(settings.status.code, wire::Code::kRefused);
+  EXPECT_NE(settings.status.message.find("train.lr = 0.003 (expected 0.002)"), std::string::npos)
+      << settings.status.message;
   EXPECT_EQ(server.served(), 1);
 }
 

@@ -28,6 +28,7 @@
 #include "process/events.h"
 #include "syncer/syncer_service.h"
 #include "transport/codec.h"
+#include "transport/handshake.h"
 #include "transport/inproc/inproc_transport.h"
 
 namespace dloco {
@@ -94,7 +95,7 @@ class ProtocolTest : public ::testing::Test {
     config_.train.grad_accum = 1;
     config_.model.seq_len = kTokensPerStep;
     layout_ = make_fragment_layout({{"a.weight", {40, 8}}, {"b.weight", {24, 8}}}, 2);
-    handshake_ = {"protocol", wire::kProtocolVersion, "", layout_.hash, 1, 2};
+    handshake_ = {"protocol", wire::kProtocolVersion, "", layout_.hash, 2, handshake_settings(config_)};
   }
   void TearDown() override {
     if (!HasFailure()) fs::remove_all(dir_);

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Table and property tests of the Python learner's pure parts (python/dloco_learner): the handshake's hashes and
-canonical JSON, the fragment layout, the payload codecs and the config reader. The golden values were produced by the
-C++ side (the syncer's `listening` event, nlohmann::json, src/core/fragments.cc) and are also checked end to end by
+typed settings, the fragment layout, the payload codecs and the config reader. The golden values were produced by the
+C++ side (the syncer's `listening` event, src/core/fragments.cc) and are also checked end to end by
 python_learner_test.py, where a wrong one is a refused join. Usage: PYTHONPATH=python python3 units_test.py.
 """
 import math
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dloco_learner import codec, config, handshake, layout, nlohmann_double
+from dloco_learner import codec, config, handshake, layout
 
 TINY_TOML = """[model]\npreset = "tiny"\nvocab_size = 400\nd_model = 32\n[train]\nbatch_size = 8\ntotal_tokens = 76800
 lr = 3e-3\nwarmup_steps = 5\n[diloco]\nmode = "decoupled"\nlearners = 2\ninner_steps = 4\nfragments = 4\noverlap = 1
@@ -34,27 +34,23 @@ class HashesTest(unittest.TestCase):
         self.assertEqual(handshake.fnv1a64(b"foobar"), 0x85944171f73967e8)
         self.assertEqual(handshake.fnv1a64_hex(np.zeros(0, np.float32)), "cbf29ce484222325")
 
-    def test_doubles_print_as_nlohmann_does(self):
-        # (value, nlohmann::json(value).dump()); the Grisu2 rows are not the shortest digits Python's repr gives.
-        for x, text in [(1e-5, "1e-05"), (0.002, "0.002"), (10.0, "10.0"), (1e15, "1e+15"), (1e16, "1e+16"),
-                        (123456789012345.0, "123456789012345.0"), (0.0001, "0.0001"), (-3.0, "-3.0"), (0.0, "0.0"),
-                        (-0.0, "-0.0"), (1e-8, "1e-08"), (5e-324, "5e-324"), (1.5e20, "1.5e+20"),
-                        (0.000649, "0.0006489999999999999"), (8.5444e21, "8.544399999999999e+21"),
-                        (3.65140555, "3.6514055500000002"), (math.nan, "null")]:
-            self.assertEqual(nlohmann_double.text(x), text, repr(x))
-
-    def test_handshake_of_the_tiny_run(self):
+    def test_handshake_settings_of_the_tiny_run(self):
         cfg = tiny_config()
-        self.assertEqual(handshake.model_json(cfg),
-                         '{"d_ff":0,"d_model":32,"init_std":0.02,"n_head":2,"n_layer":2,"norm_eps":1e-05,'
-                         '"preset":"tiny","rope_theta":10000.0,"seq_len":32,"tie_embeddings":true,"vocab_size":400}')
-        self.assertEqual(handshake.model_hash(cfg), 0x9549ae8190172364)
-        settings = handshake.training_settings_json(cfg)
-        self.assertTrue(settings.startswith('{"data":{"streams":0},"diloco":{"alpha":0.0,"anchor_versions":2,'))
-        self.assertIn('"screen_ratio":10.0,', settings)  # a double, though whole
-        self.assertIn('"train":{"adam_eps":1e-08,"batch_size":8,', settings)
+        typed = {name: (kind, value) for name, kind, value in handshake.settings(cfg)}
+        self.assertEqual(len(typed), len(handshake.settings(cfg)))  # no name twice
+        # Typed as the C++ fields are: a double stays a double though whole, an integer an integer, choices strings.
+        self.assertEqual(typed["model.d_model"], ("int", 32))
+        self.assertEqual(typed["model.rope_theta"], ("double", 10000.0))
+        self.assertEqual(typed["model.preset"], ("string", "tiny"))
+        self.assertEqual(typed["model.tie_embeddings"], ("bool", True))
+        self.assertEqual(typed["diloco.screen_ratio"], ("double", 10.0))
+        self.assertEqual(typed["diloco.merge"], ("string", "rda"))
+        self.assertEqual(typed["train.lr"], ("double", 3e-3))
+        self.assertEqual(typed["data.streams"], ("int", 0))
         for local in handshake.ROLE_LOCAL_TRAIN_KEYS:
-            self.assertNotIn('"%s"' % local, settings)
+            self.assertNotIn("train." + local, typed)
+        self.assertFalse(any(name.startswith("run.") for name in typed))
+        self.assertEqual(sum(name.startswith("model.") for name in typed), 11)
 
 
 class LayoutTest(unittest.TestCase):

@@ -2,6 +2,11 @@
 // proto_convert.h.
 #include "transport/grpc/proto_convert.h"
 
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <variant>
+
 namespace dloco::grpc_transport {
 
 namespace {
@@ -18,14 +23,35 @@ void to_proto(const wire::Handshake& h, v1::Handshake* out) {
   out->set_protocol_version(h.protocol_version);
   out->set_secret(h.secret);
   out->set_layout_hash(h.layout_hash);
-  out->set_model_hash(h.model_hash);
   out->set_tokenizer_hash(h.tokenizer_hash);
-  out->set_training(h.training);
+  for (const wire::Setting& s : h.settings) {
+    v1::Setting* o = out->add_settings();
+    o->set_name(s.name);
+    if (const auto* i = std::get_if<int64_t>(&s.value)) o->set_int_value(*i);
+    if (const auto* d = std::get_if<double>(&s.value)) o->set_double_value(*d);
+    if (const auto* b = std::get_if<bool>(&s.value)) o->set_bool_value(*b);
+    if (const auto* t = std::get_if<std::string>(&s.value)) o->set_string_value(*t);
+  }
 }
 
+// A setting that came without a value stays valueless (std::monostate): check_handshake refuses it by name. Reads
+// at most kMaxSettings + 1 settings, enough for check_handshake to refuse more.
 wire::Handshake from_proto(const v1::Handshake& h) {
-  return {h.run_id(),     h.protocol_version(), h.secret(),  h.layout_hash(),
-          h.model_hash(), h.tokenizer_hash(),   h.training()};
+  wire::Handshake out{h.run_id(), h.protocol_version(), h.secret(), h.layout_hash(), h.tokenizer_hash(), {}};
+  const int n = std::min<int>(h.settings_size(), static_cast<int>(wire::kMaxSettings) + 1);
+  for (int i = 0; i < n; ++i) {
+    const v1::Setting& s = h.settings(i);
+    wire::Setting::Value value;
+    switch (s.value_case()) {
+      case v1::Setting::kIntValue: value = s.int_value(); break;
+      case v1::Setting::kDoubleValue: value = s.double_value(); break;
+      case v1::Setting::kBoolValue: value = s.bool_value(); break;
+      case v1::Setting::kStringValue: value = s.string_value(); break;
+      default: break;
+    }
+    out.settings.push_back({s.name(), std::move(value)});
+  }
+  return out;
 }
 
 void to_proto(const wire::Fragment& f, v1::Fragment* out) {
@@ -244,8 +270,6 @@ void to_proto(const wire::SyncerMessage& m, v1::SyncerMessage* out) {
       out->mutable_merged()->set_base_hash(merged->base_hash);
     }
     if (merged->refetch) out->mutable_merged()->set_refetch(true);
-  } else if (const auto* clock = std::get_if<wire::GlobalStep>(&m)) {
-    out->set_global_step(clock->step);
   } else if (std::holds_alternative<wire::Stop>(m)) {
     out->set_stop(true);
   } else {
@@ -266,7 +290,6 @@ bool from_proto(const v1::SyncerMessage& m, wire::SyncerMessage* out) {
                                   m.merged().base_hash(), m.merged().refetch()};
       return true;
     }
-    case v1::SyncerMessage::kGlobalStep: *out = wire::GlobalStep{m.global_step()}; return true;
     case v1::SyncerMessage::kStop: *out = wire::Stop{}; return true;
     case v1::SyncerMessage::kBudgetSpent: *out = wire::BudgetSpent{}; return true;
     default: return false;

@@ -1,7 +1,8 @@
 // The mapping between the wire types (transport/protocol.h) and the messages of proto/dloco.proto. Needs protobuf,
 // not gRPC: the gRPC transport uses it on both sides, and the fuzz target fuzz/syncer_rpc.cc feeds parsed messages
 // through it into the syncer's handlers exactly as the server does.
-// from_proto copies fields as they are; it checks nothing (the handlers do: docs/protocol.md §10).
+// from_proto copies fields as they are; it checks nothing (the handlers do: docs/protocol.md §10), but reads a
+// handshake's settings only up to kMaxSettings + 1, enough for check_handshake to refuse the list.
 #pragma once
 
 #include <cstdint>
