@@ -53,6 +53,18 @@ std::string command_list(const CLI::App& app) {
   return "Commands:\n" + users + "\n" + dloco::apps::kRoleGroup + ":\n" + roles;
 }
 
+// "dloco", or "dloco skippipe schedule": the deepest command the parse reached.
+std::string command_path(const CLI::App& app) {
+  std::string path = "dloco";
+  const CLI::App* at = &app;
+  for (;;) {
+    const std::vector<const CLI::App*> subs = at->get_subcommands([](const CLI::App* s) { return s->parsed(); });
+    if (subs.empty()) return path;
+    at = subs.front();
+    path += " " + at->get_name();
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -92,7 +104,12 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version are "errors" of code 0. Every other is a usage error: exit 2 (CLI11's own codes, 104–
+    // 114, mean nothing to a script), naming the command whose options to read.
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
+    std::fprintf(stderr, "dloco: error: %s\nRun '%s --help' for its options.\n", e.what(),
+                 command_path(app).c_str());
+    return 2;
   } catch (const dloco::InputError& e) {
     std::fprintf(stderr, "dloco: error: %s\n", e.what());
     return 2;

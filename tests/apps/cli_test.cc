@@ -74,6 +74,22 @@ TEST_F(CliTest, ATypoGetsTheNearestCommand) {
   EXPECT_EQ(far.output.find("Did you mean"), std::string::npos) << "nothing is near 'frobnicate': " << far.output;
 }
 
+TEST_F(CliTest, AnUnknownFlagOrAMissingValueIsAUsageErrorExitingTwo) {
+  // CLI11's own codes (109 for an extra argument, 106 for a bad value, …) are not what a script expects: every
+  // usage error is 2, with CLI11's message; --help stays 0.
+  for (const char* args : {" train --no-such-flag", " train --config", " sim goodput --chips many",
+                           " skippipe schedule --nodes"}) {
+    const Result r = run(kDloco + args);
+    EXPECT_EQ(r.exit, 2) << args << ":\n" << r.output;
+    EXPECT_FALSE(r.output.empty()) << args;
+  }
+  const Result flag = run(kDloco + " train --no-such-flag");
+  EXPECT_NE(flag.output.find("--no-such-flag"), std::string::npos) << flag.output;
+  EXPECT_NE(flag.output.find("dloco train --help"), std::string::npos) << "say where the options are: " << flag.output;
+  const Result help = run(kDloco + " train --help");
+  EXPECT_EQ(help.exit, 0) << help.output;
+}
+
 TEST_F(CliTest, AFolderAsConfigAndAMissingRunFolderAreRefusedWithWhatWasWrong) {
   const Result folder = run(kDloco + " train --config " + root_.string());
   EXPECT_EQ(folder.exit, 2);
