@@ -5,10 +5,12 @@
 #include <fstream>
 #include <numeric>
 #include <set>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "core/config_fields.h"
+#include "core/json_read.h"
 #include "core/stages_per_path.h"
 
 namespace dloco::config_detail {
@@ -146,13 +148,10 @@ void resolve_skippipe_nodes(Config& c) {
       throw InputError("config: " + key + ".skippipe_setting = '" + g.skippipe_setting +
                        "': cannot read the file (paths are read from the working directory)");
     }
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
-      throw InputError("config: " + key + ".skippipe_setting = '" + g.skippipe_setting + "': not JSON (" + e.what() +
-                       ")");
-    }
+    std::stringstream text;
+    text << in.rdbuf();
+    const nlohmann::json j =
+        parse_json(text.str(), "config: " + key + ".skippipe_setting = '" + g.skippipe_setting + "'");
     if (!j.is_object() || !j.contains("nodes") || !j["nodes"].is_array()) {
       throw InputError("config: " + key + ".skippipe_setting = '" + g.skippipe_setting +
                        "': no \"nodes\" array (a SkipPipe setting, docs/skippipe.md)");

@@ -10,6 +10,7 @@
 
 #include "core/bf16.h"
 #include "core/check.h"
+#include "core/json_read.h"
 
 namespace dloco {
 
@@ -170,8 +171,12 @@ SafetensorsFile decode_safetensors(std::span<const std::byte> image, std::string
 
   // 2. JSON header.
   const char* text = reinterpret_cast<const char*>(image.data() + 8);
-  nlohmann::json header = nlohmann::json::parse(text, text + header_len, nullptr, false);
-  if (header.is_discarded()) refuse(source, "header is not valid JSON");
+  nlohmann::json header;
+  try {
+    header = parse_json(std::string_view(text, header_len), "header");  // a tensor named twice is refused too
+  } catch (const InputError& e) {
+    refuse(source, e.what());
+  }
   if (!header.is_object()) refuse(source, "header is not a JSON object");
 
   SafetensorsFile file;

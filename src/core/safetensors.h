@@ -69,8 +69,8 @@ std::vector<std::byte> encode_safetensors(std::span<const SafetensorsEntry> tens
 
 /// Parses a file image. `source` names it in error messages (usually the path). Throws InputError if the image is
 /// shorter than 8 bytes, the header length exceeds the image or 100 MB, the header is not valid JSON of the
-/// expected form, a dtype is unknown, a shape is negative, offsets are not contiguous from 0 to the end of the data,
-/// or a tensor's byte length differs from shape product × dtype size.
+/// expected form (or has a key twice: a tensor named twice), a dtype is unknown, a shape is negative, offsets are
+/// not contiguous from 0 to the end of the data, or a tensor's byte length differs from shape product × dtype size.
 SafetensorsFile decode_safetensors(std::span<const std::byte> image, std::string_view source = "<memory>");
 
 }  // namespace dloco

@@ -40,7 +40,7 @@ std::vector<std::string> complete_lines(const fs::path& path, size_t* complete_b
 StreamRecord parse_record(const std::string& line, const fs::path& path, size_t line_number) {
   const std::string where = "stream log " + path.string() + ", line " + std::to_string(line_number);
   try {
-    const auto j = nlohmann::json::parse(line);
+    const auto j = parse_json(line, where);
     const int64_t learner = json_integer_or(j, "learner", -1, where);
     if (learner < -1 || learner > INT32_MAX) throw InputError(where + ": learner " + std::to_string(learner) + " is out of range");
     return {StreamCursor::from_json(j), static_cast<int>(learner), json_integer_or(j, "step", 0, where)};

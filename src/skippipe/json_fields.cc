@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "core/json_read.h"
 
 namespace dloco::skippipe {
 
@@ -99,17 +100,10 @@ nlohmann::json read_json_file(const std::string& path) {
   if (std::filesystem::is_directory(path, ec)) throw InputError(path + ": a folder, not a JSON file");
   std::ifstream in(path);
   if (!in) throw InputError(path + ": cannot open the file");
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {  // syntax errors, and numbers too large for a double (1e999)
-    std::string what = e.what();
-    if (const size_t cut = what.find("] "); what.rfind("[json.exception", 0) == 0 && cut != std::string::npos) {
-      what = what.substr(cut + 2);  // the library's error code is no use to a user
-    }
-    throw InputError(path + ": not valid JSON (" + what + ")");
-  } catch (const std::ios_base::failure& e) {
-    throw InputError(path + ": cannot read the file (" + e.what() + ")");
-  }
+  std::stringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw InputError(path + ": cannot read the file");
+  return parse_json(text.str(), path);  // duplicate keys refused too
 }
 
 void read_notes(JsonObject& o) {

@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <sstream>
 
 #include "core/check.h"
+#include "core/json_read.h"
 #include "core/safetensors.h"
 #include "process/atomic_file.h"
 #include "process/safetensors_file.h"
@@ -75,7 +77,9 @@ std::optional<nlohmann::json> SyncerStore::read_state(std::string* why) const {
   std::ifstream in(dir_ / "state.json");
   if (!in) return std::nullopt;
   try {
-    auto j = nlohmann::json::parse(in);
+    std::stringstream text;
+    text << in.rdbuf();
+    auto j = parse_json(text.str(), "state.json");
     if (const int format = j.value("format", kStateFormat); format != kStateFormat) {  // none: written before 1
       *why = "state.json has format " + std::to_string(format) + ", this build reads " + std::to_string(kStateFormat);
       return std::nullopt;

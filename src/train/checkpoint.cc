@@ -11,6 +11,7 @@
 
 #include "core/check.h"
 #include "core/hash.h"
+#include "core/json_read.h"
 #include "core/safetensors.h"
 #include "process/atomic_file.h"
 #include "process/safetensors_file.h"
@@ -52,7 +53,7 @@ std::optional<CheckpointInfo> inspect(const fs::path& dir, std::string* why) {
   };
   if (!fs::is_regular_file(dir / "manifest.json", ec)) return fail("no manifest.json (an unfinished write?)");
   try {
-    auto manifest = nlohmann::json::parse(read_all(dir / "manifest.json"));
+    auto manifest = parse_json(read_all(dir / "manifest.json"), "manifest.json");
     if (manifest.value("format", "") != "dloco-checkpoint") return fail("manifest.json is not a dloco checkpoint");
     for (const char* kind : {"model", "optimizer"}) {
       const std::string key = std::string(kind) + "_file";

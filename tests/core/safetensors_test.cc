@@ -219,6 +219,10 @@ TEST_F(SafetensorsTest, CorruptHeadersAreRefusedWithTheProblemNamed) {
       {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"extra":1}})", 8, "unknown field 'extra'"},
       {R"({"__metadata__":{"k":1},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8, "not a string"},
       {R"({"a":3})", 0, "not an object"},
+      // A tensor named twice: nlohmann alone keeps the last and the file would silently mean something else.
+      {R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+       8, "duplicate key 'a'"},
+      {R"({"a":{"dtype":"F32","dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8, "duplicate key 'dtype'"},
   };
   for (const Row& r : rows) {
     const std::vector<std::byte> image = image_with_header(r.header, r.data_bytes);

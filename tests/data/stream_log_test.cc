@@ -167,7 +167,12 @@ TEST_F(StreamLogTest, MalformedRecordNamesItsLineCountingTheHeader) {
                    "{\"epoch\":0,\"position\":0,\"stream\":0,\"tokens_served\":0}\n"
                    "{oops\n");
   const std::string message = input_error([&] { read_stream_log(path); });
-  EXPECT_NE(message.find(", line 3: not JSON"), std::string::npos) << message;
+  EXPECT_NE(message.find(", line 3: not valid JSON"), std::string::npos) << message;
+  // A record with a key twice is refused too, not read as its last value.
+  write_file(path, "{\"format\":\"dloco.stream_log\",\"version\":1}\n"
+                   "{\"epoch\":0,\"position\":0,\"position\":64,\"stream\":0,\"tokens_served\":0}\n");
+  const std::string twice = input_error([&] { read_stream_log(path); });
+  EXPECT_NE(twice.find(", line 2: duplicate key 'position'"), std::string::npos) << twice;
 }
 
 // Found by fuzz/stream_log.cc: a field that is a float out of int64's range (1e38) was cast to int64 (undefined

@@ -2,6 +2,8 @@
 // setting or schedule and checks that InputError's message carries that field's path.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 
@@ -123,6 +125,13 @@ TEST(SkipPipeInput, ScheduleFieldsAreNamed) {
 
 TEST(SkipPipeInput, FilesAndModes) {
   expect_refused([] { load_setting("/nonexistent/setting.json"); }, "/nonexistent/setting.json: cannot open");
+  // A key written twice (a hand-edited file) is refused, not read as its last value.
+  const std::string twice = (std::filesystem::temp_directory_path() / "dloco_setting_twice.json").string();
+  std::string text = valid_setting().dump();
+  text.insert(1, "\"memory_capacity\": 9, ");
+  std::ofstream(twice) << text;
+  expect_refused([&] { load_setting(twice); }, twice + ": duplicate key 'memory_capacity' in one object");
+  std::filesystem::remove(twice);
   expect_refused([] { parse_sim_mode("fast"); }, "unknown simulator mode \"fast\"");
   EXPECT_EQ(parse_sim_mode("reference"), SimMode::kReference);
   // The reference cannot run a micro-batch that visits no stage; the exact model can.
