@@ -63,8 +63,12 @@ fs::path DecoupledTest::root_;
 TEST_F(DecoupledTest, ThreeLearnersTrainTheGlobalModelOverLoopback) {
   // 3 learners × 120 steps × 256 tokens: a few seconds of training, so the evaluator (which starts alongside and
   // loads LibTorch first) sees the run before it ends, also on a busy CI machine.
+  // K = 2: every round waits for two live learners, so merges before the final flush combine two learners whatever
+  // the machine's speed (with K = 1 that needed their LibTorch start-ups to overlap, which a loaded CI machine
+  // does not promise: seen once, no merge combined two).
   const auto cfg = write_config("three", 3 * 120 * 256);
-  ASSERT_EQ(std::system((kDloco + " train --config " + cfg.string() + " > " + (root_ / "three.log").string() +
+  ASSERT_EQ(std::system((kDloco + " train --config " + cfg.string() + " --set diloco.quorum=2 > " +
+                         (root_ / "three.log").string() +
                          " 2>&1")
                             .c_str()),
             0)
@@ -96,32 +100,8 @@ TEST_F(DecoupledTest, ThreeLearnersTrainTheGlobalModelOverLoopback) {
     combined += !flushing && e["participants"].size() >= 2 ? 1 : 0;
   }
   EXPECT_EQ(merged_versions.size(), 4u);
-  // Learners can only be combined while two of them train at once. On a loaded machine their LibTorch start-ups
-  // can be seconds apart, longer than a learner's 120 steps (~3.5 s alone here; seen in a CI run: no overlap, no
-  // combined merge), so the check counts the steps taken while another learner was training too and applies when
-  // those cover at least 3 rounds (3·H = 12 steps).
-  std::vector<std::vector<double>> step_t(3);
-  for (int id = 0; id < 3; ++id) {
-    for (const auto& e : read_events(run / "events" / ("learner_" + std::to_string(id) + ".jsonl"))) {
-      if (e["event"] == "step") step_t[id].push_back(e["t"].get<double>());
-    }
-  }
-  int overlapping = 0;
-  for (int id = 0; id < 3; ++id) {
-    for (double t : step_t[id]) {
-      bool other = false;
-      for (int o = 0; o < 3; ++o) {
-        other |= o != id && !step_t[o].empty() && step_t[o].front() <= t && t <= step_t[o].back();
-      }
-      overlapping += other;
-    }
-  }
-  std::printf("merges before the final flush that combined 2+ learners: %d; steps taken beside another learner: %d\n",
-              combined, overlapping);
-  if (overlapping >= 12) {
-    EXPECT_GE(combined, 1) << "no merge during training combined two learners although they trained together for "
-                           << overlapping << " steps";
-  }
+  std::printf("merges before the final flush that combined 2+ learners: %d\n", combined);
+  EXPECT_GE(combined, 1) << "no merge during training combined two learners (K = 2)";
   // Every learner applied every fragment, each one's versions in strictly increasing order, each a version the
   // syncer merged; and at the end each holds every fragment at Θ's final version and hash.
   for (int id = 0; id < 3; ++id) {

@@ -245,6 +245,14 @@ TEST(ZeroAdamW, ReducePerOwnerGivesTheSameTraining) {
   const Report a = zero_run(2, 1, ReduceScatterAlgo::kAllToAll);
   const Report b = zero_run(2, 1, ReduceScatterAlgo::kReducePerOwner);
   EXPECT_LE(max_difference(a, b), kParamTolerance);
+  // …and that training is not "nothing moved" on both sides: every parameter left its initial value, by far more
+  // than the tolerance (the same start as on_ranks).
+  torch::manual_seed(7);
+  GPT start(tiny_model(false));
+  for (const auto& [name, after] : a.full) {
+    const torch::Tensor before = start->named_parameters()[name];
+    EXPECT_GT((after - before).abs().max().item<double>(), 1000 * kParamTolerance) << name << " did not train";
+  }
 }
 
 // Live bytes per parameter at N = 4 between backward and step (fp32, counted from the tensors: Ψ and the padding
