@@ -16,7 +16,8 @@
 
 namespace dloco::skippipe {
 
-std::vector<std::vector<int>> search_placement(const Setting& setting, const SchedulerOptions& o) {
+std::vector<std::vector<int>> search_placement(const Setting& setting, const SchedulerOptions& o, double budget_s) {
+  const auto start = std::chrono::steady_clock::now();
   const int64_t n = setting.node_count(), s_count = o.stages;
   if (s_count < 2) throw InputError("--stages " + std::to_string(s_count) + ": expected at least 2 (or --placement)");
   const int64_t per = n / s_count;
@@ -44,6 +45,9 @@ std::vector<std::vector<int>> search_placement(const Setting& setting, const Sch
   std::mt19937_64 rng(o.seed ^ 0x9e3779b97f4a7c15ULL);  // its own stream: the path search's draws stay the same
   Score current = score(placement);
   for (int64_t it = 0; it < o.placement_iterations; ++it) {
+    if (budget_s > 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > budget_s) {
+      break;  // a wall-clock cap only: which swaps are tried never depends on the clock
+    }
     const size_t s1 = draw_below(rng, placement.size()), s2 = draw_below(rng, placement.size());
     if (s1 == s2) continue;
     std::vector<std::vector<int>> candidate = placement;

@@ -53,6 +53,10 @@ void check_scheduler_options(const SchedulerOptions& o) {
   };
   at_least(o.iterations, 0, "--iterations");
   at_least(o.memory, 0, "--memory");
+  if (o.memory > kMaxMemoryCapacity) {
+    throw InputError("--memory " + std::to_string(o.memory) + ": expected at most " +
+                     std::to_string(kMaxMemoryCapacity) + " (as a setting's memory_capacity; 0 = the setting's)");
+  }
   at_least(o.max_swaps, 0, "--swaps");
   at_least(o.data_nodes, 0, "--data-nodes");
   at_least(o.placement_iterations, 0, "--placement-iterations");
@@ -67,11 +71,13 @@ void check_scheduler_options(const SchedulerOptions& o) {
 SchedulerResult schedule_skippipe(const Setting& setting, const SchedulerOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   check_scheduler_options(o);
-  const std::vector<std::vector<int>> placement = o.placement ? *o.placement : search_placement(setting, o);
+  // --budget-s caps the whole search: half for the placement when one is searched, the rest shared over the route
+  // groupings still to try (what one leaves goes to the next).
+  const std::vector<std::vector<int>> placement =
+      o.placement ? *o.placement : search_placement(setting, o, o.budget_s / 2);
   const std::vector<int64_t> group_counts = feasible_group_counts(setting, o, placement);
   std::mt19937_64 rng(o.seed);
   const int64_t share = o.iterations / static_cast<int64_t>(group_counts.size());
-  const double budget = o.budget_s > 0 ? o.budget_s / static_cast<double>(group_counts.size()) : 0.0;
   std::optional<Problem> best_p;
   Plan best_plan;
   Score best{std::numeric_limits<double>::infinity(), std::numeric_limits<double>::infinity()};
@@ -82,6 +88,9 @@ SchedulerResult schedule_skippipe(const Setting& setting, const SchedulerOptions
     // The exact model searches; with --score reference, the second half polishes in the reference model from the
     // exact model's best, at a lower temperature.
     const bool polish = o.score_mode == SimMode::kReference;
+    const double budget =
+        o.budget_s > 0 ? std::max(1e-3, (o.budget_s - seconds_since(t0)) / static_cast<double>(group_counts.size() - i))
+                       : 0.0;
     p.score_mode = SimMode::kExact;
     Plan plan = local_search(p, greedy_plan(p), rng, polish ? its / 2 : its, polish ? budget / 2 : budget,
                              kStartTemperatureS, moves, improvements);
@@ -108,7 +117,8 @@ SchedulerResult schedule_skippipe(const Setting& setting, const SchedulerOptions
 SchedulerResult schedule_oblivious(const Setting& setting, const SchedulerOptions& o) {
   check_scheduler_options(o);
   const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<std::vector<int>> placement = o.placement ? *o.placement : search_placement(setting, o);
+  const std::vector<std::vector<int>> placement =
+      o.placement ? *o.placement : search_placement(setting, o, o.budget_s);
   const std::vector<int64_t> group_counts = feasible_group_counts(setting, o, placement);
   const Problem p = make_problem(setting, o, placement, group_counts.front());
   std::mt19937_64 rng(o.seed);

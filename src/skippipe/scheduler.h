@@ -46,8 +46,9 @@ struct SchedulerOptions {
   int64_t max_swaps = 0;                // inversions of the stage order allowed per path (0: increasing order)
   uint64_t seed = 1;                    // the search's random seed
   int64_t iterations = 20000;           // annealing moves, over all route groupings tried
-  double budget_s = 0.0;                // > 0: stop early after this much wall time (CLI only: results then
-                                        // depend on machine speed); 0: iterations alone decide
+  double budget_s = 0.0;                // > 0: stop the whole search (placement and paths) after about this much
+                                        // wall time (CLI only: results then depend on machine speed); 0:
+                                        // iterations alone decide
   int64_t placement_iterations = 1000;  // placement-search moves when no placement is given
   SimMode score_mode = SimMode::kExact;  // the simulator that scores candidates (both are reported)
   std::optional<std::vector<std::vector<int>>> placement;  // stage -> nodes; none: searched
@@ -90,8 +91,11 @@ SchedulerResult schedule_oblivious(const Setting& setting, const SchedulerOption
 
 /// A placement for `options.stages` stages: stage 0 gets n − (S − 1)·⌊n/S⌋ nodes, every other stage ⌊n/S⌋; a
 /// local search swapping two nodes of different stages, scored by the exact time of the greedy schedule, from a
-/// region-clustered start. Deterministic for the seed. InputError when S < 2 or ⌊n/S⌋ = 0.
-std::vector<std::vector<int>> search_placement(const Setting& setting, const SchedulerOptions& options);
+/// region-clustered start. Deterministic for the seed. `budget_s` > 0 stops the swaps after that much wall time
+/// (options.budget_s is the whole search's: schedule_skippipe gives the placement half of it). InputError when
+/// S < 2 or ⌊n/S⌋ = 0.
+std::vector<std::vector<int>> search_placement(const Setting& setting, const SchedulerOptions& options,
+                                               double budget_s = 0.0);
 
 /// Why `schedule` breaks the scheduler's rules for `options` (equal visits over the non-zero stages, P − 1 stages
 /// per path, at most max_swaps inversions, at most C distinct routes per node), or "" when it keeps them all.

@@ -111,7 +111,7 @@ Setting parse_setting(const nlohmann::json& j, const std::string& origin) {
   parse_links(top, index, s);
   s.hop_overhead_s = top.number("hop_overhead_s", 0.0, kMaxSeconds);
   s.bytes_per_hop = top.number("bytes_per_hop", 0.0, kHuge);
-  s.memory_capacity = top.integer("memory_capacity", 1, 1000000);
+  s.memory_capacity = top.integer("memory_capacity", 1, kMaxMemoryCapacity);
   s.backward_factor = top.number("backward_factor", 0.0, 1000.0);
   s.head_factor = top.number("head_factor", 0.0, 1000.0);
   top.reject_unknown();

@@ -38,6 +38,10 @@ struct Node {
   double forward_s = 0.0;  // w: forward time of one micro-batch on this node's stage (s, > 0)
 };
 
+/// The largest memory capacity C (micro-batches' activations one node holds at once) a setting file or
+/// `skippipe schedule --memory` may give.
+inline constexpr int64_t kMaxMemoryCapacity = 1000000;
+
 /// A heterogeneous network of nodes (see the file header for the format and units).
 struct Setting {
   std::string source;                         // where the figures come from
@@ -47,7 +51,7 @@ struct Setting {
   Link default_link;
   double hop_overhead_s = 0.0;
   double bytes_per_hop = 0.0;
-  int64_t memory_capacity = 0;                // C ≥ 1
+  int64_t memory_capacity = 0;                // C in [1, kMaxMemoryCapacity]
   double backward_factor = 1.5;
   double head_factor = 0.25;
 

@@ -111,6 +111,21 @@ TEST(SkipPipeScheduler, ReferenceSettingResultKeepsEveryRule) {
   }
 }
 
+// --budget-s caps the whole search, the placement search included: a search of 10^9 placement swaps and 10^9 path
+// moves (hours) ends soon after the budget with a schedule that keeps every rule. The bound is 30x the budget: a
+// hang guard, not a speed check.
+TEST(SkipPipeScheduler, TheWallTimeBudgetCapsTheWholeSearch) {
+  SchedulerOptions o;
+  o.stages = 6;
+  o.placement_iterations = 1'000'000'000;
+  o.iterations = 1'000'000'000;
+  o.budget_s = 1.0;
+  const SchedulerResult r = schedule_skippipe(reference_setting(), o);
+  EXPECT_LT(r.wall_s, 30.0);
+  EXPECT_LT(r.iterations_run, o.iterations);
+  EXPECT_EQ(check_schedule_rules(r.schedule, reference_setting(), o), "");
+}
+
 TEST(SkipPipeScheduler, ObliviousBaselineKeepsTheSameRules) {
   const SchedulerResult r = schedule_oblivious(reference_setting(), reference_options(0, 3));
   expect_rules(r.schedule, 3, 3, 0, 18);
@@ -134,6 +149,10 @@ TEST(SkipPipeScheduler, ImpossibleArithmeticIsRefusedWithTheReason) {
   o = reference_options(10, 1);
   o.skip = 0.9;  // round(6 · 0.1) = 1 stage: only stage 0
   EXPECT_NE(message(reference_setting(), o).find("no non-zero stage"), std::string::npos);
+  o = reference_options(10, 1);
+  o.memory = 1'000'000'000;  // --memory 1e9: more than any setting file may say
+  EXPECT_NE(message(reference_setting(), o).find("--memory 1000000000: expected at most 1000000"), std::string::npos)
+      << message(reference_setting(), o);
   SchedulerOptions h = hand_options();
   h.memory = 2;  // G must divide 3 and be <= 2: G = 1, and 2 x 1 x 2 = 4 route visits over 3 stages
   EXPECT_NE(message(hand_setting(), h).find("no route grouping keeps every node on at most C = 2"), std::string::npos)
