@@ -64,6 +64,20 @@ std::optional<CheckpointInfo> inspect(const fs::path& dir, std::string* why) {
         return fail(manifest[key].get<std::string>() + " does not match its recorded size and hash (truncated?)");
       }
     }
+    // Every other file (a learner group's group_state/rank_<r> files), recorded by its path in the folder.
+    if (manifest.contains("files")) {
+      for (const auto& [name, entry] : manifest.at("files").items()) {
+        if (name.empty() || name.find("..") != std::string::npos || name.front() == '/') {
+          return fail("manifest.json names a file outside the checkpoint: '" + name + "'");
+        }
+        if (!fs::is_regular_file(dir / name, ec)) return fail(name + " is missing");
+        const std::string bytes = read_all(dir / name);
+        if (static_cast<int64_t>(bytes.size()) != entry.at("bytes").get<int64_t>() ||
+            fnv1a64(bytes) != entry.at("hash").get<uint64_t>()) {
+          return fail(name + " does not match its recorded size and hash (truncated?)");
+        }
+      }
+    }
     return CheckpointInfo{dir, manifest.at("step").get<int64_t>(), manifest};
   } catch (const std::exception& e) {
     return fail(std::string("unreadable manifest: ") + e.what());
@@ -140,7 +154,19 @@ fs::path save_checkpoint_files(const fs::path& run_dir, int64_t step, std::span<
   write_file_atomically(tmp_dir / "model.safetensors", image);
   if (extra) extra(tmp_dir, manifest);
 
-  // 3) manifest last, then the folder rename makes the checkpoint visible at once.
+  // 3) the size and hash of every file the extra step wrote besides the optimizer (a learner group's group_state
+  // rank files), so a torn or altered one makes the checkpoint invalid like a torn model file.
+  nlohmann::json files = nlohmann::json::object();
+  for (const auto& e : fs::recursive_directory_iterator(tmp_dir)) {
+    if (!e.is_regular_file()) continue;
+    const std::string name = fs::relative(e.path(), tmp_dir).generic_string();
+    if (name == "model.safetensors" || name == manifest.value("optimizer_file", "")) continue;  // hashed above
+    const std::string bytes = read_all(e.path());
+    files[name] = {{"bytes", bytes.size()}, {"hash", fnv1a64(bytes)}};
+  }
+  if (!files.empty()) manifest["files"] = files;
+
+  // 4) manifest last, then the folder rename makes the checkpoint visible at once.
   manifest["format"] = "dloco-checkpoint";
   manifest["version"] = kCheckpointVersion;
   manifest["step"] = step;
@@ -152,7 +178,7 @@ fs::path save_checkpoint_files(const fs::path& run_dir, int64_t step, std::span<
   if (ec) throw InputError("cannot move checkpoint into '" + final_dir.string() + "': " + ec.message());
   fsync_path(final_dir.parent_path());
 
-  // 4) prune: keep the newest `keep` checkpoints.
+  // 5) prune: keep the newest `keep` checkpoints.
   std::vector<fs::path> dirs;
   for (const auto& e : fs::directory_iterator(final_dir.parent_path())) {
     const auto name = e.path().filename().string();

@@ -35,7 +35,8 @@ struct CheckpointInfo {
 /// checkpoint is never replaced, and the one just written is never pruned.
 /// Keeps the newest `keep` checkpoints (in name order) and deletes older ones. Throws InputError if the folder
 /// cannot be written (nothing older is deleted then). `extra(tmp_dir, manifest)`, when set, adds files (a learner
-/// group's optimizer state) and fields before the manifest is written. Returns the checkpoint folder.
+/// group's optimizer state) and fields before the manifest is written; every file it adds is recorded with its
+/// size and hash under the manifest's "files" and checked like the model file. Returns the checkpoint folder.
 std::filesystem::path save_checkpoint(
     const std::filesystem::path& run_dir, int64_t step, GPT& model, torch::optim::Optimizer* optimizer,
     nlohmann::json manifest, int keep = 2,

@@ -166,6 +166,24 @@ TEST_F(TrainTest, CheckpointRoundTripAndTornFoldersAreSkipped) {
   fs::resize_file(opt, fs::file_size(opt) / 2);
   EXPECT_EQ(latest_checkpoint(dir_)->step, 9);
   fs::remove_all(dir_ / "checkpoints" / "step_00000011");
+  // So is one whose extra files (a learner group's group_state rank files) were cut short or are missing.
+  const auto group_state = [](const fs::path& dir, nlohmann::json& m) {
+    fs::create_directories(dir / "group_state");
+    std::ofstream(dir / "group_state" / "rank_0.pt") << std::string(1000, 'a');
+    std::ofstream(dir / "group_state" / "rank_1.pt") << std::string(1000, 'b');
+    m["group_state"] = "group_state";
+  };
+  save_checkpoint(dir_, 11, model, &trainer.optimizer(), manifest, 3, group_state);
+  const fs::path group = dir_ / "checkpoints" / "step_00000011" / "group_state";
+  EXPECT_EQ(latest_checkpoint(dir_)->step, 11);
+  EXPECT_EQ(latest_checkpoint(dir_)->manifest["files"].size(), 2u);
+  fs::resize_file(group / "rank_1.pt", 999);
+  EXPECT_EQ(latest_checkpoint(dir_)->step, 9) << "a torn group_state rank file was not noticed";
+  std::ofstream(group / "rank_1.pt") << std::string(1000, 'b');
+  EXPECT_EQ(latest_checkpoint(dir_)->step, 11);
+  fs::remove(group / "rank_0.pt");
+  EXPECT_EQ(latest_checkpoint(dir_)->step, 9) << "a missing group_state rank file was not noticed";
+  fs::remove_all(dir_ / "checkpoints" / "step_00000011");
   // A torn newest checkpoint (model file cut short) and a .tmp folder are skipped.
   const fs::path newest = dir_ / "checkpoints" / "step_00000009" / "model.safetensors";
   fs::resize_file(newest, fs::file_size(newest) - 10);
