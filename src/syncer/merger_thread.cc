@@ -151,6 +151,7 @@ void SyncerService::persist_state() {
   j["merges"] = state_->merges();
   j["wall_s"] = wall_before_s_ + now_s();
   j["finished"] = state_->finished();
+  j["carried_error"] = state_->carried_errors_json();
   store_.write_state(std::move(j));
 }
 

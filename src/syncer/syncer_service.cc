@@ -70,6 +70,7 @@ void SyncerService::restore() {
                                           {"reason", "data.streams is smaller than before the restart"}});
       }
       for (int64_t s = 0; s < streams_.size(); ++s) state_->restore_stream_tokens(s, streams_.tokens(s));
+      restore_carried_errors(*state);
       if (state->value("finished", false)) {  // killed after its end: it stays finished (SyncerState::restore_finished)
         state_->restore_finished();
         finished_ = true;
@@ -84,6 +85,17 @@ void SyncerService::restore() {
   if (!fragments.empty()) {
     emit("restored", {{"fragments", fragments.size()}, {"global_step", state_->global_step()},
                       {"versions", state_->versions()}});
+  }
+}
+
+// The error-feedback allowances (§10), apart: a bad entry costs only them (the learners' next answers are screened
+// without, as after a refused one), never the clock and the streams.
+void SyncerService::restore_carried_errors(const nlohmann::json& state) {
+  if (!state.contains("carried_error")) return;  // written before they were persisted
+  try {
+    state_->restore_carried_errors(state.at("carried_error"));
+  } catch (const InputError& e) {
+    emit("persisted_allowance_skipped", {{"reason", e.what()}});
   }
 }
 

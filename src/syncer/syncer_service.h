@@ -113,6 +113,7 @@ class SyncerService final : public wire::SyncerHandler {
   void persist_state();
   void emit(const char* event, const nlohmann::json& fields) const;
   void restore();
+  void restore_carried_errors(const nlohmann::json& state);  // part of restore()
   bool session_valid(uint64_t session_id, int* learner);
   wire::StatusReply fill_status();
   double now_s() const;

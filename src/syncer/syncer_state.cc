@@ -7,6 +7,7 @@
 
 #include "core/check.h"
 #include "core/hash.h"
+#include "core/json_read.h"
 #include "core/lr_schedule.h"
 
 namespace dloco {
@@ -108,6 +109,42 @@ void SyncerState::on_join(int learner, double now_s, bool fresh) {
   rec.state.last_seen_s = now_s;
   rec.state.step = global_step_;  // it adopts the global step
   rec.last.finished = false;
+  if (auto carried = restored_carried_.find(learner); carried != restored_carried_.end()) {
+    if (!fresh) rec.carried_error = carried->second;  // the same process, its residual with it
+    restored_carried_.erase(carried);
+  }
+}
+
+nlohmann::json SyncerState::carried_errors_json() const {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [id, rec] : learners_) {
+    for (const auto& [p, e] : rec.carried_error) out[std::to_string(id)][std::to_string(p)] = e;
+  }
+  for (const auto& [id, carried] : restored_carried_) {  // not re-joined yet: kept for the next incarnation too
+    if (learners_.count(id)) continue;
+    for (const auto& [p, e] : carried) out[std::to_string(id)][std::to_string(p)] = e;
+  }
+  return out;
+}
+
+void SyncerState::restore_carried_errors(const nlohmann::json& carried) {
+  const std::string what = "state.json: carried_error";
+  if (!carried.is_object()) throw InputError(what + ": expected an object");
+  const int fragments = static_cast<int>(layout_.fragments.size());
+  std::map<int, std::map<int, double>> out;
+  for (const auto& [id_text, per_fragment] : carried.items()) {
+    const int64_t id = json_integer(nlohmann::json::parse(id_text, nullptr, false), what + ": learner id");
+    if (id < 0 || id >= 65536) throw InputError(what + ": learner id " + id_text + " is out of range");
+    if (!per_fragment.is_object()) throw InputError(what + "." + id_text + ": expected an object");
+    for (const auto& [p_text, error] : per_fragment.items()) {
+      const int64_t p = json_integer(nlohmann::json::parse(p_text, nullptr, false), what + "." + id_text);
+      if (p < 0 || p >= fragments) throw InputError(what + "." + id_text + ": fragment " + p_text + " out of range");
+      const double e = json_number(error, what + "." + id_text + "." + p_text);
+      if (e < 0) throw InputError(what + "." + id_text + "." + p_text + ": negative");
+      out[static_cast<int>(id)][static_cast<int>(p)] = e;
+    }
+  }
+  restored_carried_ = std::move(out);
 }
 
 void SyncerState::on_report(int learner, const LearnerReport& report, double now_s) {

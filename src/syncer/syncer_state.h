@@ -231,6 +231,14 @@ class SyncerState {
   void restore_clock(int64_t global_step);
   /// Merges of earlier incarnations (a resumed run's counters cover the whole run).
   void restore_merges(int64_t merges) { merges_ = merges; }
+  /// The error-feedback allowances to persist (§10): {"<learner id>": {"<fragment>": codec_error}} of every learner
+  /// with one. A learner that re-attaches after a syncer restart still carries its residual into its next answer;
+  /// without its allowance that answer was screened as if the residual were its own work.
+  nlohmann::json carried_errors_json() const;
+  /// Restores them from state.json: each learner's map is given to it when it re-joins as the same process
+  /// (on_join with fresh = false); a fresh process carries no residual and gets none. Throws InputError naming
+  /// the entry when an id or fragment is out of range or an error is not a finite number ≥ 0.
+  void restore_carried_errors(const nlohmann::json& carried);
 
  private:
   struct FragmentState {
@@ -288,6 +296,7 @@ class SyncerState {
   std::map<int, LearnerRecord> learners_;
   std::map<int64_t, int64_t> stream_tokens_;  // stream -> furthest tokens_served reported
   bool restored_ = false;                     // restarted from persisted state (restore_clock, restore_fragment)
+  std::map<int, std::map<int, double>> restored_carried_;  // learner -> its allowances, until it re-joins
   double first_join_after_restore_s_ = -1;    // when the first learner joined after the restart; -1 = none yet
   std::deque<DueRound> pending_;
   std::map<int, Round> open_;  // fragment -> its open round

@@ -484,6 +484,48 @@ TEST_F(SyncerStateTest, WithErrorFeedbackTheNormScreenAllowsForTheCarriedResidua
   }
 }
 
+// The allowance survives a syncer restart (state.json's carried_error): learner 2, re-attaching as the same process,
+// still carries its residual into its next answer. "restored": merged as before the restart; "lost": a syncer that
+// did not persist it refuses that answer; "fresh": a new process for id 2 carries no residual and gets none.
+TEST_F(SyncerStateTest, WithErrorFeedbackTheAllowanceSurvivesASyncerRestart) {
+  auto before = make(3, 3, false, "mean", "uniform", 1.0, 0.0, WireDtype::kFp32, /*error_feedback=*/true);
+  for (int m = 0; m < 3; ++m) before.on_join(m, 0.0), before.on_report(m, report(1), 1.0);
+  std::string why;
+  ASSERT_EQ(before.tick(1.0).pulls.size(), 1u);
+  for (int m = 0; m < 3; ++m) {
+    auto a = answer(1, 1, std::vector<float>(4, 0.1f));
+    a.codec_error = m == 2 ? 7.9 : 0.01;
+    ASSERT_EQ(before.on_answer(m, a, 1.1, &why), AnswerOutcome::kAccepted) << why;
+  }
+  ASSERT_EQ(before.tick(1.2).merged.size(), 1u);
+  const nlohmann::json persisted = before.carried_errors_json();
+  EXPECT_DOUBLE_EQ(persisted.at("2").at("1").get<double>(), 7.9);
+  for (const std::string run : {"restored", "lost", "fresh"}) {
+    SCOPED_TRACE(run);
+    auto s = make(3, 3, false, "mean", "uniform", 1.0, 0.0, WireDtype::kFp32, true);
+    for (int p = 0; p < 2; ++p) s.restore_fragment(p, before.theta(p), before.momentum(p), before.versions()[p]);
+    s.restore_clock(before.global_step());
+    if (run != "lost") s.restore_carried_errors(nlohmann::json::parse(persisted.dump()));  // through state.json
+    for (int m = 0; m < 3; ++m) s.on_join(m, 2.0, /*fresh=*/run == "fresh" && m == 2), s.on_report(m, report(3), 3.0);
+    (void)s.tick(3.0);
+    for (int m = 0; m < 3; ++m) {  // learner 2 sends its residual with a small Δ: ‖x̂‖ = 8, 40× the others' 0.2
+      auto a = answer(1, 3, std::vector<float>(4, m == 2 ? 4.0f : 0.1f), 1);
+      a.codec_error = 0.01;
+      ASSERT_EQ(s.on_answer(m, a, 3.1, &why), AnswerOutcome::kAccepted) << why;
+    }
+    const auto a = s.tick(3.2);
+    ASSERT_EQ(a.merged.size(), 1u);
+    const std::vector<int> expected = run == "restored" ? std::vector<int>{0, 1, 2} : std::vector<int>{0, 1};
+    EXPECT_EQ(a.merged[0].participants, expected);
+  }
+  // Hostile or damaged entries are refused with the entry named.
+  auto s = make(3, 3, false, "mean", "uniform", 1.0, 0.0, WireDtype::kFp32, true);
+  for (const char* bad : {R"({"2": {"9": 1.0}})", R"({"-1": {"1": 1.0}})", R"({"2": {"1": -3.0}})",
+                          R"({"x": {"1": 1.0}})", R"({"2": {"1": "big"}})", R"([1])"}) {
+    EXPECT_THROW(s.restore_carried_errors(nlohmann::json::parse(bad)), InputError) << bad;
+  }
+}
+
 // A raw θ (base −1: a re-anchor after the syncer came back with an older history) honestly carries the merges it
 // lost besides its own steps: above screen_ratio it is scaled down to it, never refused.
 TEST_F(SyncerStateTest, ARawThetaIsClippedNotRefused) {
