@@ -4,13 +4,17 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
 #include <map>
+#include <sstream>
 
+#include "core/json_read.h"
 #include "core/lr_schedule.h"
 #include "learner/gpt_inner_job.h"
 #include "learner/group_engine.h"
 #include "learner/group_inner_job.h"
 #include "learner/group_ranks.h"
+#include "process/atomic_file.h"
 #include "train/fragment_io.h"
 #include "train/run.h"
 #include "transport/handshake.h"
@@ -82,28 +86,67 @@ std::unique_ptr<InnerJob> make_inner_job(const Config& config, int id, const fs:
                                          std::move(engine), std::move(group), group_timeout_s(config, id));
 }
 
-bool restore_inner_state(InnerJob& job, const fs::path& run_dir, int id, int64_t global_step, EventLog& events) {
+int64_t restore_inner_state(InnerJob& job, const fs::path& run_dir, int id, int64_t global_step,
+                            EventLog& events) {
   std::string why;
   const int64_t saved_at = job.restore_state(run_dir / "learners" / ("learner_" + std::to_string(id)), &why);
   if (saved_at >= 0) {
     events.emit("optimizer_restored", {{"saved_at_step", saved_at}, {"global_step", global_step}});
-    return true;
+    return saved_at;
   }
   if (!why.empty()) {
     events.emit("optimizer_not_restored", {{"reason", why}});
     std::printf("[learner %d] its saved AdamW state is unusable (%s): starting with fresh moments\n", id, why.c_str());
   }
-  return false;
+  return -1;
 }
+
+namespace {
+
+// learners/learner_<id>/rewarm.json: the global step this learner's moments started fresh at (its re-warm's origin).
+fs::path rewarm_file(const fs::path& run_dir, int id) {
+  return run_dir / "learners" / ("learner_" + std::to_string(id)) / "rewarm.json";
+}
+
+// The recorded origin, or −1 when there is none or it is unreadable (then the moments are taken as warm).
+int64_t read_rewarm_origin(const fs::path& file) {
+  std::ifstream in(file);
+  if (!in) return -1;
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    return json_integer(parse_json(text.str(), file.string()).at("from_step"), file.string() + ": from_step");
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+void rewarm_from(const Config& config, InnerJob& job, const fs::path& run_dir, int id, int64_t from,
+                 int64_t own_steps, EventLog& events) {
+  job.rewarm(from);
+  fs::create_directories(rewarm_file(run_dir, id).parent_path());
+  write_file_atomically(rewarm_file(run_dir, id), nlohmann::json{{"from_step", from}}.dump() + "\n");
+  events.emit("lr_rewarmed", {{"from_step", from}, {"steps", config.train.warmup_steps}, {"own_steps", own_steps}});
+}
+
+}  // namespace
 
 void restore_or_rewarm(const Config& config, InnerJob& job, const fs::path& run_dir, int id, int64_t global_step,
                        EventLog& events) {
-  const bool warm =
-      config.train.learner_state_interval > 0 && restore_inner_state(job, run_dir, id, global_step, events);
-  if (!warm && global_step > 0 && config.train.warmup_steps > 0) {  // fresh moments in a warm run
-    job.rewarm(global_step);
-    events.emit("lr_rewarmed", {{"from_step", global_step}, {"steps", config.train.warmup_steps}});
+  const int64_t warmup = config.train.warmup_steps;
+  const int64_t saved_at =
+      config.train.learner_state_interval > 0 ? restore_inner_state(job, run_dir, id, global_step, events) : -1;
+  const int64_t origin = read_rewarm_origin(rewarm_file(run_dir, id));
+  if (saved_at >= 0) {  // warm moments, unless they were saved amid their own re-warm
+    if (warmup > 0 && origin > 0 && saved_at >= origin && saved_at < origin + warmup) {
+      const int64_t own = saved_at - origin;  // the steps the moments have seen since they were fresh
+      rewarm_from(config, job, run_dir, id, std::max<int64_t>(1, global_step - own), own, events);
+    }
+    return;
   }
+  std::error_code ec;
+  fs::remove(rewarm_file(run_dir, id), ec);  // fresh moments: an older incarnation's origin says nothing of them
+  if (global_step > 0 && warmup > 0) rewarm_from(config, job, run_dir, id, global_step, 0, events);
 }
 
 std::unique_ptr<PeerServer> start_peer_server(const Config& config, const std::string& syncer,

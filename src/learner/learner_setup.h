@@ -50,12 +50,15 @@ std::unique_ptr<InnerJob> make_inner_job(const Config& config, int id, const std
                                          torch::Device device, DataStream stream, EventLog& events);
 
 /// A restart: resume the AdamW moments of the last incarnation, or say why they are unusable (an event and a line).
-/// Returns whether they were restored.
-bool restore_inner_state(InnerJob& job, const std::filesystem::path& run_dir, int id, int64_t global_step,
-                         EventLog& events);
+/// Returns the step they were saved at, or −1 when none were restored.
+int64_t restore_inner_state(InnerJob& job, const std::filesystem::path& run_dir, int id, int64_t global_step,
+                            EventLog& events);
 
 /// Restores the saved AdamW moments (train.learner_state_interval > 0); with fresh moments in a warm run (global
-/// step > 0) re-warms the lr over train.warmup_steps of its own steps (core/lr_schedule.h, docs/protocol.md §10).
+/// step > 0) re-warms the lr over train.warmup_steps of its own steps (core/lr_schedule.h, docs/protocol.md §10),
+/// and records where in learners/learner_<id>/rewarm.json. Moments saved while that re-warm was still under way
+/// (a joiner stopped a few steps after joining) are young: the re-warm continues where it stopped, from global
+/// step − (their own steps), instead of the full lr at once.
 void restore_or_rewarm(const Config& config, InnerJob& job, const std::filesystem::path& run_dir, int id,
                        int64_t global_step, EventLog& events);
 
