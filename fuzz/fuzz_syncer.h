@@ -30,9 +30,9 @@ inline FragmentLayout syncer_layout() {
   return make_fragment_layout({{"a.weight", {40, 8}}, {"b.weight", {24, 8}}}, 2);
 }
 
-/// The handshake every process of that run sends (model and tokenizer hashes stand-ins: 1 and 2).
+/// The handshake every process of that run sends (tokenizer hash stand-in 2, no settings).
 inline wire::Handshake syncer_handshake(const FragmentLayout& layout) {
-  return {"fuzz", wire::kProtocolVersion, "", layout.hash, 1, 2, ""};
+  return {"fuzz", wire::kProtocolVersion, "", layout.hash, 2, {}};
 }
 
 }  // namespace dloco::fuzz
