@@ -18,16 +18,15 @@
 #include "core/hash.h"
 #include "syncer/downlink.h"
 #include "syncer/screening.h"
+#include "syncer/syncer_event.h"
 #include "syncer/syncer_state.h"
 
 namespace dloco {
 
+using syncer_detail::event;
+
 namespace {
 
-nlohmann::json event(const char* name, nlohmann::json fields) {
-  fields["event"] = name;
-  return fields;
-}
 
 bool all_finite(const std::vector<float>& x) {
   return std::all_of(x.begin(), x.end(), [](float v) { return std::isfinite(v); });

@@ -4,18 +4,12 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "syncer/syncer_event.h"
 #include "syncer/syncer_state.h"
 
 namespace dloco {
 
-namespace {
-
-nlohmann::json event(const char* name, nlohmann::json fields) {
-  fields["event"] = name;
-  return fields;
-}
-
-}  // namespace
+using syncer_detail::event;
 
 SyncerActions SyncerState::tick(double now_s) {
   SyncerActions actions;

@@ -1,4 +1,5 @@
 // Syncer state transitions; see syncer_state.h. Steps in comments follow docs/protocol.md §4.
+#include "syncer/syncer_event.h"
 #include "syncer/syncer_state.h"
 
 #include <algorithm>
@@ -12,14 +13,7 @@
 
 namespace dloco {
 
-namespace {
-
-nlohmann::json event(const char* name, nlohmann::json fields) {
-  fields["event"] = name;
-  return fields;
-}
-
-}  // namespace
+using syncer_detail::event;
 
 const char* to_string(RoundPhase phase) {
   static constexpr const char* kNames[] = {"due", "pulling", "closed"};  // in the enum's order
