@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 py=/usr/bin/python3
 [ -x "$py" ] || py=python3
 echo "[sizes] largest files in src/:"
-find src -name '*.cc' -o -name '*.h' | xargs wc -l | grep -v ' total$' | sort -rn | head -n 12
+find src -name '*.cc' -o -name '*.h' | xargs wc -l | grep -v ' total$' | sort -rn | awk 'NR <= 12'
 echo "[sizes] longest functions in src/:"
 "$py" tools/longest_functions.py -n 12 src
 bad=0
