@@ -1,4 +1,4 @@
-// The baselines' outer loops (diloco: whole model; streaming: fragments); see outer_sync.h.
+// The baselines' outer loops (diloco: whole model; streaming: fragments); see outer_loops.h.
 #include "baselines/outer_loops.h"
 
 #include <chrono>

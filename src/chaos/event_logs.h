@@ -1,6 +1,6 @@
-// What the chaos analyses (chaos_report.cc, dp_chaos_report.cc) share: reading a role's JSONL event log (a line
-// cut off by a SIGKILL is skipped and counted), the event's name and time, the trimmed mean step interval and the
-// final loss of the launcher's report. Internal to src/chaos.
+// What the chaos analyses (chaos/chaos_report.cc, baselines/chaos_report.cc) share: reading a role's JSONL event
+// log (a line cut off by a SIGKILL is skipped and counted), the event's name and time, the trimmed mean step interval
+// and the final loss of the launcher's report. Internal to src/chaos and src/baselines.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// One SkipPipe node and its training iteration; see skip_pipeline.h.
+// One SkipPipe node and its training iteration; see node.h.
 // Dimension letters: b micro-batch size, T sequence length, C d_model, V vocabulary, L blocks, S stages.
 #include "skippipe/node.h"
 

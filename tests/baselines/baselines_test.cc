@@ -8,7 +8,7 @@
 // - dp, diloco and streaming over workers that are learner groups (TP, ZeRO-2, PP; docs/parallel.md "Baselines
 //   over learner groups") end where the same baselines over one-process workers end, within fp32 tolerance.
 // The last four run the real `dloco train` (workers over Gloo, or syncer + learners over gRPC) on a tiny model.
-// The merge itself through real Gloo against the syncer's is outer_sync_test.cc.
+// The merge itself through real Gloo against the syncer's is outer_loops_test.cc.
 #include <gtest/gtest.h>
 #include <unistd.h>
 

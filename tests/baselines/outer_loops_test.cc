@@ -58,7 +58,7 @@ TEST(AllReduceMerge, EqualsTheSyncersMergeOverRealGloo) {
         for (size_t i = 0; i < n; ++i) local[m][i] = global[i] + 0.05f * (m + 1) * normal(rng);
         outer_gradient(global, local[m], deltas[m]);
         for (float d : deltas[m]) largest = std::max(largest, static_cast<double>(std::abs(d)));
-        // the syncer's weight (syncer_state.cc): tokens²/steps unscaled, or 1 for a learner that trained
+        // the syncer's weight (syncer/syncer_merge.cc): tokens²/steps unscaled, or 1 for a learner that trained
         syncer_weights[m] = rule == "tokens" ? token_weight(counters[m].tokens, counters[m].steps)
                                              : (counters[m].steps > 0 ? 1.0 : 0.0);
       }

@@ -1,4 +1,4 @@
-// The gRPC transport: wire::Transport over proto/dloco.proto (services Syncer and Peer, protocol version 3).
+// The gRPC transport: wire::Transport over proto/dloco.proto (services Syncer and Peer, protocol version 4: transport/protocol.h kProtocolVersion).
 // This folder and the generated code are the only places that include gRPC or protobuf headers; the roles see
 // transport/transport.h only. Messages map one to one between the plain types and the proto messages, payloads
 // stay encoded (transport/codec.h), so a learner built before the transport interface still talks to a syncer
