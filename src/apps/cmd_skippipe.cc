@@ -24,6 +24,7 @@
 
 #include "apps/commands.h"
 #include "core/check.h"
+#include "process/json_file.h"
 #include "skippipe/json_fields.h"
 #include "skippipe/launcher.h"
 #include "skippipe/node_run.h"
@@ -133,7 +134,7 @@ std::vector<std::vector<int>> load_placement(const std::string& path) {
     if (!arr[s].is_array()) throw InputError(at + ": expected an array of node ids");
     placement.emplace_back();
     for (size_t k = 0; k < arr[s].size(); ++k) {
-      placement.back().push_back(static_cast<int>(json_integer(arr[s][k], at + "[" + std::to_string(k) + "]", 0,
+      placement.back().push_back(static_cast<int>(json_integer_in(arr[s][k], at + "[" + std::to_string(k) + "]", 0,
                                                                std::numeric_limits<int>::max())));
     }
   }

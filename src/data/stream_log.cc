@@ -58,12 +58,9 @@ nlohmann::json header_json() { return {{"format", kStreamLogFormat}, {"version",
 // without a "format" key is a record: a legacy log. Throws InputError for another format or an unknown version.
 int strip_header(std::vector<std::string>& lines, const fs::path& path) {
   if (lines.empty()) return kStreamLogLegacyVersion;
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(lines.front());
-  } catch (const nlohmann::json::exception&) {
-    return kStreamLogLegacyVersion;  // not JSON: parse_record names the line
-  }
+  const std::optional<nlohmann::json> header = try_parse_json(lines.front(), "stream log " + path.string());
+  if (!header) return kStreamLogLegacyVersion;  // not JSON: parse_record names the line
+  const nlohmann::json& j = *header;
   if (!j.is_object() || !j.contains("format")) return kStreamLogLegacyVersion;
   const std::string where = "stream log " + path.string() + ", line 1: ";
   const std::string expected =

@@ -29,6 +29,7 @@
 #include "process/children.h"
 #include "process/console.h"
 #include "process/events.h"
+#include "process/json_file.h"
 #include "process/stop_signals.h"
 #include "train/checkpoint.h"
 #include "train/fragment_io.h"
@@ -407,7 +408,7 @@ nlohmann::json DecoupledRun::report(bool interrupted, int cores) {
   // tokens and merges (the final checkpoint names the same step); the last poll only stands in when it is missing.
   int64_t tokens_trained = last_.tokens_trained, global_step = last_.global_step, merges = last_.merges;
   {
-    const auto state = nlohmann::json::parse(std::ifstream(run_dir_ / "syncer" / "state.json"), nullptr, false);
+    const auto state = try_read_json_file(run_dir_ / "syncer" / "state.json").value_or(nullptr);
     if (state.is_object()) {
       tokens_trained = state.value("tokens_trained", tokens_trained);
       global_step = state.value("global_step", global_step);
@@ -477,8 +478,8 @@ nlohmann::json run_launcher(const Config& config, bool resume, wire::Transport& 
   }
   double prior_wall_s = 0;
   if (resume) {  // a finished run stays as it is: its report, checkpoints and state are not touched
-    const auto state = nlohmann::json::parse(std::ifstream(run_dir / "syncer" / "state.json"), nullptr, false);
-    auto previous = nlohmann::json::parse(std::ifstream(run_dir / "report.json"), nullptr, false);
+    const auto state = try_read_json_file(run_dir / "syncer" / "state.json").value_or(nullptr);
+    auto previous = try_read_json_file(run_dir / "report.json").value_or(nullptr);
     if (state.is_object() && state.value("finished", false)) {
       std::printf("[launcher] run %s already finished (report %s): nothing to resume, nothing changed\n",
                   config.run.name.c_str(), (run_dir / "report.json").c_str());

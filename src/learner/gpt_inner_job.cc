@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "process/atomic_file.h"
+#include "process/json_file.h"
 #include "train/fragment_io.h"
 
 namespace dloco {
@@ -48,7 +49,7 @@ int64_t GptInnerJob::restore_state(const fs::path& dir, std::string* why) {
   std::error_code ec;
   if (!fs::exists(dir / "state.json", ec)) return -1;
   try {
-    const auto state = nlohmann::json::parse(std::ifstream(dir / "state.json"));
+    const auto state = read_json_file(dir / "state.json");
     if (const int format = state.value("format", kStateFormat); format != kStateFormat) {  // none: written before 1
       *why = "state.json has format " + std::to_string(format) + ", this build reads " + std::to_string(kStateFormat);
       return -1;

@@ -7,6 +7,7 @@
 
 #include "core/check.h"
 #include "process/atomic_file.h"
+#include "process/json_file.h"
 #include "train/fragment_io.h"
 
 namespace dloco {
@@ -211,7 +212,7 @@ int64_t GroupInnerJob::restore_state(const fs::path& dir, std::string* why) {
   std::string folder;
   int64_t step = -1;
   try {
-    const auto state = nlohmann::json::parse(std::ifstream(dir / "state.json"));
+    const auto state = read_json_file(dir / "state.json");
     if (state.at("format").get<int>() != kStateFormat || state.at("ranks").get<int>() != group_->world() ||
         state.at("group").get<std::string>() != engine_->describe() ||
         state.at("layout").get<uint64_t>() != layout_.hash) {

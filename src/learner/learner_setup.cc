@@ -32,7 +32,7 @@ std::string hostname() {
 
 DataStream resume_stream(const Config& config, const wire::JoinReply& joined, const StreamLog& log, bool* from_log) {
   StreamCursor cursor{joined.stream_index, 0, 0, 0};
-  if (!joined.stream_cursor_json.empty()) cursor = StreamCursor::from_json(nlohmann::json::parse(joined.stream_cursor_json));
+  if (!joined.stream_cursor_json.empty()) cursor = StreamCursor::from_json(parse_json(joined.stream_cursor_json, "the syncer's stream cursor"));
   const auto& taken = log.last_taken();
   *from_log = taken && taken->stream == joined.stream_index && taken->tokens_served >= cursor.tokens_served;
   if (*from_log) cursor = *taken;

@@ -4,9 +4,11 @@
 
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
+
+#include "core/json_read.h"
+#include "process/json_file.h"
 
 namespace dloco {
 
@@ -22,11 +24,10 @@ class ControlFile {
     if (!ec && mtime != mtime_) {
       mtime_ = mtime;
       try {
-        std::ifstream in(path_);
-        const auto j = nlohmann::json::parse(in);
-        factor_ = j.at("factor").get<double>();
-        until_ = j.at("until_unix").get<double>();
-      } catch (const std::exception&) {
+        const nlohmann::json j = read_json_file(path_);
+        factor_ = json_number(j.at("factor"), path_.string() + ": factor");
+        until_ = json_number(j.at("until_unix"), path_.string() + ": until_unix");
+      } catch (const std::exception&) {  // InputError, or nlohmann's out_of_range for a missing key
         factor_ = 1.0;
       }
     }

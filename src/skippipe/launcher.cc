@@ -1,4 +1,4 @@
-// `dloco skippipe train`; see skippipe_launcher.h.
+// `dloco skippipe train`; see launcher.h.
 #include "skippipe/launcher.h"
 
 #include <signal.h>
@@ -22,6 +22,7 @@
 #include "core/config.h"
 #include "process/atomic_file.h"
 #include "process/children.h"
+#include "process/json_file.h"
 #include "skippipe/node_run.h"
 #include "skippipe/pipeline_check.h"
 #include "skippipe/reroute.h"
@@ -150,16 +151,7 @@ std::string watch(std::vector<Child>& children, double timeout_s, const std::set
 
 void write_json(const fs::path& path, const nlohmann::json& j) { write_file_atomically(path, j.dump(1) + "\n"); }
 
-std::optional<nlohmann::json> read_json(const fs::path& path) {
-  std::error_code ec;
-  if (!fs::exists(path, ec)) return std::nullopt;
-  std::ifstream in(path);
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception&) {
-    return std::nullopt;
-  }
-}
+std::optional<nlohmann::json> read_json(const fs::path& path) { return try_read_json_file(path); }
 
 // Re-routing (docs/skippipe.md "Re-routing around a dead node"): a node that dies of its own accord (a signal, an
 // exit other than 0 and 75) is announced in reroute_<g>.json; every survivor tears its group down, answers with how

@@ -1,4 +1,4 @@
-// One SkipPipe node as a process; see skip_pipeline_run.h.
+// One SkipPipe node as a process; see node_run.h.
 #include "skippipe/node_run.h"
 
 #include <signal.h>
@@ -28,6 +28,7 @@
 #include "data/shards.h"
 #include "data/stream.h"
 #include "process/atomic_file.h"
+#include "process/json_file.h"
 #include "skippipe/node.h"
 #include "skippipe/schedule.h"
 #include "skippipe/setting.h"
@@ -99,13 +100,9 @@ std::optional<nlohmann::json> wait_for_json(const fs::path& path, double timeout
   const auto until = Clock::now() + std::chrono::duration<double>(timeout_s);
   while (Clock::now() < until) {
     std::error_code ec;
+    // written atomically: a file that does not parse is someone else's; wait on and time out
     if (fs::exists(path, ec)) {
-      std::ifstream in(path);
-      try {
-        return nlohmann::json::parse(in);
-      } catch (const nlohmann::json::exception&) {
-        // written atomically: a parse error is a file from someone else; wait on and time out
-      }
+      if (auto j = try_read_json_file(path)) return j;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }

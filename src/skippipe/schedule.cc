@@ -5,6 +5,7 @@
 #include <set>
 
 #include "core/check.h"
+#include "process/json_file.h"
 #include "skippipe/json_fields.h"
 
 namespace dloco::skippipe {
@@ -22,7 +23,7 @@ void parse_placement(JsonObject& top, const Setting& setting, Schedule& s) {
     if (!arr[stage].is_array() || arr[stage].empty()) throw InputError(p + ": expected a non-empty array of nodes");
     std::vector<int> nodes;
     for (size_t k = 0; k < arr[stage].size(); ++k) {
-      const int node = static_cast<int>(json_integer(arr[stage][k], at(p, k), 0, setting.node_count() - 1));
+      const int node = static_cast<int>(json_integer_in(arr[stage][k], at(p, k), 0, setting.node_count() - 1));
       if (s.stage_of_node[node] != -1) {
         throw InputError(at(p, k) + ": node " + std::to_string(node) + " is already in stage " +
                          std::to_string(s.stage_of_node[node]));
@@ -46,7 +47,7 @@ MicroBatch parse_micro_batch(JsonObject& o, const Setting& setting, const Schedu
   std::set<int> stages;
   for (size_t k = 0; k < path.size(); ++k) {
     const std::string p = at(o.path("path"), k);
-    const int node = static_cast<int>(json_integer(path[k], p, 0, setting.node_count() - 1));
+    const int node = static_cast<int>(json_integer_in(path[k], p, 0, setting.node_count() - 1));
     const int stage = s.stage_of_node[node];
     if (stage < 0) throw InputError(p + ": node " + std::to_string(node) + " is in no stage of the placement");
     if (stage == 0) throw InputError(p + ": node " + std::to_string(node) + " is in stage 0 (never on a path)");

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "core/check.h"
+#include "process/json_file.h"
 #include "skippipe/json_fields.h"
 
 namespace dloco::skippipe {

@@ -1,6 +1,8 @@
 // The syncer's data-stream leases; see stream_leases.h.
 #include "syncer/stream_leases.h"
 
+#include <algorithm>
+
 #include "core/check.h"
 #include "core/json_read.h"
 
@@ -9,8 +11,13 @@ namespace dloco {
 int64_t StreamLeases::tokens(int64_t stream) const {
   const std::string& cursor = at(stream).cursor;
   if (cursor.empty()) return 0;
-  const auto j = nlohmann::json::parse(cursor, nullptr, false);
-  return j.is_object() ? j.value("tokens_served", int64_t{0}) : 0;
+  const auto j = try_parse_json(cursor, "stream cursor");
+  if (!j || !j->is_object()) return 0;
+  try {
+    return std::max<int64_t>(0, json_integer_or(*j, "tokens_served", 0, "stream cursor"));
+  } catch (const InputError&) {  // unreadable: 0, as documented
+    return 0;
+  }
 }
 
 LeaseDecision StreamLeases::decide(int id, std::optional<int64_t> held, const std::set<int64_t>& busy,
