@@ -20,7 +20,7 @@ packages=(
   libcli11-dev libspdlog-dev libfmt-dev libtomlplusplus-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   bible-kjv gnuplot-nox python3 python3-torch python3-numpy python3-grpcio python3-protobuf
-  libcpp-httplib-dev chromium slurm-wlm munge iproute2 openssl libssl-dev
+  libcpp-httplib-dev prometheus-cpp-dev chromium slurm-wlm munge iproute2 openssl libssl-dev
   clang-14 libclang-rt-14-dev
 )
 

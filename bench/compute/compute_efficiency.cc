@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <torch/csrc/autograd/profiler_legacy.h>
 
 #include "data/shards.h"
@@ -78,13 +79,18 @@ int main(int argc, char** argv) {
   std::string preset = "small", profile;
   int64_t batch = 16;
   int repeats = 5, threads = 0;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--preset") preset = argv[i + 1];
-    else if (flag == "--batch") batch = std::stoll(argv[i + 1]);
-    else if (flag == "--repeats") repeats = std::stoi(argv[i + 1]);
-    else if (flag == "--threads") threads = std::stoi(argv[i + 1]);
-    else if (flag == "--profile") profile = argv[i + 1];
+  CLI::App app{"Model FLOP/s of one training step against an fp32 GEMM of the same machine",
+               "bench_compute_efficiency"};
+  app.add_option("--preset", preset, "model preset (core/config.h)")->capture_default_str();
+  app.add_option("--batch", batch, "sequences per step")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--repeats", repeats, "timed steps (median)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--threads", threads, "LibTorch + BLAS threads (0: all cores)")->capture_default_str();
+  app.add_option("--profile", profile, "write one more step's autograd profile here (Chrome trace JSON)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
   }
   const ThreadBudget budget = thread_budget(threads);
   apply_thread_budget(budget);

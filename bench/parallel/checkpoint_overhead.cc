@@ -50,7 +50,13 @@ std::pair<double, double> time_it(const std::function<void()>& fn, int iters) {
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // rows appear as they are measured, also into a file
-  const Flags f = parse_flags(argc, argv);
+  const Flags f = parse_flags("bench_parallel_checkpoint", "Compute overhead of activation checkpointing, one process",
+                              {{"preset", "small", "model preset (core/config.h)"},
+                               {"batch", "8", "sequences per step"},
+                               {"threads", "1", "BLAS threads"},
+                               {"iters", "3", "steps per timing"},
+                               {"repeats", "7", "alternating repeats (medians)"}},
+                              argc, argv);
   const int threads = static_cast<int>(flag_int(f, "threads", 1)), iters = static_cast<int>(flag_int(f, "iters", 3)),
             repeats = static_cast<int>(flag_int(f, "repeats", 7));
   const ThreadBudget budget = thread_budget(threads);

@@ -207,4 +207,17 @@ int parent_main(const Flags& f, int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return bench_main("bench_parallel_does_not_fit", argc, argv, rank_main, parent_main); }
+int main(int argc, char** argv) {
+  return bench_main("bench_parallel_does_not_fit",
+                    "A model whose training state does not fit one capped process trains across four with ZeRO-3",
+                    {{"preset", "base-124m", "model preset, untied"},
+                     {"seq", "64", "sequence length T"},
+                     {"batch", "1", "sequences per step"},
+                     {"steps", "3", "ZeRO-3 steps"},
+                     {"headroom-mib", "1024", "the cap: the idle rank's VmPeak + this many MiB"},
+                     {"limit", "as", "the rlimit: as (RLIMIT_AS) or data (RLIMIT_DATA)"},
+                     {"control-steps", "1", "steps of the uncapped one-process control (0: none)"},
+                     {"mode", "idle", "what a rank does (set by the parent): idle, plain, zero3"},
+                     {"cap", "0", "the cap in bytes (set by the parent; 0: none)"}},
+                    argc, argv, rank_main, parent_main);
+}

@@ -247,4 +247,17 @@ int parent_main(const Flags& f, int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return bench_main("bench_parallel_memory", argc, argv, rank_main, parent_main); }
+int main(int argc, char** argv) {
+  return bench_main("bench_parallel_memory", "Memory per rank of DP, ZeRO-1/2/3 and bf16 DP, each rank a process",
+                    {{"ranks", "4", "rank processes N"},
+                     {"stages", "0,1,2,3,4", "what to measure: 0 = DP, 1-3 = ZeRO-1/2/3, 4 = bf16 DP"},
+                     {"layers", "8", "model: blocks L"},
+                     {"d-model", "512", "model: C"},
+                     {"heads", "8", "model: NH"},
+                     {"vocab", "8192", "model: V"},
+                     {"seq", "128", "model: T"},
+                     {"batch", "1", "sequences per step and rank"},
+                     {"steps", "3", "steps before measuring"},
+                     {"zero", "0", "the stage a rank measures (set by the parent)"}},
+                    argc, argv, rank_main, parent_main);
+}

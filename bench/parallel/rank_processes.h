@@ -16,11 +16,13 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "collective/process_group.h"
 #include "process/children.h"
@@ -31,13 +33,32 @@ namespace dloco::bench {
 namespace fs = std::filesystem;
 using Flags = std::map<std::string, std::string>;
 
-/// "--key value" pairs of argv (argv[0] skipped) as {"key": "value"}.
-inline Flags parse_flags(int argc, char** argv) {
+/// One flag of a benchmark: `--name VALUE`, its default (as text) and what it sets.
+struct FlagSpec {
+  std::string name, fallback, help;
+};
+
+/// Parses argv with CLI11 against `specs` plus the rank flags the parent passes its ranks (--rank, --world, --store,
+/// --out): every flag's value (or its default) as {"name": "value"}. --help prints them and exits 0; an unknown flag
+/// or a missing value exits 2 with CLI11's message.
+inline Flags parse_flags(const char* name, const std::string& description, std::vector<FlagSpec> specs, int argc,
+                         char** argv) {
+  CLI::App app{description, name};
+  specs.push_back({"rank", "-1", "this process's rank (set by the parent; -1: this process is the parent)"});
+  specs.push_back({"world", "1", "ranks in the group (set by the parent)"});
+  specs.push_back({"store", "", "the group's c10d FileStore (set by the parent)"});
+  specs.push_back({"out", "", "where the rank writes its JSON result (set by the parent)"});
   Flags flags;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string key = argv[i];
-    if (key.rfind("--", 0) == 0) key = key.substr(2);
-    flags[key] = argv[i + 1];
+  for (const FlagSpec& spec : specs) {
+    flags[spec.name] = spec.fallback;
+    CLI::Option* option = app.add_option("--" + spec.name, flags[spec.name], spec.help)->capture_default_str();
+    if (!spec.fallback.empty() && CLI::Number(spec.fallback).empty()) option->check(CLI::Number);
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    std::exit(code == 0 ? 0 : 2);
   }
   return flags;
 }
@@ -130,13 +151,13 @@ inline RankArgs rank_args(const Flags& flags) {
   return a;
 }
 
-/// The benchmarks' main: with --rank this process is one rank (rank_main(flags)), else the parent that spawns them
-/// (parent_main(flags, argc, argv)); stdout line-buffered so rows reach a log as they are measured; an exception is
-/// printed under `name` and exits 1.
-inline int bench_main(const char* name, int argc, char** argv, int (*rank_main)(const Flags&),
-                      int (*parent_main)(const Flags&, int, char**)) {
+/// The benchmarks' main: flags parsed by parse_flags(name, description, specs); with --rank this process is one rank
+/// (rank_main(flags)), else the parent that spawns them (parent_main(flags, argc, argv)); stdout line-buffered so
+/// rows reach a log as they are measured; an exception is printed under `name` and exits 1.
+inline int bench_main(const char* name, const std::string& description, std::vector<FlagSpec> specs, int argc,
+                      char** argv, int (*rank_main)(const Flags&), int (*parent_main)(const Flags&, int, char**)) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  const Flags f = parse_flags(argc, argv);
+  const Flags f = parse_flags(name, description, std::move(specs), argc, argv);
   try {
     return rank_args(f).rank >= 0 ? rank_main(f) : parent_main(f, argc, argv);
   } catch (const std::exception& e) {

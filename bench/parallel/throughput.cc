@@ -145,4 +145,13 @@ int parent_main(const Flags& f, int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return bench_main("bench_parallel_throughput", argc, argv, rank_main, parent_main); }
+int main(int argc, char** argv) {
+  return bench_main("bench_parallel_throughput", "Tokens/s of TP, PP and ZeRO-2 against DP, 2 rank processes",
+                    {{"preset", "small", "model preset (core/config.h)"},
+                     {"batch", "8", "sequences per step"},
+                     {"micro-batches", "4", "pipeline micro-batches m"},
+                     {"warmup", "2", "untimed steps per engine"},
+                     {"steps", "3", "timed steps per engine and repeat"},
+                     {"repeats", "9", "alternating repeats (medians)"}},
+                    argc, argv, rank_main, parent_main);
+}

@@ -4,7 +4,7 @@
 // Repeats alternate memcpy and codec; medians are compared, so the printed ratios hold within one run on a noisy
 // machine. Also prints the error feedback's rate (encode, keep the residual and the decoded copy: what a learner or
 // the syncer does per fragment) and the bytes on the wire.
-// Usage: build/bin/bench_codec [REPEATS=9]
+// Usage: build/bin/bench_codec [--repeats 9]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -13,6 +13,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include <CLI/CLI.hpp>
 
 #include "transport/codec.h"
 
@@ -31,7 +33,16 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   using namespace dloco;
-  const int repeats = argc > 1 ? std::max(1, std::atoi(argv[1])) : 9;
+  int repeats = 9;
+  CLI::App app{"Encode + decode throughput of every wire codec on one core against memcpy", "bench_codec"};
+  app.add_option("--repeats", repeats, "alternating repeats (medians)")->capture_default_str()->check(
+      CLI::PositiveNumber);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
   std::printf("one core, medians of %d alternating repeats; GB/s of fp32 input through encode + decode\n", repeats);
   std::printf("%9s %-6s %10s %10s %10s %11s %10s %12s\n", "values", "codec", "bytes", "bits/value", "GB/s",
               "memcpy GB/s", "vs memcpy", "with EF GB/s");

@@ -11,6 +11,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <spdlog/spdlog.h>
+
 #include "apps/commands.h"
 #include "baselines/chaos_report.h"
 #include "chaos/chaos_report.h"
@@ -39,8 +41,8 @@ nlohmann::json train_child(const Config& config, const fs::path& dir, const fs::
   const fs::path cfg = dir / (config.run.name + ".toml");
   write_private_file_atomically(cfg, to_toml(config));
   const fs::path log = dir / (config.run.name + ".log");
-  std::printf("[chaos] %s: training%s, log %s\n", config.run.name.c_str(),
-              plan.empty() ? " without faults" : (" under plan " + plan.string()).c_str(), log.c_str());
+  spdlog::info("[chaos] {}: training{}, log {}", config.run.name,
+               plan.empty() ? " without faults" : (" under plan " + plan.string()), log.string());
   std::fflush(stdout);
   const fs::path self = fs::read_symlink("/proc/self/exe");
   std::string command = "'" + self.string() + "' train --config '" + cfg.string() + "'";
@@ -49,8 +51,8 @@ nlohmann::json train_child(const Config& config, const fs::path& dir, const fs::
   const int rc = std::system(command.c_str());
   const fs::path report = config.run_dir() / "report.json";
   if (rc != 0 || !fs::exists(report)) {
-    std::printf("[chaos] %s: FAILED (exit %d), see %s\n", config.run.name.c_str(), WIFEXITED(rc) ? WEXITSTATUS(rc) : rc,
-                log.c_str());
+    spdlog::info("[chaos] {}: FAILED (exit {}), see {}", config.run.name, WIFEXITED(rc) ? WEXITSTATUS(rc) : rc,
+                 log.string());
     if (WIFSIGNALED(rc) && (WTERMSIG(rc) == SIGINT || WTERMSIG(rc) == SIGTERM)) throw InputError("interrupted");
     return nullptr;
   }
@@ -189,7 +191,7 @@ std::vector<Side> train_and_analyse(const ChaosOptions& o, const std::vector<con
       side.simulated_config["trace_failures"] = replay.trace.size();
       side.simulated_config["result"] = sim::to_json(side.simulated, replay);
     } catch (const InputError& e) {
-      std::printf("[chaos] %s: cannot analyse the run: %s\n", c->run.name.c_str(), e.what());
+      spdlog::info("[chaos] {}: cannot analyse the run: {}", c->run.name, e.what());
       continue;
     }
     sides.push_back(std::move(side));
@@ -378,9 +380,9 @@ void run_chaos(const ChaosOptions& o) {
   Config reference = faulted;
   reference.run.name = "fault-free";
   const std::vector<Config> dp_runs = dp_baseline_configs(o, dir);
-  std::printf("[chaos] plan '%s': %zu faults over a run of %lld tokens, M = %lld; folder %s\n", plan.name.c_str(),
-              resolved.size(), static_cast<long long>(faulted.train.total_tokens),
-              static_cast<long long>(faulted.diloco.learners), dir.c_str());
+  spdlog::info("[chaos] plan '{}': {} faults over a run of {} tokens, M = {}; folder {}", plan.name,
+               resolved.size(), static_cast<long long>(faulted.train.total_tokens),
+               static_cast<long long>(faulted.diloco.learners), dir.string());
   for (const auto& f : resolved) std::printf("  %s\n", f.describe().c_str());
   std::fflush(stdout);
 

@@ -12,6 +12,8 @@
 #include <map>
 #include <sstream>
 
+#include <spdlog/spdlog.h>
+
 #include "apps/commands.h"
 #include "core/check.h"
 #include "core/config.h"
@@ -175,8 +177,8 @@ void train_runs(std::vector<Run>& runs, const fs::path& dir) {
     const fs::path cfg = dir / "configs" / (r.config.run.name + ".toml");
     write_private_file_atomically(cfg, to_toml(r.config));
     const fs::path log = dir / (r.config.run.name + ".log");
-    std::printf("[compare] %s (seed %llu): training, log %s\n", r.variant.c_str(),
-                static_cast<unsigned long long>(r.seed), log.c_str());
+    spdlog::info("[compare] {} (seed {}): training, log {}", r.variant,
+                 static_cast<unsigned long long>(r.seed), log.string());
     std::fflush(stdout);
     const auto t0 = std::chrono::steady_clock::now();
     const std::string command = "'" + self.string() + "' train --config '" + cfg.string() + "' > '" + log.string() + "' 2>&1";
@@ -185,11 +187,11 @@ void train_runs(std::vector<Run>& runs, const fs::path& dir) {
     const fs::path report_file = r.config.run_dir() / "report.json";
     if (rc == 0 && fs::exists(report_file)) {
       r.report = nlohmann::json::parse(std::ifstream(report_file));
-      std::printf("[compare] %s (seed %llu): val loss %.4f in %.0f s\n", r.variant.c_str(),
-                  static_cast<unsigned long long>(r.seed), r.report.value("final_val_loss", NAN), secs);
+      spdlog::info("[compare] {} (seed {}): val loss {:.4f} in {:.0f} s", r.variant,
+                   static_cast<unsigned long long>(r.seed), r.report.value("final_val_loss", NAN), secs);
     } else {
-      std::printf("[compare] %s (seed %llu): FAILED (exit %d), see %s\n", r.variant.c_str(),
-                  static_cast<unsigned long long>(r.seed), WIFEXITED(rc) ? WEXITSTATUS(rc) : rc, log.c_str());
+      spdlog::info("[compare] {} (seed {}): FAILED (exit {}), see {}", r.variant,
+                   static_cast<unsigned long long>(r.seed), WIFEXITED(rc) ? WEXITSTATUS(rc) : rc, log.string());
       if (WIFSIGNALED(rc) && (WTERMSIG(rc) == SIGINT || WTERMSIG(rc) == SIGTERM)) break;
     }
     std::fflush(stdout);
@@ -316,8 +318,8 @@ void run_compare(const CompareOptions& o) {
   }
   fs::create_directories(dir / "configs");
   std::vector<Run> runs = resolve_runs(o, base, dir, variants, seeds);
-  std::printf("[compare] %zu runs (%zu variants × %zu seeds) at %lld tokens each; folder %s\n", runs.size(),
-              variants.size(), seeds.size(), static_cast<long long>(base.train.total_tokens), dir.c_str());
+  spdlog::info("[compare] {} runs ({} variants × {} seeds) at {} tokens each; folder {}", runs.size(),
+               variants.size(), seeds.size(), static_cast<long long>(base.train.total_tokens), dir.string());
   std::fflush(stdout);
   train_runs(runs, dir);
   write_compare_report(o, base, dir, variants, runs);

@@ -13,6 +13,8 @@
 #include <map>
 #include <memory>
 
+#include <spdlog/spdlog.h>
+
 #include "apps/commands.h"
 #include "core/check.h"
 #include "sim/advise.h"
@@ -65,8 +67,8 @@ struct KnobFlags {
     if (explicit_file || std::filesystem::exists(calibration)) {
       load_calibration(calibration).apply(config);
     } else {
-      std::fprintf(stderr, "[sim] no %s here: using built-in defaults (run from the repository root, or pass "
-                           "--calibration)\n", calibration.c_str());
+      spdlog::warn("[sim] no {} here: using built-in defaults (run from the repository root, or pass "
+                   "--calibration)", calibration);
     }
     if (!return_dist.empty()) config.return_dist = parse_return_dist(return_dist);
     if (mtbf_years_opt != nullptr && mtbf_years_opt->count() > 0) config.chip_mtbf_s = mtbf_years * 365.0 * kDay;
@@ -85,7 +87,7 @@ void write_or_print(const std::string& text, const std::string& path) {
   std::ofstream out(path);
   if (!out) throw InputError("cannot write " + path);
   out << text;
-  std::fprintf(stderr, "[sim] wrote %s\n", path.c_str());
+  spdlog::info("[sim] wrote {}", path);
 }
 
 std::string series_title(Method method, int64_t learners) {
@@ -147,7 +149,7 @@ void add_goodput(CLI::App& sim) {
     write_or_print(format_runs(runs, format), args->out);
     if (!args->plot_path.empty()) {
       plot(series, "Goodput vs chips", "chips", "goodput (%)", false, args->plot_path);
-      std::fprintf(stderr, "[sim] plot %s\n", args->plot_path.c_str());
+      spdlog::info("[sim] plot {}", args->plot_path);
     }
   });
 }
@@ -182,7 +184,7 @@ void add_fit(CLI::App& sim) {
       for (std::string line; std::getline(in, line) && line.rfind("#", 0) == 0;) header += line.substr(2) + "\n";
     }
     std::ofstream(path) << calibration_to_toml(cal, header);
-    std::fprintf(stderr, "[sim] wrote the fitted knobs into %s\n", path.c_str());
+    spdlog::info("[sim] wrote the fitted knobs into {}", path);
   });
 }
 
@@ -226,7 +228,7 @@ void add_grid(CLI::App& sim) {
     }
     plot(series, "Goodput vs chips, 1-year chip MTBF: simulator (lines) vs paper (dots)", "chips", "goodput (%)",
          false, args->plot_path);
-    std::fprintf(stderr, "[sim] plot %s\n", args->plot_path.c_str());
+    spdlog::info("[sim] plot {}", args->plot_path);
   });
 }
 
@@ -323,7 +325,7 @@ void add_bandwidth(CLI::App& sim) {
     }
     plot(series, "Compute utilisation vs link bandwidth", "Gbit/s", "compute utilisation (%)", false,
          args->plot_path);
-    std::fprintf(stderr, "[sim] plot %s\n", args->plot_path.c_str());
+    spdlog::info("[sim] plot {}", args->plot_path);
   });
 }
 

@@ -21,6 +21,7 @@
 #include <string>
 
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "apps/commands.h"
 #include "core/check.h"
@@ -46,9 +47,9 @@ std::string shortest(double x) {
 }
 
 void print_table(const Setting& setting, const Schedule& schedule, SimMode mode, const SimResult& r) {
-  std::printf("[skippipe] %s mode, schedule \"%s\": %zu micro-batches, %zu stages, %lld nodes\n", to_string(mode),
-              schedule.method.c_str(), schedule.micro_batches.size(), schedule.placement.size(),
-              static_cast<long long>(setting.node_count()));
+  spdlog::info("[skippipe] {} mode, schedule \"{}\": {} micro-batches, {} stages, {} nodes", to_string(mode),
+               schedule.method, schedule.micro_batches.size(), schedule.placement.size(),
+               static_cast<long long>(setting.node_count()));
   std::printf("iteration time: %s s", shortest(r.iteration_time_s).c_str());
   if (schedule.reference_iteration_time_s) {
     std::printf("  (the source reports %s s)", shortest(*schedule.reference_iteration_time_s).c_str());
@@ -108,8 +109,8 @@ void add_simulate(CLI::App& cmd) {
       print_table(setting, schedule, mode, r);
     }
     if (r.stranded > 0) {
-      std::fprintf(stderr, "[skippipe] warning: %lld micro-batches never finished in reference mode (the reference "
-                           "drops them silently; the iteration time ignores them)\n",
+      spdlog::warn("[skippipe] {} micro-batches never finished in reference mode (the reference "
+                   "drops them silently; the iteration time ignores them)",
                    static_cast<long long>(r.stranded));
     }
   });
@@ -166,8 +167,8 @@ void print_schedule_report(const ScheduleArgs& a, const SchedulerResult& r) {
     std::cout << j.dump(1) << "\n";
     return;
   }
-  std::printf("[skippipe] %s: %zu micro-batches, %zu stages -> %s\n", a.method.c_str(),
-              r.schedule.micro_batches.size(), r.schedule.placement.size(), a.out.c_str());
+  spdlog::info("[skippipe] {}: {} micro-batches, {} stages -> {}", a.method,
+               r.schedule.micro_batches.size(), r.schedule.placement.size(), a.out);
   std::printf("iteration time: reference mode %s s, exact mode %s s\n", shortest(r.reference_s).c_str(),
               shortest(r.exact_s).c_str());
   std::printf("visits per stage:");

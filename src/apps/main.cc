@@ -15,6 +15,7 @@
 #include "core/check.h"
 #include "dloco_version.h"
 #include "process/children.h"
+#include "process/log.h"
 
 namespace {
 
@@ -70,6 +71,7 @@ std::string command_path(const CLI::App& app) {
 int main(int argc, char** argv) {
   // A role a launcher started dies with it (SIGTERM), also when the launcher is killed with SIGKILL.
   if (!dloco::die_with_launcher()) return dloco::kLauncherGoneExit;
+  dloco::init_logging();
   CLI::App app{"dloco: resilient distributed pre-training (Decoupled DiLoCo)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", version_text(), "Print the version, the commit and the build's devices");

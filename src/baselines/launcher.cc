@@ -14,6 +14,8 @@
 #include <optional>
 #include <thread>
 
+#include <spdlog/spdlog.h>
+
 #include "baselines/launcher.h"
 #include "baselines/worker_status.h"
 #include "core/check.h"
@@ -32,7 +34,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
 
 // Sums a numeric field over events/worker_<rank>.jsonl "stopped" records (bytes, syncs, waits per rank).
 nlohmann::json worker_summaries(const fs::path& run_dir, int M) {
@@ -220,10 +221,9 @@ void CollectiveRun::form(const std::string& reason) {
   events_.emit("group_formed", {{"generation", generation_}, {"slots", group_}, {"world", group_.size()},
                                 {"from_step", checkpoint ? checkpoint->step : 0}, {"reason", reason},
                                 {"at_s", elapsed_s()}});
-  std::printf("[launcher] generation %lld: %zu workers (slots %s) from step %lld (%s)\n",
-              static_cast<long long>(generation_), group_.size(), join_slots(group_).c_str(),
-              static_cast<long long>(checkpoint ? checkpoint->step : 0), reason.c_str());
-  std::fflush(stdout);
+  spdlog::info("[launcher] generation {}: {} workers (slots {}) from step {} ({})",
+               static_cast<long long>(generation_), group_.size(), join_slots(group_),
+               static_cast<long long>(checkpoint ? checkpoint->step : 0), reason);
 }
 
 // Every group member exits (SIGKILL after `grace`).
@@ -281,10 +281,9 @@ void CollectiveRun::start() {
   form("start");
   events_.emit("started", {{"mode", config_.diloco.mode}, {"workers", M_}, {"worker_threads", worker_threads_},
                            {"recovery", recovery_}, {"faults_planned", faults_.size()}});
-  std::printf("[launcher] run %s: %s with %d workers × %d BLAS threads (Gloo), recovery \"%s\"; logs in %s\n",
-              config_.run.name.c_str(), to_string(config_.diloco.mode), M_, worker_threads_, to_string(recovery_),
-              (run_dir_ / "logs").c_str());
-  std::fflush(stdout);
+  spdlog::info("[launcher] run {}: {} with {} workers × {} BLAS threads (Gloo), recovery \"{}\"; logs in {}",
+               config_.run.name, to_string(config_.diloco.mode), M_, worker_threads_, to_string(recovery_),
+               (run_dir_ / "logs").string());
 }
 
 // Until a signal, the run's end or a failure the policy cannot recover from.
@@ -358,11 +357,10 @@ Next CollectiveRun::stop_failed_group(const std::vector<int>& dead) {
     const std::string error = failed_by_itself(children_[s].status)
                                   ? last_error_line(run_dir_ / "logs" / ("worker_" + std::to_string(s) + ".log"))
                                   : "";
-    std::printf("[launcher] worker %d died (%s%s%s) at step %lld: %s\n", s, describe_exit(children_[s]).c_str(),
-                error.empty() ? "" : ": ", error.c_str(), static_cast<long long>(at_step),
-                recovery_ == RecoveryPolicy::kElastic ? "the others re-form without it from the newest checkpoint"
-                                      : "every worker waits for it, then all restart from the newest checkpoint");
-    std::fflush(stdout);
+    spdlog::info("[launcher] worker {} died ({}{}{}) at step {}: {}", s, describe_exit(children_[s]),
+                 error.empty() ? "" : ": ", error, static_cast<long long>(at_step),
+                 recovery_ == RecoveryPolicy::kElastic ? "the others re-form without it from the newest checkpoint"
+                 : "every worker waits for it, then all restart from the newest checkpoint");
   }
   hold_out_planned_kills(members_before);
   return Next::kGoOn;
@@ -464,11 +462,10 @@ void CollectiveRun::progress_row() {
   char val[32] = "  -  ";
   if (last_["val_loss"].is_number()) std::snprintf(val, sizeof(val), "%.3f", last_["val_loss"].get<double>());
   const double elapsed = std::chrono::duration<double>(Clock::now() - started_).count();
-  std::printf("%s %3.0f%% t %5lld | val %s | syncs %5lld | waiting %5.1fs | workers %zu/%d | tok/s per worker %.0f | %4.0fs\n",
-              progress_bar(frac).c_str(), 100 * frac, static_cast<long long>(last_.value("global_step", 0)), val,
-              static_cast<long long>(last_.value("syncs", 0)), last_.value("wait_s", 0.0), group_.size(), M_,
-              last_.value("tokens_per_s", 0.0), elapsed);
-  std::fflush(stdout);
+  spdlog::info("{} {:3.0f}% t {:5} | val {} | syncs {:5} | waiting {:5.1f}s | workers {}/{} | tok/s per worker {:.0f} | {:4.0f}s",
+               progress_bar(frac), 100 * frac, static_cast<long long>(last_.value("global_step", 0)), val,
+               static_cast<long long>(last_.value("syncs", 0)), last_.value("wait_s", 0.0), group_.size(), M_,
+               last_.value("tokens_per_s", 0.0), elapsed);
   events_.emit("progress", {{"global_step", last_.value("global_step", 0)}, {"tokens", last_.value("tokens_trained", 0)},
                             {"syncs", last_.value("syncs", 0)}, {"val_loss", last_["val_loss"]},
                             {"world", group_.size()}});
@@ -478,16 +475,15 @@ void CollectiveRun::progress_row() {
 void CollectiveRun::stop_workers() {
   injector_.release(children_, elapsed_s());
   if (!failure_.empty() && !status_error_.empty()) {
-    std::printf("[launcher] %s: stopping the workers\n", failure_.c_str());
+    spdlog::info("[launcher] {}: stopping the workers", failure_);
   } else if (!failure_.empty()) {
-    std::printf("[launcher] %s: stopped the other workers (synchronous training needs all %d; run.recovery = "
-                "\"restart\" or \"elastic\" re-forms the group)\n", failure_.c_str(), M_);
+    spdlog::info("[launcher] {}: stopped the other workers (synchronous training needs all {}; run.recovery = "
+                 "\"restart\" or \"elastic\" re-forms the group)", failure_, M_);
   }
   if (StopSignals::first() != 0) {
-    std::printf("[launcher] signal %d: stopping every worker; rank 0 writes a checkpoint (a second Ctrl-C stops at "
-                "once)\n", StopSignals::first());
+    spdlog::info("[launcher] signal {}: stopping every worker; rank 0 writes a checkpoint (a second Ctrl-C stops at "
+                 "once)", StopSignals::first());
   }
-  std::fflush(stdout);
   const auto wait_until = Clock::now() + std::chrono::seconds(failure_.empty() && StopSignals::first() == 0 ? 60 : 1);
   while (Clock::now() < wait_until && !StopSignals::hurry()) {
     reap(children_);

@@ -22,6 +22,8 @@
 #include <optional>
 #include <thread>
 
+#include <spdlog/spdlog.h>
+
 #include "baselines/dp.h"
 #include "baselines/outer_loops.h"
 #include "baselines/worker.h"
@@ -64,7 +66,7 @@ int run_worker(const Config& config, const WorkerOptions& options) {
   try {
     return run_worker_group(config, options);
   } catch (const CollectiveError& e) {
-    std::fprintf(stderr, "[worker %d] the group failed: %s\n", options.rank, e.what());
+    spdlog::warn("[worker {}] the group failed: {}", options.rank, e.what());
     return kPeerFailedExit;
   }
 }
@@ -275,8 +277,8 @@ std::unique_ptr<InnerJob> Worker::make_job() {
   if (mode_ == Mode::kDp) engine->set_replicas(&group_);  // the leaders are rank 0 of every group
   events_.emit("group_formed", {{"ranks", parallel_.ranks()}, {"group", engine->describe()},
                                 {"store", ranks_->store().string()}, {"pids", ranks_->pids()}});
-  std::printf("[worker %d] a group of %lld ranks: %s\n", rank_, static_cast<long long>(parallel_.ranks()),
-              engine->describe().c_str());
+  spdlog::info("[worker {}] a group of {} ranks: {}", rank_, static_cast<long long>(parallel_.ranks()),
+               engine->describe());
   auto job = std::make_unique<GroupInnerJob>(model_, layout_, config_.train, make_schedule(config_), std::move(stream),
                                              std::move(engine), std::move(group), group_timeout_s(config_, slot_));
   // Every fragment read before the first write: a write gathers the tensors it covers in part into the mirror
@@ -349,10 +351,9 @@ StartPoint Worker::join_group() {
   events_.emit("joined", {{"pid", ::getpid()}, {"mode", mode_}, {"world", W_}, {"rank", rank_}, {"slots", slots_},
                           {"generation", options_.generation}, {"from_step", start.step},
                           {"checkpoint", resumed_ ? resumed_->dir.string() : std::string()}});
-  std::printf("[worker %d] %s: joined the Gloo group of %d (slot %d, generation %lld, from step %lld)\n", rank_,
-              to_string(mode_), W_, slot_, static_cast<long long>(options_.generation),
-              static_cast<long long>(start.step));
-  std::fflush(stdout);
+  spdlog::info("[worker {}] {}: joined the Gloo group of {} (slot {}, generation {}, from step {})", rank_,
+               to_string(mode_), W_, slot_, static_cast<long long>(options_.generation),
+               static_cast<long long>(start.step));
   for (int s = 0; s < M_; ++s) start.cursors.push_back(StreamCursor{s, 0, 0, 0});
   if (resumed_) {
     const auto& m = resumed_->manifest;
@@ -516,9 +517,8 @@ int Worker::finish() {
     }
     write_status(step, !interrupted);
   }
-  std::printf("[worker %d] %s at step %lld: %lld syncs, %.1f s waiting in collectives\n", rank_,
-              interrupted ? "stopped" : "finished", static_cast<long long>(step), static_cast<long long>(syncs_), wait_s_);
-  std::fflush(stdout);
+  spdlog::info("[worker {}] {} at step {}: {} syncs, {:.1f} s waiting in collectives", rank_,
+               interrupted ? "stopped" : "finished", static_cast<long long>(step), static_cast<long long>(syncs_), wait_s_);
   return 0;
 }
 
@@ -561,8 +561,8 @@ int run_worker_group(const Config& config, const WorkerOptions& options) {
     // ranks was killed or failed by itself, else a casualty of a peer (run_worker returns kPeerFailedExit).
     for (int i = 0; ranks && i < 50; ++i) {  // a rank that was killed is reaped within a few ms
       if (const std::string dead = ranks->failed_rank(); !dead.empty()) {
-        std::fprintf(stderr, "[worker %d] its learner group failed: %s (%s; see logs/learner_%d_rank_*.log)\n",
-                     options.rank, dead.c_str(), e.what(), slot);
+        spdlog::warn("[worker {}] its learner group failed: {} ({}; see logs/learner_{}_rank_*.log)",
+                     options.rank, dead, e.what(), slot);
         return kOwnGroupFailedExit;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));

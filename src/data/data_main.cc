@@ -6,13 +6,16 @@
 #include <exception>
 
 #include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
 
 #include "core/check.h"
 #include "data/prepare.h"
 #include "data/spm.h"
+#include "process/log.h"
 
 int main(int argc, char** argv) {
   using namespace dloco;
+  init_logging();
   CLI::App app{"dloco-data: prepare corpora (SentencePiece BPE + token shards)"};
   app.require_subcommand(1);
 
@@ -31,11 +34,11 @@ int main(int argc, char** argv) {
   prepare->callback([&] {
     for (const auto& i : inputs) opts.inputs.emplace_back(i);
     const auto meta = prepare_corpus(opts);
-    std::printf("[data] %s: %lld train + %lld val tokens, vocabulary %lld, unigram baseline %.3f nats/token "
-                "(%.1f s)\n",
-                opts.out.c_str(), meta["train_tokens"].get<long long>(), meta["val_tokens"].get<long long>(),
-                meta["vocab_size"].get<long long>(), meta["unigram_val_nats_per_token"].get<double>(),
-                meta["seconds"].get<double>());
+    spdlog::info("[data] {}: {} train + {} val tokens, vocabulary {}, unigram baseline {:.3f} nats/token "
+                 "({:.1f} s)",
+                 opts.out.string(), meta["train_tokens"].get<long long>(), meta["val_tokens"].get<long long>(),
+                 meta["vocab_size"].get<long long>(), meta["unigram_val_nats_per_token"].get<double>(),
+                 meta["seconds"].get<double>());
   });
 
   std::string model, text;

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <limits>
 
+#include <spdlog/spdlog.h>
+
 #include "process/atomic_file.h"
 
 namespace dloco {
@@ -101,8 +103,7 @@ void FaultInjector::fire(const FaultEvent& f, double elapsed_s, int64_t global_s
     if (f.learner < 0 || f.learner >= static_cast<int>(links_.size()) || links_[f.learner] == nullptr) {
       fields["reason"] = "no link proxy for this learner (only decoupled runs route learners through proxies)";
       events_.emit("fault_skipped", fields);
-      std::printf("[chaos] skipped: %s (no link proxy)\n", f.describe().c_str());
-      std::fflush(stdout);
+      spdlog::info("[chaos] skipped: {} (no link proxy)", f.describe());
       return;
     }
     const double lasts_s = f.duration_s > 0 ? f.duration_s : kUntilEnded_s;
@@ -114,15 +115,13 @@ void FaultInjector::fire(const FaultEvent& f, double elapsed_s, int64_t global_s
     lasting_.push_back({f, "", elapsed_s, f.duration_s > 0 ? elapsed_s + f.duration_s : kNever});
     ++injected_;
     events_.emit("fault", fields);
-    std::printf("[chaos] %s\n", f.describe().c_str());
-    std::fflush(stdout);
+    spdlog::info("[chaos] {}", f.describe());
     return;
   }
   if ((f.action == FaultAction::kAddLearner || f.action == FaultAction::kLeaveLearner) && !scavenging_) {
     fields["reason"] = "the group of M workers is fixed (learners join and leave decoupled runs only)";
     events_.emit("fault_skipped", fields);
-    std::printf("[chaos] skipped: %s (a fixed group)\n", f.describe().c_str());
-    std::fflush(stdout);
+    spdlog::info("[chaos] skipped: {} (a fixed group)", f.describe());
     return;
   }
   if (f.action == FaultAction::kAddLearner) {  // the launcher starts it (take_joins)
@@ -136,8 +135,7 @@ void FaultInjector::fire(const FaultEvent& f, double elapsed_s, int64_t global_s
     joins_.push_back(f.learner);
     ++injected_;
     events_.emit("fault", fields);
-    std::printf("[chaos] %s\n", f.describe().c_str());
-    std::fflush(stdout);
+    spdlog::info("[chaos] {}", f.describe());
     return;
   }
   Child* target = target_of(f, children);
@@ -146,16 +144,14 @@ void FaultInjector::fire(const FaultEvent& f, double elapsed_s, int64_t global_s
     fields["note"] = "the learner was down: it is not restarted";
     ++injected_;
     events_.emit("fault", fields);
-    std::printf("[chaos] %s (it was down: not restarted)\n", f.describe().c_str());
-    std::fflush(stdout);
+    spdlog::info("[chaos] {} (it was down: not restarted)", f.describe());
     return;
   }
   if (target == nullptr || target->exited || target->pid <= 0) {
     fields["reason"] = target == nullptr ? "no such process in this run (e.g. no syncer in the baselines)"
                                          : "the process is not running (already down)";
     events_.emit("fault_skipped", fields);
-    std::printf("[chaos] skipped: %s (%s)\n", f.describe().c_str(), fields["reason"].get<std::string>().c_str());
-    std::fflush(stdout);
+    spdlog::info("[chaos] skipped: {} ({})", f.describe(), fields["reason"].get<std::string>());
     return;
   }
   fields["pid"] = target->pid;
@@ -194,8 +190,7 @@ void FaultInjector::fire(const FaultEvent& f, double elapsed_s, int64_t global_s
   }
   ++injected_;
   events_.emit("fault", fields);
-  std::printf("[chaos] %s\n", f.describe().c_str());
-  std::fflush(stdout);
+  spdlog::info("[chaos] {}", f.describe());
 }
 
 void FaultInjector::end(const Lasting& l, double elapsed_s, int64_t global_step, const char* reason,
@@ -218,8 +213,7 @@ void FaultInjector::end(const Lasting& l, double elapsed_s, int64_t global_step,
   if (global_step >= 0) fields["global_step"] = global_step;
   if (f.until_step >= 0) fields["until_step"] = f.until_step;
   events_.emit("fault_ended", fields);
-  std::printf("[chaos] ended: %s after %.1f s (%s)\n", f.describe().c_str(), elapsed_s - l.started_s, reason);
-  std::fflush(stdout);
+  spdlog::info("[chaos] ended: {} after {:.1f} s ({})", f.describe(), elapsed_s - l.started_s, reason);
 }
 
 }  // namespace dloco

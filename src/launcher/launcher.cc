@@ -20,6 +20,8 @@
 #include <map>
 #include <thread>
 
+#include <spdlog/spdlog.h>
+
 #include "chaos/fault_plan.h"
 #include "core/decisions.h"
 #include "launcher/fault_injector.h"
@@ -198,9 +200,9 @@ bool DecoupledRun::crash_loop(Child& c) {
   }
   if (failed) {  // the error itself once; the same error from another start or learner is only named
     const bool again = !error.empty() && error == last_error_printed_;
-    std::printf("[launcher] %s exited (%s)%s: %s\n", c.role.c_str(), exit_text(c.status).c_str(),
-                c.failures_before_progress > 0 ? " before its first step" : "",
-                again ? "the same error" : error.empty() ? ("see " + c.log.string()).c_str() : error.c_str());
+    spdlog::info("[launcher] {} exited ({}){}: {}", c.role, exit_text(c.status),
+                 c.failures_before_progress > 0 ? " before its first step" : "",
+                 again ? "the same error" : error.empty() ? ("see " + c.log.string()) : error);
     if (!error.empty()) last_error_printed_ = error;
   }
   return false;
@@ -220,9 +222,8 @@ void DecoupledRun::note_other_exits() {
     if (c.role != "evaluator" || !c.exited || evaluator_noted_ || !failed_by_itself(c.status)) continue;
     evaluator_noted_ = true;
     const std::string error = last_error_line(c.log);
-    std::printf("[launcher] the evaluator exited (%s): %s; training goes on without periodic evaluations\n",
-                exit_text(c.status).c_str(), error.empty() ? ("see " + c.log.string()).c_str() : error.c_str());
-    std::fflush(stdout);
+    spdlog::info("[launcher] the evaluator exited ({}): {}; training goes on without periodic evaluations",
+                 exit_text(c.status), error.empty() ? ("see " + c.log.string()) : error);
   }
 }
 
@@ -255,12 +256,11 @@ void DecoupledRun::start() {
   plan_started_ = Clock::now();
   events_.emit("started", {{"syncer", address_}, {"learners", M_}, {"learner_threads", learner_threads_},
                            {"faults_planned", faults_.size()}});
-  std::printf("[launcher] run %s: syncer %s, %d learners × %d BLAS threads, evaluator; logs in %s\n",
-              config_.run.name.c_str(), address_.c_str(), M_, learner_threads_, (run_dir_ / "logs").c_str());
+  spdlog::info("[launcher] run {}: syncer {}, {} learners × {} BLAS threads, evaluator; logs in {}",
+               config_.run.name, address_, M_, learner_threads_, (run_dir_ / "logs").string());
   if (std::string url; std::ifstream(run_dir_ / "monitor.url") >> url) {
-    std::printf("[launcher] dashboard %s (Prometheus metrics: %smetrics)\n", url.c_str(), url.c_str());
+    spdlog::info("[launcher] dashboard {} (Prometheus metrics: {}metrics)", url, url);
   }
-  std::fflush(stdout);
 }
 
 // Until a signal, or the syncer is gone (finished or failed) with no restart pending.
@@ -292,8 +292,7 @@ void DecoupledRun::add_joined_learners(double elapsed) {
     children_.push_back(spawn_child("learner " + std::to_string(id), id, learner_args(id),
                                     "learner_" + std::to_string(id), learner_threads_));
     events_.emit("learner_added", {{"learner", id}, {"at_s", elapsed}, {"pid", children_.back().pid}});
-    std::printf("[launcher] learner %d joins the run\n", id);
-    std::fflush(stdout);
+    spdlog::info("[launcher] learner {} joins the run", id);
   }
 }
 
@@ -306,7 +305,7 @@ void DecoupledRun::restart_syncer(double elapsed) {
     respawn(syncer, syncer_args(address_), 1);
     injector_.restarted(syncer);
     events_.emit("syncer_restarted", {{"restarts", syncer.restarts}, {"at_s", elapsed}, {"address", address_}});
-    std::printf("[launcher] syncer restarted on %s from its persisted state\n", address_.c_str());
+    spdlog::info("[launcher] syncer restarted on {} from its persisted state", address_);
   }
 }
 
@@ -333,8 +332,7 @@ void DecoupledRun::restart_learners(double elapsed) {
     if (crash_loop(c)) return;
     events_.emit("learner_restarted", {{"learner", c.learner}, {"exit_status", c.status}, {"restarts", c.restarts + 1},
                                        {"at_s", elapsed}, {"failures_before_progress", c.failures_before_progress}});
-    std::printf("[launcher] restarting %s (restart %d)\n", c.role.c_str(), c.restarts + 1);
-    std::fflush(stdout);
+    spdlog::info("[launcher] restarting {} (restart {})", c.role, c.restarts + 1);
     respawn(c, learner_args(c.learner), learner_threads_);
     injector_.restarted(c);
   }
@@ -366,12 +364,11 @@ void DecoupledRun::progress_row() {
   char val[32] = "  -  ", train[32] = "  -  ";
   if (last_.last_eval_step >= 0) std::snprintf(val, sizeof(val), "%.3f", last_.last_val_loss);
   if (live > 0) std::snprintf(train, sizeof(train), "%.3f", loss_sum / live);
-  std::printf("%s %3.0f%% t %5lld | loss %s | val %s | merges %5lld | quorum %lld | live %d/%d | tok/s %s | %4.0fs\n",
-              progress_bar(frac).c_str(), 100 * frac, static_cast<long long>(last_.global_step), train, val,
-              static_cast<long long>(last_.merges), static_cast<long long>(last_.last_quorum), live,
-              std::max(M_, static_cast<int>(last_.learners.size())),
-              tps.c_str(), elapsed);
-  std::fflush(stdout);
+  spdlog::info("{} {:3.0f}% t {:5} | loss {} | val {} | merges {:5} | quorum {} | live {}/{} | tok/s {} | {:4.0f}s",
+               progress_bar(frac), 100 * frac, static_cast<long long>(last_.global_step), train, val,
+               static_cast<long long>(last_.merges), static_cast<long long>(last_.last_quorum), live,
+               std::max(M_, static_cast<int>(last_.learners.size())),
+               tps, elapsed);
   events_.emit("progress", {{"global_step", last_.global_step}, {"tokens", last_.tokens_trained},
                             {"merges", last_.merges}, {"val_loss", last_.last_val_loss}, {"live", live}});
 }
@@ -382,12 +379,11 @@ bool DecoupledRun::stop_children_and_syncer_client() {
   const int sig = StopSignals::first();
   const bool interrupted = sig != 0 || !finished_ || !failure_.empty();
   if (!failure_.empty()) {
-    std::printf("[launcher] %s: stopping the run\n", failure_.c_str());
+    spdlog::info("[launcher] {}: stopping the run", failure_);
   } else if (sig != 0) {
-    std::printf("[launcher] signal %d: stopping every child; the syncer persists and checkpoints Θ (resume with "
-                "--resume %s; a second Ctrl-C stops at once)\n", sig, run_dir_.c_str());
+    spdlog::info("[launcher] signal {}: stopping every child; the syncer persists and checkpoints Θ (resume with "
+                 "--resume {}; a second Ctrl-C stops at once)", sig, run_dir_.string());
   }
-  std::fflush(stdout);
   syncer_client_.reset();
   injector_.release(children_, elapsed_s());
   const auto wait_until = Clock::now() + std::chrono::seconds(interrupted ? 1 : 20);
@@ -481,8 +477,8 @@ nlohmann::json run_launcher(const Config& config, bool resume, wire::Transport& 
     const auto state = try_read_json_file(run_dir / "syncer" / "state.json").value_or(nullptr);
     auto previous = try_read_json_file(run_dir / "report.json").value_or(nullptr);
     if (state.is_object() && state.value("finished", false)) {
-      std::printf("[launcher] run %s already finished (report %s): nothing to resume, nothing changed\n",
-                  config.run.name.c_str(), (run_dir / "report.json").c_str());
+      spdlog::info("[launcher] run {} already finished (report {}): nothing to resume, nothing changed",
+                   config.run.name, (run_dir / "report.json").string());
       if (!previous.is_object()) throw InputError("run '" + run_dir.string() + "' finished but has no report.json");
       previous["already_finished"] = true;
       return previous;

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <spdlog/spdlog.h>
+
 #include "core/check.h"
 #include "process/atomic_file.h"
 #include "process/private_file.h"
@@ -157,14 +159,14 @@ std::filesystem::path write_loss_plot(const Config& config, const nlohmann::json
   if (!val.empty()) series.push_back(series_of("global model, validation", val));
   std::erase_if(series, [](const sim::PlotSeries& s) { return s.x.empty(); });
   if (series.empty()) {
-    std::printf("no loss plot: the run logged no step\n");
+    spdlog::info("no loss plot: the run logged no step");
     return {};
   }
   const fs::path out = run / "loss.png";
   try {
     sim::plot(series, "loss of run " + config.run.name, "step", "loss (nats/token)", false, out);
   } catch (const InputError& e) {
-    std::printf("no loss plot: %s\n", e.what());
+    spdlog::info("no loss plot: {}", e.what());
     return {};
   }
   return out;

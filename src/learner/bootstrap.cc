@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <thread>
 
+#include <spdlog/spdlog.h>
+
 #include "core/backoff.h"
 
 namespace dloco {
@@ -28,9 +30,8 @@ std::optional<Bootstrapped> bootstrap(LearnerLink& link, wire::Transport& transp
     const double left = std::chrono::duration<double>(deadline - said).count();
     const std::string what = first ? "no answer from the syncer at"
                                    : "still no syncer after " + std::to_string(static_cast<int>(waited)) + " s at";
-    std::printf("%s %s %s (%s); retrying for %.0f s more\n", who.c_str(), what.c_str(), link.address().c_str(),
-                why.c_str(), left);
-    std::fflush(stdout);
+    spdlog::info("{} {} {} ({}); retrying for {:.0f} s more", who, what, link.address(),
+                 why, left);
   };
   Bootstrapped out;
   int64_t locked_stream = -1;

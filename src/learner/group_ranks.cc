@@ -8,6 +8,8 @@
 
 #include <cstdio>
 
+#include <spdlog/spdlog.h>
+
 #include "core/check.h"
 #include "learner/group_engine.h"
 #include "learner/group_inner_job.h"
@@ -169,7 +171,7 @@ int run_group_rank(const Config& config, const GroupRankOptions& options) {
     return 0;
   } catch (const CollectiveError& e) {
     events.emit("rank_failed", {{"error", e.what()}});
-    std::fprintf(stderr, "[%s] the group failed: %s\n", who.c_str(), e.what());
+    spdlog::warn("[{}] the group failed: {}", who, e.what());
     return 3;
   }
 }

@@ -8,6 +8,8 @@
 #include <map>
 #include <sstream>
 
+#include <spdlog/spdlog.h>
+
 #include "core/json_read.h"
 #include "core/lr_schedule.h"
 #include "learner/gpt_inner_job.h"
@@ -80,8 +82,8 @@ std::unique_ptr<InnerJob> make_inner_job(const Config& config, int id, const fs:
                                  run_dir / "offload" / ("learner_" + std::to_string(id) + "_rank_0"));
   events.emit("group_formed", {{"ranks", parallel.ranks()}, {"group", engine->describe()},
                                {"store", ranks->store().string()}, {"pids", ranks->pids()}});
-  std::printf("[learner %d] a group of %lld ranks: %s\n", id, static_cast<long long>(parallel.ranks()),
-              engine->describe().c_str());
+  spdlog::info("[learner {}] a group of {} ranks: {}", id, static_cast<long long>(parallel.ranks()),
+               engine->describe());
   return std::make_unique<GroupInnerJob>(model, layout, config.train, make_schedule(config), std::move(stream),
                                          std::move(engine), std::move(group), group_timeout_s(config, id));
 }
@@ -96,7 +98,7 @@ int64_t restore_inner_state(InnerJob& job, const fs::path& run_dir, int id, int6
   }
   if (!why.empty()) {
     events.emit("optimizer_not_restored", {{"reason", why}});
-    std::printf("[learner %d] its saved AdamW state is unusable (%s): starting with fresh moments\n", id, why.c_str());
+    spdlog::info("[learner {}] its saved AdamW state is unusable ({}): starting with fresh moments", id, why);
   }
   return -1;
 }
@@ -176,11 +178,10 @@ void announce_bootstrapped(int id, const std::string& syncer, const Bootstrapped
                                {"syncer_generation", joined.syncer_generation}, {"stream", joined.stream_index},
                                {"sources", from_source}, {"source_failures", boot.fetched.failures},
                                {"peer_address", peer_server ? peer_server->address() : ""}});
-  std::printf("[learner %d step %lld] joined %s: stream %lld, %lld/%lld tokens done\n", id,
-              static_cast<long long>(joined.global_step), syncer.c_str(),
-              static_cast<long long>(joined.stream_index), static_cast<long long>(job.cursor().tokens_served),
-              static_cast<long long>(joined.tokens_budget));
-  std::fflush(stdout);
+  spdlog::info("[learner {} step {}] joined {}: stream {}, {}/{} tokens done", id,
+               static_cast<long long>(joined.global_step), syncer,
+               static_cast<long long>(joined.stream_index), static_cast<long long>(job.cursor().tokens_served),
+               static_cast<long long>(joined.tokens_budget));
 }
 
 std::unique_ptr<MonitorServer> start_learner_monitor(const Config& config, int id, LearnerGauges& gauges,
@@ -190,8 +191,7 @@ std::unique_ptr<MonitorServer> start_learner_monitor(const Config& config, int i
                                                  MonitorServer::Routes{[&gauges] { return gauges.text(); }, {}, ""},
                                                  transport_security(config));
   events.emit("monitor", {{"url", monitor->url()}, {"address", monitor->address()}});
-  std::printf("[learner %d] metrics %smetrics\n", id, monitor->url().c_str());
-  std::fflush(stdout);
+  spdlog::info("[learner {}] metrics {}metrics", id, monitor->url());
   return monitor;
 }
 

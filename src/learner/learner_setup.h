@@ -13,7 +13,6 @@
 
 #include "core/config.h"
 #include "core/fragments.h"
-#include "core/prometheus.h"
 #include "data/stream.h"
 #include "data/stream_log.h"
 #include "learner/bootstrap.h"
@@ -23,6 +22,7 @@
 #include "learner/peer.h"
 #include "model/gpt.h"
 #include "monitor/monitor_server.h"
+#include "monitor/prometheus_text.h"
 #include "process/events.h"
 #include "transport/protocol.h"
 #include "transport/transport.h"

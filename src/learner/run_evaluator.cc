@@ -9,6 +9,8 @@
 #include <cstring>
 #include <thread>
 
+#include <spdlog/spdlog.h>
+
 #include "learner/learner.h"
 #include "learner/link.h"
 #include "process/events.h"
@@ -35,10 +37,9 @@ int run_evaluator(const Config& config, const LearnerOptions& options, wire::Tra
   LearnerLink link(transport.connect_syncer(options.syncer), options.syncer, make_handshake(config, layout), -1,
                    "evaluator", config.run.seed ^ 0xE7A1u);
   link.join(options.bootstrap_timeout_s);
-  std::printf("[evaluator] joined %s: the global model every %lld global steps on %lld validation tokens\n",
-              options.syncer.c_str(), static_cast<long long>(config.train.eval_interval),
-              static_cast<long long>(config.train.eval_tokens));
-  std::fflush(stdout);
+  spdlog::info("[evaluator] joined {}: the global model every {} global steps on {} validation tokens",
+               options.syncer, static_cast<long long>(config.train.eval_interval),
+               static_cast<long long>(config.train.eval_tokens));
 
   int64_t next_eval = config.train.eval_interval;
   for (;;) {
@@ -60,10 +61,9 @@ int run_evaluator(const Config& config, const LearnerOptions& options, wire::Tra
     link.report_eval({0, snap->global_step, loss, versions, secs});
     events.emit("eval", {{"global_step", snap->global_step}, {"val_loss", loss}, {"versions", versions},
                          {"seconds", secs}});
-    std::printf("[evaluator] global step %lld: validation loss %.4f (perplexity %.1f) on %lld tokens, %.1f s\n",
-                static_cast<long long>(snap->global_step), loss, std::exp(loss),
-                static_cast<long long>(config.train.eval_tokens), secs);
-    std::fflush(stdout);
+    spdlog::info("[evaluator] global step {}: validation loss {:.4f} (perplexity {:.1f}) on {} tokens, {:.1f} s",
+                 static_cast<long long>(snap->global_step), loss, std::exp(loss),
+                 static_cast<long long>(config.train.eval_tokens), secs);
     while (next_eval <= snap->global_step) next_eval += config.train.eval_interval;
   }
   return 0;

@@ -11,8 +11,9 @@
 #include <mutex>
 #include <thread>
 
+#include <spdlog/spdlog.h>
+
 #include "core/decisions.h"
-#include "core/prometheus.h"
 #include "data/stream.h"
 #include "learner/bootstrap.h"
 #include "learner/gpt_inner_job.h"
@@ -22,6 +23,7 @@
 #include "learner/learner_setup.h"
 #include "learner/outer_sync.h"
 #include "monitor/monitor_server.h"
+#include "monitor/prometheus_text.h"
 #include "process/control_file.h"
 #include "process/events.h"
 #include "train/fragment_io.h"
@@ -39,10 +41,6 @@ namespace {
 
 std::atomic<int> g_learner_signal{0};
 extern "C" void on_learner_signal(int sig) { g_learner_signal.store(sig); }
-
-
-
-
 
 // The training loop and what it keeps between steps. `phase` is training when it starts.
 class LearnerLoop {
@@ -157,12 +155,11 @@ class LearnerLoop {
   void print_row() {
     const double elapsed = std::chrono::duration<double>(Clock::now() - last_row_).count();
     const int64_t tokens = job_.cursor().tokens_served;
-    std::printf("[learner %d step %lld] loss %.4f | %.0f tokens/s | merges applied %lld | %.0f%% of %s\n", id_,
-                static_cast<long long>(step_), loss_.value(),
-                elapsed > 0 ? (tokens - row_tokens_) / elapsed : 0.0,
-                static_cast<long long>(sync_.merges_applied()), 100.0 * tokens / std::max<int64_t>(1, budget_),
-                config_.train.shared_budget ? "the shared budget" : "its stream's budget");
-    std::fflush(stdout);
+    spdlog::info("[learner {} step {}] loss {:.4f} | {:.0f} tokens/s | merges applied {} | {:.0f}% of {}", id_,
+                 static_cast<long long>(step_), loss_.value(),
+                 elapsed > 0 ? (tokens - row_tokens_) / elapsed : 0.0,
+                 static_cast<long long>(sync_.merges_applied()), 100.0 * tokens / std::max<int64_t>(1, budget_),
+                 config_.train.shared_budget ? "the shared budget" : "its stream's budget");
     last_row_ = Clock::now();
     row_tokens_ = tokens;
   }

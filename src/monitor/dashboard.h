@@ -1,7 +1,9 @@
 // The live dashboard page a syncer serves at / (issue 15, "Metrics and dashboard"): one self-contained HTML page
-// (no external scripts or fonts) that polls /status.json every second and draws the learners' table (step, loss,
-// tokens/s, heartbeat age, state; an absent learner highlighted), the quorum and merges, the global model's
-// validation-loss curve, goodput and bytes. The page's contract with /status.json is documented in docs/monitoring.md.
+// (no external scripts or fonts) that polls /status.json every second and draws the run's counters (goodput with its
+// definition on the page), the learners' table (step, loss, tokens/s, heartbeat age, state; an absent learner
+// highlighted) and four charts from the status's history: each learner's training loss with the global model's
+// validation loss against the global step, each learner's tokens/s, the syncer's traffic up and down (MB/s), and
+// merges, refusals and drops over time. The page's contract with /status.json: docs/monitoring.md.
 #pragma once
 
 #include <string>

@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <thread>
 
+#include <spdlog/spdlog.h>
+
 #include "core/check.h"
 #include "transport/local_address.h"
 
@@ -84,7 +86,7 @@ MonitorServer::MonitorServer(const std::string& address, Routes routes, const wi
   // The servers' one listening rule (docs/protocol.md §12): throws off loopback without TLS and a secret.
   if (const std::string warning = wire::check_listen_policy(host, protection, "the monitoring endpoint");
       !warning.empty()) {
-    std::fprintf(stderr, "[dloco] %s\n", warning.c_str());
+    spdlog::warn("[dloco] {}", warning);
   }
   if (https_) {
     bool loaded = false;

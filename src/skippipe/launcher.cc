@@ -17,6 +17,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <fmt/core.h>
+#include <spdlog/spdlog.h>
 
 #include "core/check.h"
 #include "core/config.h"
@@ -110,7 +112,7 @@ std::string watch(std::vector<Child>& children, double timeout_s, const std::set
       if (c.exited && !ok(c) && !routed_around.count(c.learner) && !first_failure) first_failure = c.died_at;
     }
     if (first_failure && Clock::now() - *first_failure > std::chrono::duration<double>(timeout_s + 5)) {
-      std::fprintf(stderr, "[skippipe] nodes still running %.0f s after the first failure: killing them\n",
+      spdlog::warn("[skippipe] nodes still running {:.0f} s after the first failure: killing them",
                    timeout_s + 5);
       stop_children(children, std::chrono::seconds(2));
       for (Child& c : children) {
@@ -153,6 +155,135 @@ void write_json(const fs::path& path, const nlohmann::json& j) { write_file_atom
 
 std::optional<nlohmann::json> read_json(const fs::path& path) { return try_read_json_file(path); }
 
+namespace reroute {
+
+// What the parent keeps across generations: the schedules the survivors run (`rerouted_last` for iteration
+// `redone`, `current` from the next one on; before any failure the start's for every iteration), the generation and
+// whether the survivors were released.
+struct State {
+  skippipe::Schedule current, rerouted_last;
+  int64_t redone = -1;
+  int g = 0;
+  bool released = false;
+};
+
+// Tells the survivors at once that the re-routing of generation g cannot go on (they stop instead of waiting out
+// the deadline); returns `why`.
+std::string give_up(const SkipTrainOptions& o, int g, const std::string& why) {
+  write_json(o.out_dir / ("plan_" + std::to_string(g) + ".json"), {{"generation", g}, {"abort", why}});
+  return why;
+}
+
+// Every survivor's answer to notice g: how many iterations it completed. "" when all answered, else why not.
+std::string await_acks(std::vector<Child>& children, const SkipTrainOptions& o, const std::set<int>& dead, int g,
+                       const std::string& names, std::map<int, int64_t>& completed) {
+  const auto deadline = std::chrono::duration<double>(o.timeout_s + 5);
+  const auto asked = Clock::now();
+  while (completed.size() + dead.size() < children.size()) {
+    for (const Child& c : children) {
+      if (dead.count(c.learner) || completed.count(c.learner)) continue;
+      const std::string ack = "ack_" + std::to_string(g) + "_" + std::to_string(c.learner) + ".json";
+      if (auto a = read_json(o.out_dir / ack)) completed[c.learner] = (*a)["completed"].get<int64_t>();
+    }
+    reap(children);
+    for (const Child& c : children) {
+      if (c.exited && !ok(c) && !dead.count(c.learner)) {
+        return c.role + " " + describe(c.status) + " while the others re-routed around node(s) " + names;
+      }
+    }
+    if (Clock::now() - asked > deadline) return "the survivors did not answer the re-routing notice in time";
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return "";
+}
+
+// Nodes `died` died: announce generation g + 1, collect the survivors' answers, write the plan (the iteration to
+// redo on a schedule routed around the dead, then the re-plan). "" when the survivors go on, else the failure.
+std::string route_around(std::vector<Child>& children, const SkipTrainOptions& o,
+                         const skippipe::CheckedPipeline& start, std::set<int>& dead,
+                         const std::vector<const Child*>& died, State& st) {
+  std::string names, what;
+  for (const Child* c : died) {
+    dead.insert(c->learner);
+    names += (names.empty() ? "" : ", ") + std::to_string(c->learner);
+    what += (what.empty() ? "" : "; ") + c->role + " " + describe(c->status);
+  }
+  const int g = ++st.g;
+  write_json(o.out_dir / ("reroute_" + std::to_string(g) + ".json"),
+             {{"generation", g}, {"dead", std::vector<int>(dead.begin(), dead.end())}, {"why", what}});
+  spdlog::info("[skippipe] {}: routing around it (generation {})", what, g);
+  std::map<int, int64_t> completed;
+  if (const std::string failed = await_acks(children, o, dead, g, names, completed); !failed.empty()) {
+    return give_up(o, g, failed);
+  }
+  int64_t redo = o.iterations;
+  for (const auto& [n, c] : completed) redo = std::min(redo, c);
+  std::vector<int> rank_of(children.size(), -1);
+  int world = 0;
+  for (size_t n = 0; n < children.size(); ++n) {
+    if (!dead.count(static_cast<int>(n))) rank_of[n] = world++;
+  }
+  nlohmann::json plan = {{"generation", g}, {"redo_iteration", redo}, {"rank_of_node", rank_of}, {"world", world},
+                         {"redo_schedule", ""}, {"next_schedule", ""}};
+  if (redo == o.iterations) {  // it died after every survivor finished: nothing to redo
+    write_json(o.out_dir / ("plan_" + std::to_string(g) + ".json"), plan);
+    spdlog::info("[skippipe] it died after the last iteration: nothing to redo");
+    st.released = true;  // the survivors finish on this plan
+    return "";
+  }
+  // The iteration to redo ran on the re-routed schedule if it is the one redone last, else on `current`.
+  const skippipe::Schedule& base = redo == st.redone ? st.rerouted_last : st.current;
+  skippipe::Schedule rerouted, next;
+  std::string why;
+  try {
+    rerouted = skippipe::reroute_around(base, start.setting, dead);
+    next = skippipe::replan_around(rerouted, base, start.setting, &why);
+  } catch (const InputError& e) {
+    return give_up(o, g, what + ", and it cannot be routed around: " + e.what());
+  }
+  const fs::path redo_file = fs::absolute(o.out_dir / ("schedule_redo_" + std::to_string(g) + ".json"));
+  const fs::path next_file = fs::absolute(o.out_dir / ("schedule_next_" + std::to_string(g) + ".json"));
+  write_json(redo_file, skippipe::schedule_to_json(rerouted, {"re-routed around node(s) " + names}));
+  write_json(next_file, skippipe::schedule_to_json(next, {why}));
+  plan["redo_schedule"] = redo_file.string();
+  plan["next_schedule"] = next_file.string();
+  write_json(o.out_dir / ("plan_" + std::to_string(g) + ".json"), plan);
+  spdlog::info("[skippipe] iteration {} redone on {} nodes with node(s) {} routed around ({:.6g} s simulated, "
+               "was {:.6g} s); then {}",
+               static_cast<long long>(redo), world, names,
+               skippipe::simulate_exact(start.setting, rerouted).iteration_time_s,
+               skippipe::simulate_exact(start.setting, base).iteration_time_s, why);
+  st.rerouted_last = rerouted;
+  st.redone = redo;
+  st.current = next;
+  return "";
+}
+
+// Releases the survivors once every one finished the last iteration in this generation. nullopt while nodes still
+// run; then "" when they all succeeded, else the failure.
+std::optional<std::string> release_or_end(const std::vector<Child>& children, const SkipTrainOptions& o,
+                                          const std::set<int>& dead, State& st) {
+  size_t finished = 0, exited = 0;
+  for (const Child& c : children) {
+    if (dead.count(c.learner)) continue;
+    exited += c.exited;
+    if (auto f = read_json(o.out_dir / ("finished_" + std::to_string(c.learner) + ".json"))) {
+      finished += (*f)["generation"].get<int>() == st.g;
+    }
+  }
+  if (!st.released && finished + dead.size() == children.size()) {
+    write_json(o.out_dir / ("release_" + std::to_string(st.g) + ".json"), {{"generation", st.g}});
+    st.released = true;
+  }
+  if (exited + dead.size() < children.size()) return std::nullopt;
+  for (const Child& c : children) {
+    if (!dead.count(c.learner) && !ok(c)) return c.role + " " + describe(c.status) + " after the last iteration";
+  }
+  return "";
+}
+
+}  // namespace reroute
+
 // Re-routing (docs/skippipe.md "Re-routing around a dead node"): a node that dies of its own accord (a signal, an
 // exit other than 0 and 75) is announced in reroute_<g>.json; every survivor tears its group down, answers with how
 // many iterations it completed (ack_<g>_<node>.json); the parent writes the re-routed schedule for the iteration to
@@ -161,13 +292,7 @@ std::optional<nlohmann::json> read_json(const fs::path& path) { return try_read_
 // (the survivors are then left to watch()).
 std::string watch_rerouting(std::vector<Child>& children, const SkipTrainOptions& o,
                             const skippipe::CheckedPipeline& start, std::set<int>& dead) {
-  // The schedules the survivors run: `rerouted` for iteration `redone`, `current` from the next one on (before
-  // any failure: the start's for every iteration).
-  skippipe::Schedule current = start.schedule, rerouted_last = start.schedule;
-  int64_t redone = -1;
-  int g = 0;
-  bool released = false;
-  const auto deadline = std::chrono::duration<double>(o.timeout_s + 5);
+  reroute::State st{start.schedule, start.schedule};
   for (;;) {
     reap(children);
     std::vector<const Child*> died, gave_up;
@@ -176,107 +301,13 @@ std::string watch_rerouting(std::vector<Child>& children, const SkipTrainOptions
       (peer_failed(c) ? gave_up : died).push_back(&c);
     }
     if (!gave_up.empty()) return gave_up.front()->role + " " + describe(gave_up.front()->status);
-    if (!died.empty() && !released) {
-      std::string names, what;
-      for (const Child* c : died) {
-        dead.insert(c->learner);
-        names += (names.empty() ? "" : ", ") + std::to_string(c->learner);
-        what += (what.empty() ? "" : "; ") + c->role + " " + describe(c->status);
+    if (!died.empty() && !st.released) {
+      if (std::string failed = reroute::route_around(children, o, start, dead, died, st); !failed.empty()) {
+        return failed;
       }
-      ++g;
-      write_json(o.out_dir / ("reroute_" + std::to_string(g) + ".json"),
-                 {{"generation", g}, {"dead", std::vector<int>(dead.begin(), dead.end())}, {"why", what}});
-      std::printf("[skippipe] %s: routing around it (generation %d)\n", what.c_str(), g);
-      std::fflush(stdout);
-      // A re-routing that cannot go on tells the survivors at once (they stop instead of waiting out the deadline).
-      auto give_up = [&](const std::string& why) {
-        write_json(o.out_dir / ("plan_" + std::to_string(g) + ".json"), {{"generation", g}, {"abort", why}});
-        return why;
-      };
-      // Every survivor's answer: how many iterations it completed.
-      std::map<int, int64_t> completed;
-      const auto asked = Clock::now();
-      while (completed.size() + dead.size() < children.size()) {
-        for (const Child& c : children) {
-          if (dead.count(c.learner) || completed.count(c.learner)) continue;
-          const std::string ack = "ack_" + std::to_string(g) + "_" + std::to_string(c.learner) + ".json";
-          if (auto a = read_json(o.out_dir / ack)) {
-            completed[c.learner] = (*a)["completed"].get<int64_t>();
-          }
-        }
-        reap(children);
-        for (const Child& c : children) {
-          if (c.exited && !ok(c) && !dead.count(c.learner)) {
-            return give_up(c.role + " " + describe(c.status) + " while the others re-routed around node(s) " + names);
-          }
-        }
-        if (Clock::now() - asked > deadline) {
-          return give_up("the survivors did not answer the re-routing notice in time");
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
-      int64_t redo = o.iterations;
-      for (const auto& [n, c] : completed) redo = std::min(redo, c);
-      std::vector<int> rank_of(children.size(), -1);
-      int world = 0;
-      for (size_t n = 0; n < children.size(); ++n) {
-        if (!dead.count(static_cast<int>(n))) rank_of[n] = world++;
-      }
-      if (redo == o.iterations) {  // it died after every survivor finished: nothing to redo
-        write_json(o.out_dir / ("plan_" + std::to_string(g) + ".json"),
-                   {{"generation", g}, {"redo_iteration", redo}, {"rank_of_node", rank_of}, {"world", world},
-                    {"redo_schedule", ""}, {"next_schedule", ""}});
-        std::printf("[skippipe] it died after the last iteration: nothing to redo\n");
-        released = true;  // the survivors finish on this plan
-        continue;
-      }
-      // The iteration to redo ran on the re-routed schedule if it is the one redone last, else on `current`.
-      const skippipe::Schedule& base = redo == redone ? rerouted_last : current;
-      skippipe::Schedule rerouted, next;
-      std::string why;
-      try {
-        rerouted = skippipe::reroute_around(base, start.setting, dead);
-        next = skippipe::replan_around(rerouted, base, start.setting, &why);
-      } catch (const InputError& e) {
-        return give_up(what + ", and it cannot be routed around: " + e.what());
-      }
-      const fs::path redo_file = fs::absolute(o.out_dir / ("schedule_redo_" + std::to_string(g) + ".json"));
-      const fs::path next_file = fs::absolute(o.out_dir / ("schedule_next_" + std::to_string(g) + ".json"));
-      write_json(redo_file, skippipe::schedule_to_json(rerouted, {"re-routed around node(s) " + names}));
-      write_json(next_file, skippipe::schedule_to_json(next, {why}));
-      write_json(o.out_dir / ("plan_" + std::to_string(g) + ".json"),
-                 {{"generation", g}, {"redo_iteration", redo}, {"rank_of_node", rank_of}, {"world", world},
-                  {"redo_schedule", redo_file.string()}, {"next_schedule", next_file.string()}});
-      std::printf("[skippipe] iteration %lld redone on %d nodes with node(s) %s routed around (%.6g s simulated, "
-                  "was %.6g s); then %s\n",
-                  static_cast<long long>(redo), world, names.c_str(),
-                  skippipe::simulate_exact(start.setting, rerouted).iteration_time_s,
-                  skippipe::simulate_exact(start.setting, base).iteration_time_s, why.c_str());
-      std::fflush(stdout);
-      rerouted_last = rerouted;
-      redone = redo;
-      current = next;
       continue;
     }
-    // Every survivor finished the last iteration in this generation: release them.
-    size_t finished = 0, exited = 0;
-    for (const Child& c : children) {
-      if (dead.count(c.learner)) continue;
-      exited += c.exited;
-      if (auto f = read_json(o.out_dir / ("finished_" + std::to_string(c.learner) + ".json"))) {
-        finished += (*f)["generation"].get<int>() == g;
-      }
-    }
-    if (!released && finished + dead.size() == children.size()) {
-      write_json(o.out_dir / ("release_" + std::to_string(g) + ".json"), {{"generation", g}});
-      released = true;
-    }
-    if (exited + dead.size() == children.size()) {
-      for (const Child& c : children) {
-        if (!dead.count(c.learner) && !ok(c)) return c.role + " " + describe(c.status) + " after the last iteration";
-      }
-      return "";
-    }
+    if (auto end = reroute::release_or_end(children, o, dead, st)) return *end;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }
@@ -287,10 +318,10 @@ void print_table(const SkipTrainOptions& o, size_t nodes, double sim_s, const st
     if (dead.count(static_cast<int>(n))) continue;
     js.push_back(nlohmann::json::parse(std::ifstream(o.out_dir / ("node_" + std::to_string(n) + ".json"))));
   }
-  std::printf("[skippipe] %zu nodes (%zu died and were routed around), %lld iterations -> %s/node_<i>.json\n",
-              nodes, dead.size(), static_cast<long long>(o.iterations), o.out_dir.string().c_str());
-  std::printf("%9s %12s %10s %12s %14s %12s %14s\n", "iteration", "loss", "grad_norm", "wall_s(max)",
-              "simulated_s", "link_wait_s", "p2p_bytes");
+  spdlog::info("[skippipe] {} nodes ({} died and were routed around), {} iterations -> {}/node_<i>.json",
+               nodes, dead.size(), static_cast<long long>(o.iterations), o.out_dir.string());
+  fmt::print("{:>9} {:>12} {:>10} {:>12} {:>14} {:>12} {:>14}\n", "iteration", "loss", "grad_norm", "wall_s(max)",
+             "simulated_s", "link_wait_s", "p2p_bytes");
   double pad = 0;
   for (int64_t k = 0; k < o.iterations; ++k) {
     double wall = 0, wait = 0;
@@ -303,20 +334,20 @@ void print_table(const SkipTrainOptions& o, size_t nodes, double sim_s, const st
       bytes += it["bytes_sent"].get<int64_t>();
     }
     const auto& first = js[0]["iterations"][k];
-    std::printf("%9lld %12.6f %10.4f %12.3f %14.3f %12.3f %14lld\n", static_cast<long long>(k),
-                first["loss"].get<double>(), first["grad_norm"].get<double>(), wall, sim_s * o.link_scale, wait,
-                static_cast<long long>(bytes));
+    fmt::print("{:9} {:12.6f} {:10.4f} {:12.3f} {:14.3f} {:12.3f} {:14}\n", static_cast<long long>(k),
+               first["loss"].get<double>(), first["grad_norm"].get<double>(), wall, sim_s * o.link_scale, wait,
+               static_cast<long long>(bytes));
   }
-  std::printf("simulated_s = the exact simulator's iteration time (%.6g s) x --link-scale %g. Links are emulated at\n"
-              "that scale; ", sim_s, o.link_scale);
+  fmt::print("simulated_s = the exact simulator's iteration time ({:.6g} s) x --link-scale {:g}. Links are emulated at\n"
+             "that scale; ", sim_s, o.link_scale);
   if (o.compute_scale > 0) {
-    std::printf("compute is real, padded by sleeps to at least --compute-scale %g x the setting's times\n"
-                "(longest padding per node and iteration: %.3f s); comparable with simulated_s when both scales\n"
-                "are equal, though the simulator leaves out the replica all-reduce, the optimizer step and the\n"
-                "nodes sharing this machine's cores.\n", o.compute_scale, pad);
+    fmt::print("compute is real, padded by sleeps to at least --compute-scale {:g} x the setting's times\n"
+               "(longest padding per node and iteration: {:.3f} s); comparable with simulated_s when both scales\n"
+               "are equal, though the simulator leaves out the replica all-reduce, the optimizer step and the\n"
+               "nodes sharing this machine's cores.\n", o.compute_scale, pad);
   } else {
-    std::printf("compute is real, not emulated: the two agree only when the setting's forward_s (x scale)\n"
-                "matches this machine's real compute per stage (see --compute-scale).\n");
+    fmt::print("compute is real, not emulated: the two agree only when the setting's forward_s (x scale)\n"
+               "matches this machine's real compute per stage (see --compute-scale).\n");
   }
 }
 
@@ -348,7 +379,7 @@ void run_skippipe_train(const SkipTrainOptions& o) {
       throw;
     }
     if (!failed.empty()) {
-      std::fprintf(stderr, "[skippipe] %s: stopping the others\n", failed.c_str());
+      spdlog::warn("[skippipe] {}: stopping the others", failed);
       const std::string rest = watch(children, o.timeout_s, dead, Clock::now());
       if (!rest.empty()) failed += "; " + rest;
     }

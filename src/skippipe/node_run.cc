@@ -22,6 +22,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "core/check.h"
 #include "core/config.h"
@@ -168,31 +169,36 @@ class FailureWatch {
 
 void write_json(const fs::path& path, const nlohmann::json& j) { write_file_atomically(path, j.dump(1) + "\n"); }
 
-// A node as a process, with re-routing (docs/skippipe.md "Re-routing around a dead node"): generation g's group is
-// the nodes alive after the g-th failure notice, its FileStore <out>/store (g = 0) or <out>/store_<g>.
-void run_node(const SkipNodeOptions& o) {
-  torch::set_num_threads(1);  // the parent set OMP/BLAS threads to 1 in the environment as well
-  // A send on a socket that shut_down_sockets() (or a dead peer) closed must fail as an error, not kill the node
-  // with SIGPIPE (seen in CI: a survivor killed by signal 13 while its group was being torn down).
-  std::signal(SIGPIPE, SIG_IGN);
-  const Config config = load_config(o.config);
-  const skippipe::Setting setting = skippipe::load_setting(o.setting);
-  std::list<skippipe::Schedule> schedules;  // every schedule a node was built on (nodes keep references)
-  schedules.push_back(skippipe::load_schedule(o.schedule, setting));
-  const int N = static_cast<int>(setting.node_count());
-  if (o.node < 0 || o.node >= N) throw InputError("--node " + std::to_string(o.node) + ": out of range");
+// A re-routing plan from the parent (plan_<g>.json), checked before anything is torn down: it comes from the
+// parent, but it is still input.
+struct ReroutePlan {
+  int64_t redo = -1;        // the iteration the survivors redo
+  int world = 0;            // the next group's size
+  std::vector<int> ranks;   // rank_of_node: each node's rank in the next group, −1 for the dead
+  std::string redo_file, next_file;  // the re-routed schedule of the redone iteration; the re-plan after it
+};
 
-  int generation = 0;
-  std::vector<int> rank_of(static_cast<size_t>(N));
-  for (int i = 0; i < N; ++i) rank_of[static_cast<size_t>(i)] = i;
-  auto join = [&](int world) {
-    CollectiveOptions copts;
-    copts.store_file = o.out_dir / (generation == 0 ? std::string("store") : "store_" + std::to_string(generation));
-    copts.rank = rank_of[static_cast<size_t>(o.node)];
-    copts.world = world;
-    copts.timeout_s = o.timeout_s;
-    return std::make_unique<Collective>(copts);
-  };
+// A node as a process, with re-routing (docs/skippipe.md "Re-routing around a dead node"): generation g's group is
+// the nodes alive after the g-th failure notice, its FileStore <out>/store (g = 0) or <out>/store_<g>. run() reads
+// as its steps: run an iteration (after injecting a test's fault), wait for the parent's release after the last,
+// and on a peer's death: read the notice, report how far this node got, read and check the plan, form the next
+// generation.
+class NodeProcess {
+ public:
+  explicit NodeProcess(const SkipNodeOptions& o);
+  void run();
+
+ private:
+  std::unique_ptr<Collective> join(int world);
+  std::unique_ptr<SkipPipeNode> build(const skippipe::Schedule& schedule, const Snapshot* state);
+  void position_stream(int64_t k);
+  void inject_faults(int64_t k);
+  void run_iteration();
+  bool await_release();  // true: released; throws CollectiveError on a failure notice or at the deadline
+  bool reroute(const CollectiveError& error, int64_t completed);  // false: nothing to redo, the run is over
+  ReroutePlan read_plan(int g, int64_t completed) const;
+  void write_result();
+
   // Groups and nodes of earlier generations, deliberately never destroyed (see shut_down_sockets).
   struct Abandoned {
     std::vector<std::unique_ptr<Collective>> groups;
@@ -201,213 +207,271 @@ void run_node(const SkipNodeOptions& o) {
       for (auto& n : nodes) (void)n.release();
       for (auto& g : groups) (void)g.release();
     }
-  } abandoned;
-  std::unique_ptr<Collective> group = join(N);
-
-  torch::manual_seed(config.run.seed);
-  GPT full(config.model);  // the same initial model on every node
-  int built = 0;           // nodes built on the current group: replica sub-Collective names must differ
-  // A node on `schedule` in the current group, from `state` (parameters and AdamW) or from `full`.
-  auto build = [&](const skippipe::Schedule& schedule, const Snapshot* state) {
-    if (state) {
-      torch::NoGradGuard no_grad;
-      auto params = full->named_parameters();
-      for (const auto& [name, t] : state->params) params[name].copy_(t);
-    }
-    auto node = std::make_unique<SkipPipeNode>(full, setting, schedule, *group, config.train, make_schedule(config),
-                                               o.node, rank_of, "_b" + std::to_string(built++));
-    node->set_link_time_scale(o.link_scale);
-    node->set_compute_time_scale(o.compute_scale);
-    if (state) restore_optimizer(*node, state->adamw);
-    return node;
   };
-  std::unique_ptr<SkipPipeNode> node = build(schedules.back(), nullptr);
-  std::unique_ptr<DataStream> stream;
-  std::shared_ptr<TokenSplit> split;
-  if (node->stage() == 0) split = std::make_shared<TokenSplit>(split_shards(config.data.dir, "train"));
-  // Windows consumed before iteration k (every stage-0 node keeps its stream there, data node or not).
-  std::vector<int64_t> windows_before{0};
-  int64_t stream_at = -1;
-  auto position_stream = [&](int64_t k) {
-    if (!split || stream_at == windows_before[static_cast<size_t>(k)]) return;
-    stream = std::make_unique<DataStream>(split, 0, 1, config.train.batch_size, config.model.seq_len, StreamCursor{});
-    for (int64_t i = 0; i < windows_before[static_cast<size_t>(k)]; ++i) stream->skip();
-    stream_at = windows_before[static_cast<size_t>(k)];
-  };
-  std::optional<FailureWatch> watch;
-  if (o.reroute) watch.emplace(o.out_dir);
 
-  nlohmann::json iterations = nlohmann::json::array();
-  nlohmann::json reroutes = nlohmann::json::array();
-  Snapshot snapshots[2];
-  const skippipe::Schedule* next_schedule = nullptr;  // the re-plan, taken after the redone iteration
-  bool redoing = false;
-  int64_t k = 0;
-  while (true) {
-    int64_t completed = k;
-    try {
-      if (k < o.iterations) {
-        snapshots[k % 2] = capture(*node, k);
-        if (k == o.die_at_iteration && o.die_at_op < 0) {
-          std::fprintf(stderr, "[skippipe node %d iteration %lld] killing itself (fault injected for a test)\n",
-                       o.node, static_cast<long long>(k));
-          std::fflush(stderr);
-          ::kill(::getpid(), SIGKILL);
-        }
-        if (k == o.die_at_iteration) {
-          node->set_after_op([&o, k](int op) {
-            if (op != o.die_at_op) return;
-            std::fprintf(stderr, "[skippipe node %d iteration %lld] killing itself after operation %d (fault "
-                         "injected for a test)\n", o.node, static_cast<long long>(k), op);
-            std::fflush(stderr);
-            ::kill(::getpid(), SIGKILL);
-          });
-        }
-        if (k == o.hang_at_iteration) {
-          std::fprintf(stderr, "[skippipe node %d iteration %lld] hanging (fault injected for a test)\n", o.node,
-                       static_cast<long long>(k));
-          std::fflush(stderr);
-          for (;;) ::pause();  // until a signal ends the process
-        }
-        position_stream(k);
-        const auto began = Clock::now();
-        const SkipIterationStats s = node->run_iteration(stream.get(), k);
-        const double wall = std::chrono::duration<double>(Clock::now() - began).count();
-        const auto W = static_cast<int64_t>(node->schedule().micro_batches.size());
-        windows_before.resize(static_cast<size_t>(k) + 1);
-        windows_before.push_back(windows_before[static_cast<size_t>(k)] + W);
-        if (stream && node->data_node()) stream_at = windows_before[static_cast<size_t>(k) + 1];  // else unmoved
-        node->set_after_op(nullptr);
-        auto record = to_json(s, k, wall);
-        record["generation"] = generation;
-        record["redone"] = redoing;
-        iterations.push_back(record);
-        std::printf("[skippipe node %d iteration %lld] loss %.6f grad_norm %.6f wall %.3f s sent %lld B%s\n", o.node,
-                    static_cast<long long>(k), s.loss, s.grad_norm, wall, static_cast<long long>(s.bytes_sent),
-                    redoing ? " (redone after a failure)" : "");
-        std::fflush(stdout);
-        redoing = false;
-        ++k;
-        if (next_schedule) {  // the redone iteration is over: the re-plan from the next iteration on
-          Snapshot now = capture(*node, k);
-          abandoned.nodes.push_back(std::move(node));
-          node = build(*next_schedule, &now);
-          next_schedule = nullptr;
-        }
-        continue;
-      }
-      // The last iteration is done: wait for the parent's release, or a failure notice (a peer may still need this
-      // node to redo an iteration).
-      if (!o.reroute) break;
-      write_json(o.out_dir / ("finished_" + std::to_string(o.node) + ".json"),
-                 {{"node", o.node}, {"generation", generation}, {"completed", k}});
-      const auto until = Clock::now() + std::chrono::duration<double>(o.timeout_s);
-      bool released = false;
-      while (Clock::now() < until && !watch->notice_seen(generation + 1)) {
-        std::error_code ec;
-        if (fs::exists(o.out_dir / ("release_" + std::to_string(generation) + ".json"), ec)) {
-          released = true;
-          break;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
-      if (released) break;
-      if (!watch->notice_seen(generation + 1)) throw CollectiveError("no release from the parent within the deadline");
-      throw CollectiveError("a failure notice after the last iteration");
-    } catch (const CollectiveError& e) {
-      if (!o.reroute) throw;
-      // 1. The parent's notice of who died (it writes it once it reaped the node), then the old group torn down.
-      const int g = generation + 1;
-      const auto notice = wait_for_json(o.out_dir / ("reroute_" + std::to_string(g) + ".json"), o.timeout_s);
-      if (!notice) throw;  // no node died: a hang or a real error, as without re-routing
-      if (!watch->wait_swept(g, o.timeout_s)) throw;
-      std::fprintf(stderr, "[skippipe node %d] iteration %lld stopped (%s): node(s) %s died, waiting for the plan\n",
-                   o.node, static_cast<long long>(completed), e.what(), (*notice)["dead"].dump().c_str());
-      // 2. How far this node got; the parent answers with the iteration to redo and the schedules.
-      write_json(o.out_dir / ("ack_" + std::to_string(g) + "_" + std::to_string(o.node) + ".json"),
-                 {{"node", o.node}, {"generation", g}, {"completed", completed}});
-      const auto plan = wait_for_json(o.out_dir / ("plan_" + std::to_string(g) + ".json"), o.timeout_s);
-      if (!plan) throw CollectiveError("no re-routing plan from the parent within the deadline");
-      // The plan comes from the parent, but it is still input: every field is checked before anything is torn down.
-      if (plan->contains("abort") && (*plan)["abort"].is_string()) {
-        throw CollectiveError("the parent stopped the run: " + (*plan)["abort"].get<std::string>());
-      }
-      int64_t redo = -1;
-      int world = 0;
-      std::vector<int> ranks;
-      std::string redo_file, next_file;
-      try {
-        redo = (*plan).at("redo_iteration").get<int64_t>();
-        world = (*plan).at("world").get<int>();
-        ranks = (*plan).at("rank_of_node").get<std::vector<int>>();
-        redo_file = (*plan).at("redo_schedule").get<std::string>();
-        next_file = (*plan).at("next_schedule").get<std::string>();
-        if ((*plan).at("generation").get<int>() != g) throw std::invalid_argument("another generation");
-      } catch (const std::exception& bad) {
-        throw CollectiveError("malformed re-routing plan " + std::to_string(g) + ": " + bad.what());
-      }
-      if (redo == o.iterations && completed == o.iterations) {
-        // The node died after every survivor finished the last iteration: nothing to redo.
-        reroutes.push_back({{"generation", g}, {"dead", (*notice)["dead"]}, {"completed", completed},
-                            {"redo_iteration", redo}});
-        break;
-      }
-      if (redo < 0 || redo > completed || redo < completed - 1) {
-        throw CollectiveError("the plan redoes iteration " + std::to_string(redo) + " but this node completed " +
-                              std::to_string(completed) + " (it keeps snapshots of the last two)");
-      }
-      std::set<int> taken;
-      bool ranks_ok = static_cast<int>(ranks.size()) == N && world >= 1 && world <= N;
-      for (int r : ranks) ranks_ok = ranks_ok && r >= -1 && r < world && (r < 0 || taken.insert(r).second);
-      if (!ranks_ok || ranks[static_cast<size_t>(o.node)] < 0 || static_cast<int>(taken.size()) != world) {
-        throw CollectiveError("malformed re-routing plan " + std::to_string(g) + ": rank_of_node must give " +
-                              std::to_string(world) + " distinct ranks to the survivors, this node among them");
-      }
-      const Snapshot* state = nullptr;
-      for (const auto& snap : snapshots) {
-        if (snap.iteration == redo) state = &snap;
-      }
-      if (!state) {
-        throw CollectiveError("the plan redoes iteration " + std::to_string(redo) + ", which this node has no "
-                              "snapshot of");
-      }
-      const Snapshot restored = *state;
-      skippipe::Schedule redo_schedule, replanned;
-      try {
-        redo_schedule = skippipe::load_schedule(redo_file, setting);
-        replanned = skippipe::load_schedule(next_file, setting);
-      } catch (const InputError& bad) {
-        throw CollectiveError("the re-routing plan " + std::to_string(g) + "'s schedules: " + bad.what());
-      }
-      for (const auto* sch : {&redo_schedule, &replanned}) {
-        if (sch->stage_of_node[static_cast<size_t>(o.node)] != node->stage()) {
-          throw CollectiveError("the re-routing plan " + std::to_string(g) + " moves node " + std::to_string(o.node) +
-                                " out of stage " + std::to_string(node->stage()) + " (a node keeps its stage)");
-        }
-      }
-      // 3. The next generation's group and node: the re-routed schedule for the redone iteration, then the re-plan.
-      rank_of = ranks;
-      generation = g;
-      abandoned.groups.push_back(std::move(group));
-      abandoned.nodes.push_back(std::move(node));
-      group = join(world);
-      built = 0;
-      schedules.push_back(std::move(redo_schedule));
-      node = build(schedules.back(), &restored);
-      schedules.push_back(std::move(replanned));
-      next_schedule = &schedules.back();
-      reroutes.push_back({{"generation", g}, {"dead", (*notice)["dead"]}, {"completed", completed},
-                          {"redo_iteration", redo}});
-      k = redo;
-      redoing = true;
-      while (static_cast<int64_t>(iterations.size()) > redo) iterations.erase(iterations.size() - 1);
-      stream_at = -1;  // repositioned at windows_before[redo]
+  const SkipNodeOptions& o_;
+  const Config config_;
+  const skippipe::Setting setting_;
+  std::list<skippipe::Schedule> schedules_;  // every schedule a node was built on (nodes keep references)
+  int N_ = 0;
+  int generation_ = 0;
+  std::vector<int> rank_of_;
+  Abandoned abandoned_;
+  std::unique_ptr<Collective> group_;
+  GPT full_{nullptr};  // the same initial model on every node
+  int built_ = 0;      // nodes built on the current group: replica sub-Collective names must differ
+  std::unique_ptr<SkipPipeNode> node_;
+  std::shared_ptr<TokenSplit> split_;
+  std::unique_ptr<DataStream> stream_;
+  std::vector<int64_t> windows_before_{0};  // windows consumed before iteration k (every stage-0 node keeps its
+                                            // stream there, data node or not)
+  int64_t stream_at_ = -1;
+  std::optional<FailureWatch> watch_;
+  nlohmann::json iterations_ = nlohmann::json::array();
+  nlohmann::json reroutes_ = nlohmann::json::array();
+  Snapshot snapshots_[2];
+  const skippipe::Schedule* next_schedule_ = nullptr;  // the re-plan, taken after the redone iteration
+  bool redoing_ = false;
+  int64_t k_ = 0;  // the next iteration
+};
+
+NodeProcess::NodeProcess(const SkipNodeOptions& o)
+    : o_(o), config_(load_config(o.config)), setting_(skippipe::load_setting(o.setting)) {
+  schedules_.push_back(skippipe::load_schedule(o.schedule, setting_));
+  N_ = static_cast<int>(setting_.node_count());
+  if (o.node < 0 || o.node >= N_) throw InputError("--node " + std::to_string(o.node) + ": out of range");
+  for (int i = 0; i < N_; ++i) rank_of_.push_back(i);
+  group_ = join(N_);
+  torch::manual_seed(config_.run.seed);
+  full_ = GPT(config_.model);
+  node_ = build(schedules_.back(), nullptr);
+  if (node_->stage() == 0) split_ = std::make_shared<TokenSplit>(split_shards(config_.data.dir, "train"));
+  if (o.reroute) watch_.emplace(o.out_dir);
+}
+
+std::unique_ptr<Collective> NodeProcess::join(int world) {
+  CollectiveOptions copts;
+  copts.store_file = o_.out_dir / (generation_ == 0 ? std::string("store") : "store_" + std::to_string(generation_));
+  copts.rank = rank_of_[static_cast<size_t>(o_.node)];
+  copts.world = world;
+  copts.timeout_s = o_.timeout_s;
+  return std::make_unique<Collective>(copts);
+}
+
+// A node on `schedule` in the current group, from `state` (parameters and AdamW) or from the initial model.
+std::unique_ptr<SkipPipeNode> NodeProcess::build(const skippipe::Schedule& schedule, const Snapshot* state) {
+  if (state) {
+    torch::NoGradGuard no_grad;
+    auto params = full_->named_parameters();
+    for (const auto& [name, t] : state->params) params[name].copy_(t);
+  }
+  auto node = std::make_unique<SkipPipeNode>(full_, setting_, schedule, *group_, config_.train, make_schedule(config_),
+                                             o_.node, rank_of_, "_b" + std::to_string(built_++));
+  node->set_link_time_scale(o_.link_scale);
+  node->set_compute_time_scale(o_.compute_scale);
+  if (state) restore_optimizer(*node, state->adamw);
+  return node;
+}
+
+void NodeProcess::position_stream(int64_t k) {
+  if (!split_ || stream_at_ == windows_before_[static_cast<size_t>(k)]) return;
+  stream_ = std::make_unique<DataStream>(split_, 0, 1, config_.train.batch_size, config_.model.seq_len,
+                                         StreamCursor{});
+  for (int64_t i = 0; i < windows_before_[static_cast<size_t>(k)]; ++i) stream_->skip();
+  stream_at_ = windows_before_[static_cast<size_t>(k)];
+}
+
+// The faults a test asks for at iteration k: die before it, die after one of its operations, or hang.
+void NodeProcess::inject_faults(int64_t k) {
+  const int node = o_.node, die_at_op = o_.die_at_op;
+  if (k == o_.die_at_iteration && die_at_op < 0) {
+    spdlog::warn("[skippipe node {} iteration {}] killing itself (fault injected for a test)", node,
+                 static_cast<long long>(k));
+    ::kill(::getpid(), SIGKILL);
+  }
+  if (k == o_.die_at_iteration) {
+    node_->set_after_op([node, die_at_op, k](int op) {
+      if (op != die_at_op) return;
+      spdlog::warn("[skippipe node {} iteration {}] killing itself after operation {} (fault injected for a test)",
+                   node, static_cast<long long>(k), op);
+      ::kill(::getpid(), SIGKILL);
+    });
+  }
+  if (k == o_.hang_at_iteration) {
+    spdlog::warn("[skippipe node {} iteration {}] hanging (fault injected for a test)", node,
+                 static_cast<long long>(k));
+    for (;;) ::pause();  // until a signal ends the process
+  }
+}
+
+// Iteration k_: snapshot (what a roll-back restores), faults, the iteration, its record; after a redone iteration
+// the re-plan takes over.
+void NodeProcess::run_iteration() {
+  const int64_t k = k_;
+  snapshots_[k % 2] = capture(*node_, k);
+  inject_faults(k);
+  position_stream(k);
+  const auto began = Clock::now();
+  const SkipIterationStats s = node_->run_iteration(stream_.get(), k);
+  const double wall = std::chrono::duration<double>(Clock::now() - began).count();
+  const auto W = static_cast<int64_t>(node_->schedule().micro_batches.size());
+  windows_before_.resize(static_cast<size_t>(k) + 1);
+  windows_before_.push_back(windows_before_[static_cast<size_t>(k)] + W);
+  if (stream_ && node_->data_node()) stream_at_ = windows_before_[static_cast<size_t>(k) + 1];  // else unmoved
+  node_->set_after_op(nullptr);
+  auto record = to_json(s, k, wall);
+  record["generation"] = generation_;
+  record["redone"] = redoing_;
+  iterations_.push_back(record);
+  spdlog::info("[skippipe node {} iteration {}] loss {:.6f} grad_norm {:.6f} wall {:.3f} s sent {} B{}", o_.node,
+               static_cast<long long>(k), s.loss, s.grad_norm, wall, static_cast<long long>(s.bytes_sent),
+               redoing_ ? " (redone after a failure)" : "");
+  redoing_ = false;
+  ++k_;
+  if (next_schedule_) {  // the redone iteration is over: the re-plan from the next iteration on
+    Snapshot now = capture(*node_, k_);
+    abandoned_.nodes.push_back(std::move(node_));
+    node_ = build(*next_schedule_, &now);
+    next_schedule_ = nullptr;
+  }
+}
+
+// After the last iteration: the parent's release, or a failure notice (a peer may still need this node to redo an
+// iteration).
+bool NodeProcess::await_release() {
+  write_json(o_.out_dir / ("finished_" + std::to_string(o_.node) + ".json"),
+             {{"node", o_.node}, {"generation", generation_}, {"completed", k_}});
+  const auto until = Clock::now() + std::chrono::duration<double>(o_.timeout_s);
+  while (Clock::now() < until && !watch_->notice_seen(generation_ + 1)) {
+    std::error_code ec;
+    if (fs::exists(o_.out_dir / ("release_" + std::to_string(generation_) + ".json"), ec)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (!watch_->notice_seen(generation_ + 1)) throw CollectiveError("no release from the parent within the deadline");
+  throw CollectiveError("a failure notice after the last iteration");
+}
+
+ReroutePlan NodeProcess::read_plan(int g, int64_t completed) const {
+  const auto plan = wait_for_json(o_.out_dir / ("plan_" + std::to_string(g) + ".json"), o_.timeout_s);
+  if (!plan) throw CollectiveError("no re-routing plan from the parent within the deadline");
+  if (plan->contains("abort") && (*plan)["abort"].is_string()) {
+    throw CollectiveError("the parent stopped the run: " + (*plan)["abort"].get<std::string>());
+  }
+  ReroutePlan r;
+  try {
+    r.redo = plan->at("redo_iteration").get<int64_t>();
+    r.world = plan->at("world").get<int>();
+    r.ranks = plan->at("rank_of_node").get<std::vector<int>>();
+    r.redo_file = plan->at("redo_schedule").get<std::string>();
+    r.next_file = plan->at("next_schedule").get<std::string>();
+    if (plan->at("generation").get<int>() != g) throw std::invalid_argument("another generation");
+  } catch (const std::exception& bad) {
+    throw CollectiveError("malformed re-routing plan " + std::to_string(g) + ": " + bad.what());
+  }
+  if (r.redo == o_.iterations && completed == o_.iterations) return r;  // nothing to redo: the caller ends
+  if (r.redo < 0 || r.redo > completed || r.redo < completed - 1) {
+    throw CollectiveError("the plan redoes iteration " + std::to_string(r.redo) + " but this node completed " +
+                          std::to_string(completed) + " (it keeps snapshots of the last two)");
+  }
+  std::set<int> taken;
+  bool ranks_ok = static_cast<int>(r.ranks.size()) == N_ && r.world >= 1 && r.world <= N_;
+  for (int rank : r.ranks) {
+    ranks_ok = ranks_ok && rank >= -1 && rank < r.world && (rank < 0 || taken.insert(rank).second);
+  }
+  if (!ranks_ok || r.ranks[static_cast<size_t>(o_.node)] < 0 || static_cast<int>(taken.size()) != r.world) {
+    throw CollectiveError("malformed re-routing plan " + std::to_string(g) + ": rank_of_node must give " +
+                          std::to_string(r.world) + " distinct ranks to the survivors, this node among them");
+  }
+  return r;
+}
+
+// A peer died (docs/skippipe.md "Re-routing around a dead node"). Returns false when every survivor had finished:
+// nothing to redo.
+bool NodeProcess::reroute(const CollectiveError& error, int64_t completed) {
+  // 1. The parent's notice of who died (it writes it once it reaped the node), then the old group torn down.
+  const int g = generation_ + 1;
+  const auto notice = wait_for_json(o_.out_dir / ("reroute_" + std::to_string(g) + ".json"), o_.timeout_s);
+  if (!notice) throw error;  // no node died: a hang or a real error, as without re-routing
+  if (!watch_->wait_swept(g, o_.timeout_s)) throw error;
+  spdlog::warn("[skippipe node {}] iteration {} stopped ({}): node(s) {} died, waiting for the plan", o_.node,
+               static_cast<long long>(completed), error.what(), (*notice)["dead"].dump());
+  // 2. How far this node got; the parent answers with the iteration to redo and the schedules.
+  write_json(o_.out_dir / ("ack_" + std::to_string(g) + "_" + std::to_string(o_.node) + ".json"),
+             {{"node", o_.node}, {"generation", g}, {"completed", completed}});
+  const ReroutePlan plan = read_plan(g, completed);
+  reroutes_.push_back({{"generation", g}, {"dead", (*notice)["dead"]}, {"completed", completed},
+                       {"redo_iteration", plan.redo}});
+  if (plan.redo == o_.iterations && completed == o_.iterations) return false;
+  const Snapshot* state = nullptr;
+  for (const auto& snap : snapshots_) {
+    if (snap.iteration == plan.redo) state = &snap;
+  }
+  if (!state) {
+    throw CollectiveError("the plan redoes iteration " + std::to_string(plan.redo) + ", which this node has no "
+                          "snapshot of");
+  }
+  const Snapshot restored = *state;
+  skippipe::Schedule redo_schedule, replanned;
+  try {
+    redo_schedule = skippipe::load_schedule(plan.redo_file, setting_);
+    replanned = skippipe::load_schedule(plan.next_file, setting_);
+  } catch (const InputError& bad) {
+    throw CollectiveError("the re-routing plan " + std::to_string(g) + "'s schedules: " + bad.what());
+  }
+  for (const auto* sch : {&redo_schedule, &replanned}) {
+    if (sch->stage_of_node[static_cast<size_t>(o_.node)] != node_->stage()) {
+      throw CollectiveError("the re-routing plan " + std::to_string(g) + " moves node " + std::to_string(o_.node) +
+                            " out of stage " + std::to_string(node_->stage()) + " (a node keeps its stage)");
     }
   }
-  const auto [hash, count] = parameter_hash(node->named_parameters());
-  const nlohmann::json out = {{"node", o.node},     {"stage", node->stage()}, {"iterations", iterations},
-                              {"param_hash", hash}, {"param_count", count},   {"reroutes", reroutes}};
-  write_json(o.out_dir / ("node_" + std::to_string(o.node) + ".json"), out);
+  // 3. The next generation's group and node: the re-routed schedule for the redone iteration, then the re-plan.
+  rank_of_ = plan.ranks;
+  generation_ = g;
+  abandoned_.groups.push_back(std::move(group_));
+  abandoned_.nodes.push_back(std::move(node_));
+  group_ = join(plan.world);
+  built_ = 0;
+  schedules_.push_back(std::move(redo_schedule));
+  node_ = build(schedules_.back(), &restored);
+  schedules_.push_back(std::move(replanned));
+  next_schedule_ = &schedules_.back();
+  k_ = plan.redo;
+  redoing_ = true;
+  while (static_cast<int64_t>(iterations_.size()) > plan.redo) iterations_.erase(iterations_.size() - 1);
+  stream_at_ = -1;  // repositioned at windows_before_[redo]
+  return true;
+}
+
+void NodeProcess::write_result() {
+  const auto [hash, count] = parameter_hash(node_->named_parameters());
+  const nlohmann::json out = {{"node", o_.node},     {"stage", node_->stage()}, {"iterations", iterations_},
+                              {"param_hash", hash}, {"param_count", count},    {"reroutes", reroutes_}};
+  write_json(o_.out_dir / ("node_" + std::to_string(o_.node) + ".json"), out);
+}
+
+void NodeProcess::run() {
+  for (;;) {
+    const int64_t completed = k_;
+    try {
+      if (k_ < o_.iterations) {
+        run_iteration();
+        continue;
+      }
+      if (!o_.reroute || await_release()) break;
+    } catch (const CollectiveError& e) {
+      if (!o_.reroute) throw;
+      if (!reroute(e, completed)) break;
+    }
+  }
+  write_result();
+}
+
+void run_node(const SkipNodeOptions& o) {
+  torch::set_num_threads(1);  // the parent set OMP/BLAS threads to 1 in the environment as well
+  // A send on a socket that shut_down_sockets() (or a dead peer) closed must fail as an error, not kill the node
+  // with SIGPIPE (seen in CI: a survivor killed by signal 13 while its group was being torn down).
+  std::signal(SIGPIPE, SIG_IGN);
+  NodeProcess(o).run();
 }
 
 }  // namespace
@@ -416,7 +480,7 @@ int run_skippipe_node(const SkipNodeOptions& o) {
   try {
     run_node(o);
   } catch (const CollectiveError& e) {
-    std::fprintf(stderr, "[skippipe node %d] stopped: %s\n", o.node, e.what());
+    spdlog::warn("[skippipe node {}] stopped: {}", o.node, e.what());
     return kSkipNodePeerFailedExit;
   }
   return 0;

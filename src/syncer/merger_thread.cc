@@ -29,6 +29,7 @@ void SyncerService::merger_loop() {
     if (now - last_persist > 1.0 || tick.actions.finished_now) {
       std::lock_guard lock(mu_);
       persist_state();
+      sample_history(now);
       last_persist = now;
     }
     if (tick.actions.finished_now) finish();
@@ -149,6 +150,8 @@ void SyncerService::persist_state() {
   j["versions"] = state_->versions();
   j["tokens_trained"] = state_->tokens_trained();
   j["merges"] = state_->merges();
+  j["tokens_merged"] = state_->tokens_merged();
+  j["tokens_lost"] = state_->tokens_lost();
   j["wall_s"] = wall_before_s_ + now_s();
   j["finished"] = state_->finished();
   j["carried_error"] = state_->carried_errors_json();

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <thread>
 
+#include <spdlog/spdlog.h>
+
 #include "monitor/dashboard.h"
 #include "monitor/monitor_server.h"
 #include "process/atomic_file.h"
@@ -31,11 +33,10 @@ void print_row(const wire::StatusReply& s, const Config& config) {
   const int64_t slots = std::max<int64_t>(config.diloco.learners, static_cast<int64_t>(s.learners.size()));
   char val[32] = "  -  ";
   if (s.last_eval_step >= 0) std::snprintf(val, sizeof(val), "%.3f", s.last_val_loss);
-  std::printf("[syncer] %3.0f%% t %5lld | val %s | merges %5lld | quorum %lld | live %d/%lld\n",
-              100.0 * static_cast<double>(s.tokens_trained) / std::max<int64_t>(1, config.train.total_tokens),
-              static_cast<long long>(s.global_step), val, static_cast<long long>(s.merges),
-              static_cast<long long>(s.last_quorum), live, static_cast<long long>(slots));
-  std::fflush(stdout);
+  spdlog::info("[syncer] {:3.0f}% t {:5} | val {} | merges {:5} | quorum {} | live {}/{}",
+               100.0 * static_cast<double>(s.tokens_trained) / std::max<int64_t>(1, config.train.total_tokens),
+               static_cast<long long>(s.global_step), val, static_cast<long long>(s.merges),
+               static_cast<long long>(s.last_quorum), live, static_cast<long long>(slots));
 }
 
 // A syncer started by hand writes the run's report itself: the final checkpoint evaluated on the whole validation
@@ -46,7 +47,7 @@ void write_report(const Config& config, const fs::path& run_dir, const wire::Sta
   try {
     eval = evaluate_checkpoint(ckpt, std::nullopt, 0, 1);
   } catch (const InputError& e) {
-    std::printf("[syncer] no final evaluation: %s\n", e.what());
+    spdlog::info("[syncer] no final evaluation: {}", e.what());
   }
   nlohmann::json bytes = {{"syncer", {{"sent", s.bytes_sent}, {"received", s.bytes_received}}}};
   nlohmann::json learners = nlohmann::json::array();
@@ -69,16 +70,15 @@ void write_report(const Config& config, const fs::path& run_dir, const wire::Sta
       {"checkpoint", ckpt.string()}, {"bytes", bytes}, {"signal", signal}};
   write_file_atomically(run_dir / "report.json", report.dump(2) + "\n");
   if (eval["val_loss"].is_number()) {
-    std::printf("[syncer] final validation loss %.4f nats/token (perplexity %.1f); report %s\n",
-                eval["val_loss"].get<double>(), eval["val_perplexity"].get<double>(),
-                (run_dir / "report.json").c_str());
+    spdlog::info("[syncer] final validation loss {:.4f} nats/token (perplexity {:.1f}); report {}",
+                 eval["val_loss"].get<double>(), eval["val_perplexity"].get<double>(),
+                 (run_dir / "report.json").string());
   }
   if (status == "incomplete") {
-    std::printf("[syncer] INCOMPLETE: %lld tokens trained where a run that trains its budget reaches %lld (learners "
-                "that never started or left for good)\n", static_cast<long long>(s.tokens_trained),
-                static_cast<long long>(config.complete_tokens()));
+    spdlog::info("[syncer] INCOMPLETE: {} tokens trained where a run that trains its budget reaches {} (learners "
+                 "that never started or left for good)", static_cast<long long>(s.tokens_trained),
+                 static_cast<long long>(config.complete_tokens()));
   }
-  std::fflush(stdout);
 }
 
 }  // namespace
@@ -109,11 +109,10 @@ int run_syncer(const Config& config, const SyncerOptions& options, wire::Transpo
                             {"fragments", layout.fragments.size()},
                             {"parameters", layout.total_numel}});
   const std::string listening = server->listen_address();
-  std::printf("[syncer] listening on %s%s: P = %zu fragments, %lld parameters, layout %016llx\n", listening.c_str(),
-              listening == bound ? "" : (" (every interface; on this machine " + bound + ")").c_str(),
-              layout.fragments.size(), static_cast<long long>(layout.total_numel),
-              static_cast<unsigned long long>(layout.hash));
-  std::fflush(stdout);
+  spdlog::info("[syncer] listening on {}{}: P = {} fragments, {} parameters, layout {:016x}", listening,
+               listening == bound ? "" : (" (every interface; on this machine " + bound + ")"),
+               layout.fragments.size(), static_cast<long long>(layout.total_numel),
+               static_cast<unsigned long long>(layout.hash));
   // The monitoring endpoint (docs/monitoring.md): /metrics, /status.json and the dashboard.
   std::unique_ptr<MonitorServer> monitor;
   if (!config.run.monitor.empty()) {
@@ -124,8 +123,7 @@ int run_syncer(const Config& config, const SyncerOptions& options, wire::Transpo
         transport_security(config));
     write_file_atomically(options.run_dir / "monitor.url", monitor->url() + "\n");
     events.emit("monitor", {{"url", monitor->url()}, {"address", monitor->address()}});
-    std::printf("[syncer] dashboard %s (metrics: %smetrics)\n", monitor->url().c_str(), monitor->url().c_str());
-    std::fflush(stdout);
+    spdlog::info("[syncer] dashboard {} (metrics: {}metrics)", monitor->url(), monitor->url());
   }
 
   // Last: a launcher reading the address file finds the monitoring URL already written.
@@ -163,11 +161,10 @@ int run_syncer(const Config& config, const SyncerOptions& options, wire::Transpo
   events.emit("checkpoint", {{"path", ckpt.string()}, {"written", !unchanged}});
   server.reset();
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  std::printf("[syncer] %s at global step %lld: %lld merges, %lld of %lld tokens trained, %.0f s; Θ checkpointed "
-              "to %s\n", last.finished ? "finished" : "stopped", static_cast<long long>(last.global_step),
-              static_cast<long long>(last.merges), static_cast<long long>(last.tokens_trained),
-              static_cast<long long>(config.train.total_tokens), wall, ckpt.c_str());
-  std::fflush(stdout);
+  spdlog::info("[syncer] {} at global step {}: {} merges, {} of {} tokens trained, {:.0f} s; Θ checkpointed "
+               "to {}", last.finished ? "finished" : "stopped", static_cast<long long>(last.global_step),
+               static_cast<long long>(last.merges), static_cast<long long>(last.tokens_trained),
+               static_cast<long long>(config.train.total_tokens), wall, ckpt.string());
   if (options.by_hand) write_report(config, options.run_dir, last, ckpt, wall, g_syncer_signal.load());
   return 0;
 }

@@ -3,7 +3,7 @@
 
 #include "core/json_read.h"
 
-#include "core/prometheus.h"
+#include "monitor/prometheus_text.h"
 #include "transport/status_json.h"
 
 #include <cmath>
@@ -63,7 +63,9 @@ void SyncerService::restore() {
       state_->restore_clock(global_step);
       last_checkpoint_step_ = global_step;  // the next periodic checkpoint is an interval after the restored step
       merges_at_start_ = std::max<int64_t>(0, json_integer_or(*state, "merges", 0, "state.json"));
-      state_->restore_merges(merges_at_start_);
+      state_->restore_merges(merges_at_start_,
+                             std::max<int64_t>(0, json_integer_or(*state, "tokens_merged", 0, "state.json")),
+                             std::max<int64_t>(0, json_integer_or(*state, "tokens_lost", 0, "state.json")));
       wall_before_s_ = std::max(0.0, state->value("wall_s", 0.0));
       for (int64_t s : streams_.restore(*state)) {  // data.streams shrank: that stream is dropped
         emit("persisted_stream_dropped", {{"stream", s}, {"streams", streams_.size()},

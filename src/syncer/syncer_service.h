@@ -17,6 +17,7 @@
 
 #include "core/config.h"
 #include "core/safetensors.h"
+#include "monitor/history.h"
 #include "process/events.h"
 #include "syncer/stream_leases.h"
 #include "syncer/syncer_state.h"
@@ -63,7 +64,9 @@ class SyncerService final : public wire::SyncerHandler {
   /// The version of every fragment's durable Θ_p (what write_checkpoint writes as "fragment_versions").
   std::vector<int64_t> published_versions();
   /// What the dashboard polls (docs/monitoring.md "status.json"): the run's counters, every learner with its state
-  /// (live, absent, finished, left) and heartbeat age, the evaluations so far and goodput so far. Thread-safe.
+  /// (live, absent, finished, left) and heartbeat age, the evaluations so far, goodput so far and the history of
+  /// the counters and of each learner's loss and tokens/s (sampled every second, thinned as the run grows).
+  /// Thread-safe.
   nlohmann::json monitor_status();
   /// The syncer's metrics in Prometheus text format (docs/monitoring.md "Metrics"). Thread-safe.
   std::string metrics_text();
@@ -116,6 +119,11 @@ class SyncerService final : public wire::SyncerHandler {
   void restore_carried_errors(const nlohmann::json& state);  // part of restore()
   bool session_valid(uint64_t session_id, int* learner);
   wire::StatusReply fill_status();
+  /// Goodput so far (docs/monitoring.md): 1 − tokens lost / (P · tokens trained), lost = thrown away by a learner
+  /// (SyncerState::tokens_lost) or held by one that is not live now; in [0, 1], NaN before any token. Under mu_.
+  double goodput(double now) const;
+  /// Adds the counters and each live learner's loss and tokens/s to history_ (at most once a second). Under mu_.
+  void sample_history(double now);
   double now_s() const;
 
   Config config_;
@@ -147,6 +155,7 @@ class SyncerService final : public wire::SyncerHandler {
   double last_val_loss_ = NAN;
   int64_t last_eval_step_ = -1;
   std::vector<std::pair<int64_t, double>> evals_;  // (global step, validation loss) of every evaluation reported
+  MetricHistory history_;  // what the dashboard draws over time (seconds since this incarnation started)
   int64_t last_checkpoint_step_ = 0;
   int64_t bytes_sent_ = 0, bytes_received_ = 0;
   int64_t merges_at_start_ = 0;  // merges restored from an earlier incarnation

@@ -144,10 +144,21 @@ void SyncerState::restore_carried_errors(const nlohmann::json& carried) {
 void SyncerState::on_report(int learner, const LearnerReport& report, double now_s) {
   auto it = learners_.find(learner);
   if (it == learners_.end()) return;
-  it->second.state.step = report.step;
-  it->second.state.last_seen_s = now_s;
-  it->second.state.step_time_s = report.step_time_s;
-  it->second.last = report;
+  LearnerRecord& rec = it->second;
+  // Work thrown away (goodput, docs/monitoring.md): a counter that went back although no merge took this learner's
+  // answer of that fragment since its last report. After a merge with it, the steps between its capture and the
+  // apply are overwritten by design (τ): kept, as the paper counts them.
+  for (size_t p = 0; p < report.tokens.size() && p < rec.last.tokens.size(); ++p) {
+    const int fragment = static_cast<int>(p);
+    if (report.tokens[p] < rec.last.tokens[p] && !rec.merged_since_report.count(fragment)) {
+      tokens_lost_ += rec.last.tokens[p];
+    }
+  }
+  rec.merged_since_report.clear();
+  rec.state.step = report.step;
+  rec.state.last_seen_s = now_s;
+  rec.state.step_time_s = report.step_time_s;
+  rec.last = report;
   // Learners that do not name their stream (stream -1: hand-driven tests) train the stream of their id; a report
   // whose stream lease the learner does not hold (stream < -1) counts no tokens.
   if (report.stream >= -1) restore_stream_tokens(report.stream >= 0 ? report.stream : learner, report.tokens_trained);

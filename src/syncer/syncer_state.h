@@ -18,6 +18,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -137,6 +138,7 @@ struct LearnerRecord {
   std::map<int, double> carried_error;  // fragment -> codec_error of its last merged answer of it (with error
                                         // feedback the residual it carries into the next one, §10); none after
                                         // a refused, raw or re-fetched one
+  std::set<int> merged_since_report;  // fragments a merge took this learner's answer of since its last report (goodput)
   int64_t rewarm_until = -1;  // a fresh process joined a warm run at global step s: until s + train.warmup_steps it
                               // may be re-warming its lr (core/lr_schedule.h), and its answers then are screened but
                               // kept out of the reference others are compared with (§10); −1: none
@@ -205,6 +207,10 @@ class SyncerState {
   /// that fragment). Divided by P · tokens_trained() it is the share of the work trained that some merge kept so far
   /// (goodput so far, in tokens; the final flush brings it to ≈ 1 unless work was lost).
   int64_t tokens_merged() const { return tokens_merged_; }
+  /// Tokens of work a learner threw away, counted per fragment (P per token): a fragment's counter that went back in
+  /// a report without a merge of that learner's answer of it since its previous report (merged without it: a late,
+  /// refused or missing answer; or a restart that lost it). Goodput's numerator is P · tokens_trained() − this.
+  int64_t tokens_lost() const { return tokens_lost_; }
   /// Σ over rounds of the seconds between reaching the quorum and pulling: time spent in grace windows, s.
   double grace_wait_s() const { return grace_wait_s_; }
   /// Tokens trained over all data streams: Σ_s of the furthest cursor reported for stream s (a stream trained
@@ -229,8 +235,13 @@ class SyncerState {
   /// Restores persisted state (after a syncer restart): fragment p's Θ, momentum and version.
   void restore_fragment(int p, std::vector<float> theta, std::vector<float> momentum, int64_t version);
   void restore_clock(int64_t global_step);
-  /// Merges of earlier incarnations (a resumed run's counters cover the whole run).
-  void restore_merges(int64_t merges) { merges_ = merges; }
+  /// Merges of earlier incarnations, the tokens they kept and the tokens thrown away (a resumed run's counters and
+  /// goodput cover the whole run).
+  void restore_merges(int64_t merges, int64_t tokens_merged, int64_t tokens_lost) {
+    merges_ = merges;
+    tokens_merged_ = tokens_merged;
+    tokens_lost_ = tokens_lost;
+  }
   /// The error-feedback allowances to persist (§10): {"<learner id>": {"<fragment>": codec_error}} of every learner
   /// with one. A learner that re-attaches after a syncer restart still carries its residual into its next answer;
   /// without its allowance that answer was screened as if the residual were its own work.
@@ -302,7 +313,8 @@ class SyncerState {
   std::map<int, Round> open_;  // fragment -> its open round
   int64_t global_step_ = 0;
   Ema quorum_ema_, sync_ema_;
-  int64_t merges_ = 0, last_quorum_ = 0, answers_dropped_ = 0, answers_refused_ = 0, tokens_merged_ = 0;
+  int64_t merges_ = 0, last_quorum_ = 0, answers_dropped_ = 0, answers_refused_ = 0, tokens_merged_ = 0,
+          tokens_lost_ = 0;
   int64_t reports_refused_ = 0, answers_clipped_ = 0, merges_dropped_ = 0, refetches_ = 0;
   std::vector<SyncerActions::Refetch> refetch_due_;  // reached diloco.refetch_after since the last tick
   std::map<RefusalKind, int64_t> refused_by_kind_;

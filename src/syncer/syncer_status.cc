@@ -1,9 +1,12 @@
 // The syncer service's status: the Status call's reply, /status.json and /metrics of its monitoring endpoint
 // (docs/monitoring.md).
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <string>
 
 #include "core/check.h"
-#include "core/prometheus.h"
+#include "monitor/prometheus_text.h"
 #include "syncer/syncer_service.h"
 #include "transport/status_json.h"
 
@@ -52,8 +55,7 @@ nlohmann::json SyncerService::monitor_status() {
   }
   nlohmann::json evals = nlohmann::json::array();
   for (const auto& [step, loss] : evals_) evals.push_back({{"global_step", step}, {"val_loss", loss}});
-  const double P = static_cast<double>(state_->versions().size());
-  const double trained = static_cast<double>(state_->tokens_trained());
+  const double kept = goodput(now);
   return {{"run", config_.run.name},
           {"phase", state_->finished() ? "finished" : "training"},
           {"global_step", r.global_step},
@@ -65,7 +67,9 @@ nlohmann::json SyncerService::monitor_status() {
           {"tokens_budget", r.tokens_budget},
           {"val_loss", last_eval_step_ >= 0 ? nlohmann::json(last_val_loss_) : nlohmann::json(nullptr)},
           {"evals", evals},
-          {"goodput", trained > 0 ? static_cast<double>(state_->tokens_merged()) / (P * trained) : 0.0},
+          {"goodput", std::isfinite(kept) ? nlohmann::json(kept) : nlohmann::json(nullptr)},
+          {"tokens_merged", state_->tokens_merged()},
+          {"tokens_lost", state_->tokens_lost()},
           {"grace_wait_s", state_->grace_wait_s()},
           {"versions", state_->versions()},
           {"answers_dropped", r.answers_dropped},
@@ -78,7 +82,42 @@ nlohmann::json SyncerService::monitor_status() {
            }()},
           {"bytes_sent", r.bytes_sent},
           {"bytes_received", r.bytes_received},
-          {"uptime_s", now}};
+          {"uptime_s", now},
+          {"history", history_.to_json()}};
+}
+
+double SyncerService::goodput(double now) const {
+  // Goodput as docs/guide-chaos.md and the simulator count it (steps whose result is kept / steps trained), live:
+  // work is lost when a learner throws it away (SyncerState::tokens_lost) or holds it while it is not live (gone
+  // with its work in flight; it returns to "in flight" if the learner comes back with it).
+  const double P = static_cast<double>(state_->versions().size());
+  double lost = static_cast<double>(state_->tokens_lost());
+  for (const auto& [id, rec] : state_->learners()) {
+    if (state_->is_live(id, now) || rec.last.finished) continue;
+    for (int64_t t : rec.last.tokens) lost += static_cast<double>(t);
+  }
+  const double trained = P * static_cast<double>(state_->tokens_trained());
+  if (trained <= 0) return NAN;
+  return std::clamp(1.0 - lost / trained, 0.0, 1.0);
+}
+
+void SyncerService::sample_history(double now) {
+  std::map<std::string, double> values = {
+      {"global_step", static_cast<double>(state_->global_step())},
+      {"merges", static_cast<double>(state_->merges())},
+      {"answers_refused", static_cast<double>(state_->answers_refused())},
+      {"answers_dropped", static_cast<double>(state_->answers_dropped())},
+      {"bytes_sent", static_cast<double>(bytes_sent_)},
+      {"bytes_received", static_cast<double>(bytes_received_)},
+      {"tokens_trained", static_cast<double>(state_->tokens_trained())},
+      {"goodput", goodput(now)}};
+  for (const auto& [id, rec] : state_->learners()) {
+    if (!state_->is_live(id, now) || rec.last.finished) continue;
+    const std::string who = "learner/" + std::to_string(id) + "/";
+    values[who + "loss"] = rec.last.loss;
+    values[who + "tokens_per_s"] = rec.last.tokens_per_s;
+  }
+  history_.add(now, values);
 }
 
 std::string SyncerService::metrics_text() {
@@ -90,8 +129,12 @@ std::string SyncerService::metrics_text() {
   m.gauge("dloco_learners_live", "Learners live now (in quorums and pulls).", s["live"]);
   m.counter("dloco_tokens_trained_total", "Tokens trained over all data streams.", s["tokens_trained"]);
   m.gauge("dloco_tokens_budget", "train.total_tokens.", s["tokens_budget"]);
-  m.gauge("dloco_goodput_ratio", "Share of the tokens trained that merges kept so far (tokens_merged / (P tokens)).",
-          s["goodput"]);
+  if (s["goodput"].is_number()) {
+    m.gauge("dloco_goodput_ratio",
+            "Share of the work trained that was not thrown away: 1 - (tokens lost) / (P tokens trained); 1 = "
+            "nothing lost (docs/monitoring.md).",
+            s["goodput"]);
+  }
   m.counter("dloco_grace_wait_seconds_total", "Seconds rounds waited in grace windows after reaching the quorum.",
             s["grace_wait_s"]);
   m.counter("dloco_answers_dropped_total", "Answers dropped (late: their round had merged).", s["answers_dropped"]);

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <spdlog/spdlog.h>
+
 #include "core/check.h"
 #include "core/hash.h"
 #include "core/json_read.h"
@@ -203,7 +205,7 @@ std::optional<CheckpointInfo> latest_checkpoint(const fs::path& run_dir) {
   for (const auto& d : dirs) {
     std::string why;
     if (auto info = inspect(d, &why)) return info;
-    std::fprintf(stderr, "[checkpoint] skipping %s: %s\n", d.c_str(), why.c_str());
+    spdlog::warn("[checkpoint] skipping {}: {}", d.string(), why);
   }
   return std::nullopt;
 }

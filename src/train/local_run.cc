@@ -10,6 +10,7 @@
 #include <numeric>
 #include <random>
 #include <unistd.h>
+#include <spdlog/spdlog.h>
 
 #include "core/check.h"
 #include "core/stages_per_path.h"
@@ -131,13 +132,13 @@ std::optional<nlohmann::json> resume(LocalRun& run) {
   if (run.tokens + config.train.tokens_per_step(config.model) > config.train.total_tokens) {
     std::ifstream in(run.run_dir / "report.json");
     if (in) {
-      std::printf("[local] run %s already finished its %lld-token budget: nothing to do\n",
-                  config.run.name.c_str(), static_cast<long long>(config.train.total_tokens));
+      spdlog::info("[local] run {} already finished its {}-token budget: nothing to do",
+                   config.run.name, static_cast<long long>(config.train.total_tokens));
       return nlohmann::json::parse(in);
     }
   }
-  std::printf("[local] resumed from %s at step %lld (%lld tokens)\n", ckpt.dir.c_str(),
-              static_cast<long long>(run.step), static_cast<long long>(run.tokens));
+  spdlog::info("[local] resumed from {} at step {} ({} tokens)", ckpt.dir.string(),
+               static_cast<long long>(run.step), static_cast<long long>(run.tokens));
   run.events.emit("resumed", {{"step", run.step}, {"tokens", run.tokens}, {"checkpoint", ckpt.dir.string()}});
   return std::nullopt;
 }
@@ -170,11 +171,10 @@ void progress_row(LocalRun& run, const StepResult& r) {
   const double elapsed = seconds_since(run.started);
   const int64_t total_steps = run.config.train.total_tokens / run.config.train.tokens_per_step(run.config.model);
   const double frac = static_cast<double>(run.step) / std::max<int64_t>(total_steps, 1);
-  std::printf("%s %3.0f%% step %6lld | loss %.3f | val %s | lr %.2e | %7.0f tok/s | %5.0fs elapsed\n",
-              progress_bar(frac).c_str(), 100 * frac, static_cast<long long>(run.step), run.loss_ema,
-              std::isnan(run.last_val) ? "  -  " : (std::to_string(run.last_val).substr(0, 5)).c_str(), r.lr, tps,
-              elapsed);
-  std::fflush(stdout);
+  spdlog::info("{} {:3.0f}% step {:6} | loss {:.3f} | val {} | lr {:.2e} | {:7.0f} tok/s | {:5.0f}s elapsed",
+               progress_bar(frac), 100 * frac, static_cast<long long>(run.step), run.loss_ema,
+               std::isnan(run.last_val) ? "  -  " : (std::to_string(run.last_val).substr(0, 5)), r.lr, tps,
+               elapsed);
   run.events.emit("progress", {{"step", run.step}, {"tokens", run.tokens}, {"loss", run.loss_ema}, {"tokens_per_s", tps}});
   run.window_start = Clock::now();
   run.window_tokens = 0;
@@ -212,8 +212,8 @@ bool train(LocalRun& run) {
   while (more(run)) train_step(run);
   const bool interrupted = run.tokens + run.config.train.tokens_per_step(run.config.model) <= run.config.train.total_tokens;
   if (StopSignals::first() != 0) {
-    std::printf("[local] signal %d: stopping after step %lld with a checkpoint (resume with --resume %s)\n",
-                StopSignals::first(), static_cast<long long>(run.step), run.run_dir.c_str());
+    spdlog::info("[local] signal {}: stopping after step {} with a checkpoint (resume with --resume {})",
+                 StopSignals::first(), static_cast<long long>(run.step), run.run_dir.string());
   }
   return interrupted;
 }
@@ -280,16 +280,16 @@ nlohmann::json run_local(const Config& config, const RunOptions& options) {
   trainer.set_skip(config.skippipe, skip_path_seed(config.run.seed, 0));
 
   EventLog events(run_dir / "events.jsonl", Role::kLearner, 0);
-  std::printf("[local] run %s: %lld parameters (formula %lld), %s, %s, device %s, threads torch %d + BLAS %d\n",
-              config.run.name.c_str(), static_cast<long long>(count_parameters(*model)),
-              static_cast<long long>(gpt_parameter_count(config.model)), blas_description().c_str(),
-              allocator_description().c_str(),
-              config.run.device.c_str(), budget.torch_threads, budget.blas_threads);
+  spdlog::info("[local] run {}: {} parameters (formula {}), {}, {}, device {}, threads torch {} + BLAS {}",
+               config.run.name, static_cast<long long>(count_parameters(*model)),
+               static_cast<long long>(gpt_parameter_count(config.model)), blas_description(),
+               allocator_description(),
+               config.run.device, budget.torch_threads, budget.blas_threads);
   if (config.skippipe.stages > 0) {
     const auto& k = config.skippipe;
-    std::printf("[local] skippipe: %lld stages, skip %.2f (paths of %lld stages), full depth every %lld steps%s\n",
-                static_cast<long long>(k.stages), k.skip, static_cast<long long>(stages_per_path(k.stages, k.skip)),
-                static_cast<long long>(k.full_depth_every), k.full_depth_every == 0 ? " (never)" : "");
+    spdlog::info("[local] skippipe: {} stages, skip {:.2f} (paths of {} stages), full depth every {} steps{}",
+                 static_cast<long long>(k.stages), k.skip, static_cast<long long>(stages_per_path(k.stages, k.skip)),
+                 static_cast<long long>(k.full_depth_every), k.full_depth_every == 0 ? " (never)" : "");
   }
   LocalRun run{.config = config, .options = options, .run_dir = run_dir, .data_dir = data_dir, .started = started,
                .device = device, .tok = tok, .val_split = val_split, .model = model, .trainer = trainer,

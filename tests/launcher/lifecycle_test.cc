@@ -217,9 +217,9 @@ TEST_F(LifecycleTest, SighupStopsTheRunCleanlyWithItsReport) {
 
 TEST_F(LifecycleTest, AClosedOutputPipeStopsTheRunCleanly) {
   const auto cfg = write_config("sigpipe");
-  // head exits after the first line; the launcher's next row meets a closed pipe (SIGPIPE).
+  // head exits after the first line; the launcher's next log line (its log is stderr) meets a closed pipe (SIGPIPE).
   const int rc = std::system(("timeout 600 " + kDloco + " train --config " + cfg.string() +
-                              " 2>/dev/null | head -1 > " + (root_ / "sigpipe.log").string()).c_str());
+                              " 2>&1 | head -1 > " + (root_ / "sigpipe.log").string()).c_str());
   EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << "head failed or the launcher hung (timeout): " << rc;
   const fs::path report_file = root_ / "sigpipe" / "report.json";
   ASSERT_TRUE(fs::exists(report_file)) << "the launcher died of SIGPIPE without a report";

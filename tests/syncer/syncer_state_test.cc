@@ -213,6 +213,37 @@ TEST_F(SyncerStateTest, DeadLearnerIsNotWaitedForAndTheRoundMergesWithTheRest) {
   EXPECT_TRUE(absent_logged);
 }
 
+// Goodput's lost work (docs/monitoring.md): a learner whose counter of a fragment goes back is thrown away work,
+// unless a merge took its answer of that fragment since its previous report (then the reset is its apply).
+TEST_F(SyncerStateTest, WorkIsLostWhenACounterGoesBackWithoutAMergeOfThatLearnersAnswer) {
+  auto s = make(2, 2, false);
+  s.on_join(0, 0.0);
+  s.on_join(1, 0.0);
+  s.on_report(0, report(1), 1.0);
+  s.on_report(1, report(1), 1.0);
+  ASSERT_EQ(s.tick(1.0).pulls.size(), 1u);  // fragment 1
+  std::string why;
+  ASSERT_EQ(s.on_answer(0, answer(1, 1, std::vector<float>(4, 0.5f)), 1.2, &why), AnswerOutcome::kAccepted) << why;
+  ASSERT_EQ(s.on_answer(1, answer(1, 1, std::vector<float>(4, 0.5f)), 1.2, &why), AnswerOutcome::kAccepted) << why;
+  ASSERT_EQ(s.tick(1.3).merged.size(), 1u);
+  // Both applied fragment 1 (its counter back to 0, then one step: 10 tokens): a merge had their answers.
+  LearnerReport applied = report(2);
+  applied.tokens = {20, 10};
+  s.on_report(0, applied, 2.0);
+  s.on_report(1, applied, 2.0);
+  EXPECT_EQ(s.tokens_lost(), 0);
+  // Learner 1 restarts from scratch: its counters go back with no merge of its answers: 20 + 10 tokens lost.
+  LearnerReport restarted = report(1);
+  restarted.tokens = {0, 0};
+  s.on_report(1, restarted, 3.0);
+  EXPECT_EQ(s.tokens_lost(), 30);
+  // Counters that only grow lose nothing.
+  LearnerReport later = report(3);
+  later.tokens = {30, 20};
+  s.on_report(0, later, 4.0);
+  EXPECT_EQ(s.tokens_lost(), 30);
+}
+
 TEST_F(SyncerStateTest, StaleBaseIsReanchoredThroughTheKeptVersion) {
   auto s = make(1, 1, false, "mean", "uniform", 1.0, 0.0);
   s.on_join(0, 0.0);

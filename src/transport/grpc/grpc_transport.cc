@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include <spdlog/spdlog.h>
+
 #include "core/check.h"
 #include "proto/dloco.grpc.pb.h"
 #include "transport/grpc/proto_convert.h"
@@ -308,7 +310,7 @@ class GrpcServer final : public wire::Server {
     // (is_loopback_host and is_wildcard_host take a bracketed IPv6 host as it is)
     if (const std::string warning = wire::check_listen_policy(address.substr(0, address.rfind(':')), security, what);
         !warning.empty()) {
-      std::fprintf(stderr, "[dloco] %s\n", warning.c_str());
+      spdlog::warn("[dloco] {}", warning);
     }
     grpc::ServerBuilder builder;
     int port = 0;

@@ -3,8 +3,11 @@
 //   - the syncer's /metrics and a learner's /metrics parse as Prometheus text format 0.0.4 (every sample's metric has
 //     one # TYPE, counters end in _total, values are numbers, label values quoted) and carry the run's metrics with
 //     learner labels;
+//   - /status.json carries goodput (1 while nothing was lost) and a history of the counters and of each learner's
+//     loss and tokens/s;
 //   - headless Chromium (Debian's `chromium`) loads the dashboard while the run trains; the DOM it renders has one
-//     row per learner, live, and a validation-loss curve with points.
+//     row per learner, live, and the four charts drawn from that history: each learner's training loss and the
+//     validation loss, each learner's tokens/s, the syncer's traffic up and down, merges over time.
 // The checks wait for steps and evaluations (counts, not times), so they hold on faster and slower machines.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -81,7 +84,11 @@ std::map<std::string, std::vector<std::pair<std::string, double>>> parse_prometh
     EXPECT_EQ(name.rfind("dloco_", 0), 0u) << name;
     double v = 0;
     try {
-      v = value == "NaN" ? NAN : value == "+Inf" ? INFINITY : value == "-Inf" ? -INFINITY : std::stod(value);
+      // prometheus-cpp writes NaN as "Nan" (Prometheus reads it case-insensitively)
+      v = value == "NaN" || value == "Nan" ? NAN
+          : value == "+Inf"                ? INFINITY
+          : value == "-Inf"                ? -INFINITY
+                                           : std::stod(value);
     } catch (const std::exception&) {
       ADD_FAILURE() << "value '" << value << "' of " << name << " is not a number";
     }
@@ -90,7 +97,7 @@ std::map<std::string, std::vector<std::pair<std::string, double>>> parse_prometh
   return out;
 }
 
-TEST(Monitor, MetricsParseAsPrometheusAndChromiumRendersTheDashboardOfALiveRun) {
+TEST(LiveMonitor, MetricsParseAsPrometheusAndChromiumRendersTheDashboardOfALiveRun) {
   const fs::path root = testing_support::make_tiny_corpus("dloco_monitor", kDataTool);
   ASSERT_FALSE(root.empty());
   // M = 2 with far more budget than the test lets them train; an evaluation every 5 global steps.
@@ -153,6 +160,32 @@ TEST(Monitor, MetricsParseAsPrometheusAndChromiumRendersTheDashboardOfALiveRun) 
   EXPECT_GE(learner.at("dloco_learner_step")[0].second, 5);
   EXPECT_TRUE(learner.count("dloco_learner_tokens_per_second"));
 
+  // The status's history: sampled every second, so wait (by count) until each learner has two samples of its loss.
+  json status;
+  auto samples = [&](const std::string& name) {
+    int n = 0;
+    for (const auto& v : status["history"]["series"].value(name, json::array())) n += v.is_number() ? 1 : 0;
+    return n;
+  };
+  for (int i = 0; i < 600; ++i) {
+    const std::string body = http_get(host_port, "/status.json");
+    status = body.empty() ? json::object() : json::parse(body);
+    if (status.contains("history") && samples("learner/0/loss") >= 2 && samples("learner/1/loss") >= 2 &&
+        samples("bytes_sent") >= 3) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  ASSERT_GE(samples("learner/0/loss"), 2) << status.dump();
+  ASSERT_GE(samples("learner/1/loss"), 2) << status.dump();
+  EXPECT_EQ(status["history"]["t"].size(), status["history"]["series"]["merges"].size());
+  ASSERT_TRUE(status["goodput"].is_number()) << status.dump();
+  if (status["tokens_lost"] == 0) {
+    EXPECT_EQ(status["goodput"], 1.0) << "nothing was thrown away, so nothing counts as lost";
+  } else {
+    EXPECT_LT(status["goodput"].get<double>(), 1.0);
+  }
+
   // The dashboard in a real browser: the DOM after its script drew the status (virtual time lets it poll).
   const fs::path profile = root / "chromium-profile";
   const std::string chromium =
@@ -170,13 +203,28 @@ TEST(Monitor, MetricsParseAsPrometheusAndChromiumRendersTheDashboardOfALiveRun) 
                                                   "\" data-state=\"live\">")))
         << "learner " << id << "'s row:\n" << dom;
   }
-  ASSERT_TRUE(std::regex_search(dom, m, std::regex(R"re(id="curve-line"[^>]*points="([^"]*)")re"))) << dom;
-  const std::string points = m[1];
-  EXPECT_GE(std::count(points.begin(), points.end(), ','), 3) << "the curve has fewer than 3 points: " << points;
+  // Each chart's series, as drawn: polyline.series with data-series (its name) and data-points (its point count).
+  auto points_of = [&](const std::string& chart, const std::string& series) {
+    const size_t at = dom.find("id=\"" + chart + "\"");
+    if (at == std::string::npos) return -1;
+    const std::string svg = dom.substr(at, dom.find("</svg>", at) - at);
+    std::smatch p;
+    const std::regex line("<polyline class=\"series\" data-series=\"" + series + "\" data-points=\"(\\d+)\"");
+    return std::regex_search(svg, p, line) ? std::stoi(p[1]) : 0;
+  };
+  for (const std::string who : {"learner 0", "learner 1"}) {
+    EXPECT_GE(points_of("chart-loss", who), 2) << who << "'s training loss curve:\n" << dom;
+    EXPECT_GE(points_of("chart-speed", who), 2) << who << "'s tokens/s curve:\n" << dom;
+  }
+  EXPECT_GE(points_of("chart-loss", "validation"), 3) << "the validation curve:\n" << dom;
+  EXPECT_GE(points_of("chart-bytes", "up"), 1) << "the traffic up:\n" << dom;
+  EXPECT_GE(points_of("chart-bytes", "down"), 1) << "the traffic down:\n" << dom;
+  EXPECT_GE(points_of("chart-events", "merges"), 2) << "the merges:\n" << dom;
+  EXPECT_NE(dom.find("id=\"goodput-definition\""), std::string::npos) << "goodput's definition is on the page";
 
   guard.kill(launcher, SIGINT, "the launcher");
-  int status = 0;
-  ::waitpid(launcher, &status, 0);
+  int exit_status = 0;
+  ::waitpid(launcher, &exit_status, 0);
   testing_support::remove_unless_kept(root);
 }
 
