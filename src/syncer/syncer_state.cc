@@ -103,6 +103,7 @@ void SyncerState::on_join(int learner, double now_s, bool fresh) {
   rec.state.last_seen_s = now_s;
   rec.state.step = global_step_;  // it adopts the global step
   rec.last.finished = false;
+  if (fresh) rec.merged_unapplied.clear();  // a new process: what its predecessor held is not applied, it is lost
   if (auto carried = restored_carried_.find(learner); carried != restored_carried_.end()) {
     if (!fresh) rec.carried_error = carried->second;  // the same process, its residual with it
     restored_carried_.erase(carried);
@@ -145,16 +146,14 @@ void SyncerState::on_report(int learner, const LearnerReport& report, double now
   auto it = learners_.find(learner);
   if (it == learners_.end()) return;
   LearnerRecord& rec = it->second;
-  // Work thrown away (goodput, docs/monitoring.md): a counter that went back although no merge took this learner's
-  // answer of that fragment since its last report. After a merge with it, the steps between its capture and the
-  // apply are overwritten by design (τ): kept, as the paper counts them.
+  // Work thrown away (goodput, docs/monitoring.md): a counter that went back (the learner applied a merge of that
+  // fragment, or restarted) although no merge took this learner's answer of it since its last reset. After a merge
+  // with it, the steps between its capture and the apply (τ) are overwritten by design: kept, as the paper counts
+  // them. The merge that took its answer is consumed by the reset it explains.
   for (size_t p = 0; p < report.tokens.size() && p < rec.last.tokens.size(); ++p) {
-    const int fragment = static_cast<int>(p);
-    if (report.tokens[p] < rec.last.tokens[p] && !rec.merged_since_report.count(fragment)) {
-      tokens_lost_ += rec.last.tokens[p];
-    }
+    if (report.tokens[p] >= rec.last.tokens[p]) continue;
+    if (rec.merged_unapplied.erase(static_cast<int>(p)) == 0) tokens_lost_ += rec.last.tokens[p];
   }
-  rec.merged_since_report.clear();
   rec.state.step = report.step;
   rec.state.last_seen_s = now_s;
   rec.state.step_time_s = report.step_time_s;

@@ -138,7 +138,8 @@ struct LearnerRecord {
   std::map<int, double> carried_error;  // fragment -> codec_error of its last merged answer of it (with error
                                         // feedback the residual it carries into the next one, §10); none after
                                         // a refused, raw or re-fetched one
-  std::set<int> merged_since_report;  // fragments a merge took this learner's answer of since its last report (goodput)
+  std::set<int> merged_unapplied;  // fragments a merge took this learner's answer of, its counter not reset since
+                                   // (goodput: that reset is the apply, not lost work)
   int64_t rewarm_until = -1;  // a fresh process joined a warm run at global step s: until s + train.warmup_steps it
                               // may be re-warming its lr (core/lr_schedule.h), and its answers then are screened but
                               // kept out of the reference others are compared with (§10); −1: none
@@ -208,8 +209,8 @@ class SyncerState {
   /// (goodput so far, in tokens; the final flush brings it to ≈ 1 unless work was lost).
   int64_t tokens_merged() const { return tokens_merged_; }
   /// Tokens of work a learner threw away, counted per fragment (P per token): a fragment's counter that went back in
-  /// a report without a merge of that learner's answer of it since its previous report (merged without it: a late,
-  /// refused or missing answer; or a restart that lost it). Goodput's numerator is P · tokens_trained() − this.
+  /// a report with no merge of that learner's answer of it since the counter last went back (merged without it: a
+  /// late, refused or missing answer; or a restart that lost it). Goodput is 1 − this / (P · tokens_trained()).
   int64_t tokens_lost() const { return tokens_lost_; }
   /// Σ over rounds of the seconds between reaching the quorum and pulling: time spent in grace windows, s.
   double grace_wait_s() const { return grace_wait_s_; }

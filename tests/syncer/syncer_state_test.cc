@@ -226,22 +226,25 @@ TEST_F(SyncerStateTest, WorkIsLostWhenACounterGoesBackWithoutAMergeOfThatLearner
   ASSERT_EQ(s.on_answer(0, answer(1, 1, std::vector<float>(4, 0.5f)), 1.2, &why), AnswerOutcome::kAccepted) << why;
   ASSERT_EQ(s.on_answer(1, answer(1, 1, std::vector<float>(4, 0.5f)), 1.2, &why), AnswerOutcome::kAccepted) << why;
   ASSERT_EQ(s.tick(1.3).merged.size(), 1u);
-  // Both applied fragment 1 (its counter back to 0, then one step: 10 tokens): a merge had their answers.
-  LearnerReport applied = report(2);
-  applied.tokens = {20, 10};
+  // A step later neither has applied it yet (τ): their counters still grow.
+  s.on_report(0, report(2), 1.5);
+  s.on_report(1, report(2), 1.5);
+  // Then both applied fragment 1 (its counter back to 0, then one step: 10 tokens): a merge had their answers.
+  LearnerReport applied = report(3);
+  applied.tokens = {30, 10};
   s.on_report(0, applied, 2.0);
   s.on_report(1, applied, 2.0);
   EXPECT_EQ(s.tokens_lost(), 0);
-  // Learner 1 restarts from scratch: its counters go back with no merge of its answers: 20 + 10 tokens lost.
+  // Learner 1 restarts from scratch: its counters go back with no merge of its answers since: 30 + 10 tokens lost.
   LearnerReport restarted = report(1);
   restarted.tokens = {0, 0};
   s.on_report(1, restarted, 3.0);
-  EXPECT_EQ(s.tokens_lost(), 30);
+  EXPECT_EQ(s.tokens_lost(), 40);
   // Counters that only grow lose nothing.
-  LearnerReport later = report(3);
-  later.tokens = {30, 20};
+  LearnerReport later = report(4);
+  later.tokens = {40, 20};
   s.on_report(0, later, 4.0);
-  EXPECT_EQ(s.tokens_lost(), 30);
+  EXPECT_EQ(s.tokens_lost(), 40);
 }
 
 TEST_F(SyncerStateTest, StaleBaseIsReanchoredThroughTheKeptVersion) {
