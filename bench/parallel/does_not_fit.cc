@@ -155,11 +155,7 @@ void print_rank(const char* what, int r, const nlohmann::json& j) {
 int parent_main(const Flags& f, int argc, char** argv) {
   const ModelConfig m = model_from(f);
   const double psi = static_cast<double>(gpt_parameter_count(m));
-  std::vector<std::string> pass;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    if (k != "--headroom-mib" && k != "--control-steps") pass.insert(pass.end(), {argv[i], argv[i + 1]});
-  }
+  const std::vector<std::string> pass = forward_flags(f, {"headroom-mib", "control-steps", "mode", "cap"});
   auto with = [&](std::vector<std::string> extra) {
     extra.insert(extra.begin(), pass.begin(), pass.end());
     return extra;

@@ -189,11 +189,7 @@ int parent_main(const Flags& f, int argc, char** argv) {
   const int N = static_cast<int>(flag_int(f, "ranks", 4));
   const ModelConfig m = model_from(f);
   const double psi = static_cast<double>(gpt_parameter_count(m));
-  std::vector<std::string> pass;  // the model and run flags, to every rank
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::string(argv[i]) != "--ranks" && std::string(argv[i]) != "--stages")
-      pass.insert(pass.end(), {argv[i], argv[i + 1]});
-  }
+  const std::vector<std::string> pass = forward_flags(f, {"ranks", "stages", "zero"});  // the model and run flags
   std::printf(
       "model C=%lld L=%lld V=%lld T=%lld untied: Psi = %.0f parameters; N = %d rank processes, fp32 (bf16 DP: bf16), "
       "per-rank batch %lld, %lld steps\n",

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -51,7 +52,10 @@ inline Flags parse_flags(const char* name, const std::string& description, std::
   Flags flags;
   for (const FlagSpec& spec : specs) {
     flags[spec.name] = spec.fallback;
-    CLI::Option* option = app.add_option("--" + spec.name, flags[spec.name], spec.help)->capture_default_str();
+    // The last value of a flag given twice wins: a parent passes its own flags on and appends the rank's.
+    CLI::Option* option = app.add_option("--" + spec.name, flags[spec.name], spec.help)
+                              ->capture_default_str()
+                              ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     if (!spec.fallback.empty() && CLI::Number(spec.fallback).empty()) option->check(CLI::Number);
   }
   try {
@@ -61,6 +65,17 @@ inline Flags parse_flags(const char* name, const std::string& description, std::
     std::exit(code == 0 ? 0 : 2);
   }
   return flags;
+}
+
+/// The parent's flags as "--name value" pairs for its ranks, without the rank flags and those named in `except`.
+inline std::vector<std::string> forward_flags(const Flags& flags, const std::set<std::string>& except = {}) {
+  static const std::set<std::string> rank_flags = {"rank", "world", "store", "out"};
+  std::vector<std::string> out;
+  for (const auto& [name, value] : flags) {
+    if (rank_flags.count(name) || except.count(name)) continue;
+    out.insert(out.end(), {"--" + name, value});
+  }
+  return out;
 }
 
 inline std::string flag(const Flags& flags, const std::string& key, const std::string& fallback) {

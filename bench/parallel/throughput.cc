@@ -100,8 +100,7 @@ int rank_main(const Flags& f) {
 }
 
 int parent_main(const Flags& f, int argc, char** argv) {
-  std::vector<std::string> pass;
-  for (int i = 1; i + 1 < argc; i += 2) pass.insert(pass.end(), {argv[i], argv[i + 1]});
+  const std::vector<std::string> pass = forward_flags(f);
   const auto ranks = run_ranks(2, pass, 3600, "throughput");
   if (ranks.empty()) return 1;
   const auto& j = ranks[0];

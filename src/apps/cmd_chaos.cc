@@ -43,7 +43,6 @@ nlohmann::json train_child(const Config& config, const fs::path& dir, const fs::
   const fs::path log = dir / (config.run.name + ".log");
   spdlog::info("[chaos] {}: training{}, log {}", config.run.name,
                plan.empty() ? " without faults" : (" under plan " + plan.string()), log.string());
-  std::fflush(stdout);
   const fs::path self = fs::read_symlink("/proc/self/exe");
   std::string command = "'" + self.string() + "' train --config '" + cfg.string() + "'";
   if (!plan.empty()) command += " --plan '" + plan.string() + "'";
@@ -383,8 +382,7 @@ void run_chaos(const ChaosOptions& o) {
   spdlog::info("[chaos] plan '{}': {} faults over a run of {} tokens, M = {}; folder {}", plan.name,
                resolved.size(), static_cast<long long>(faulted.train.total_tokens),
                static_cast<long long>(faulted.diloco.learners), dir.string());
-  for (const auto& f : resolved) std::printf("  %s\n", f.describe().c_str());
-  std::fflush(stdout);
+  for (const auto& f : resolved) spdlog::info("[chaos]   {}", f.describe());
 
   const ChaosRunShape shape{static_cast<int>(faulted.diloco.learners), static_cast<int>(faulted.diloco.fragments),
                             faulted.diloco.inner_steps, faulted.train.tokens_per_step(faulted.model), 5.0};

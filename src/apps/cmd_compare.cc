@@ -179,7 +179,6 @@ void train_runs(std::vector<Run>& runs, const fs::path& dir) {
     const fs::path log = dir / (r.config.run.name + ".log");
     spdlog::info("[compare] {} (seed {}): training, log {}", r.variant,
                  static_cast<unsigned long long>(r.seed), log.string());
-    std::fflush(stdout);
     const auto t0 = std::chrono::steady_clock::now();
     const std::string command = "'" + self.string() + "' train --config '" + cfg.string() + "' > '" + log.string() + "' 2>&1";
     const int rc = std::system(command.c_str());
@@ -194,7 +193,6 @@ void train_runs(std::vector<Run>& runs, const fs::path& dir) {
                    static_cast<unsigned long long>(r.seed), WIFEXITED(rc) ? WEXITSTATUS(rc) : rc, log.string());
       if (WIFSIGNALED(rc) && (WTERMSIG(rc) == SIGINT || WTERMSIG(rc) == SIGTERM)) break;
     }
-    std::fflush(stdout);
   }
 }
 
@@ -320,7 +318,6 @@ void run_compare(const CompareOptions& o) {
   std::vector<Run> runs = resolve_runs(o, base, dir, variants, seeds);
   spdlog::info("[compare] {} runs ({} variants × {} seeds) at {} tokens each; folder {}", runs.size(),
                variants.size(), seeds.size(), static_cast<long long>(base.train.total_tokens), dir.string());
-  std::fflush(stdout);
   train_runs(runs, dir);
   write_compare_report(o, base, dir, variants, runs);
 }

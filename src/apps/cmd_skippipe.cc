@@ -21,6 +21,7 @@
 #include <string>
 
 #include <nlohmann/json.hpp>
+#include <fmt/core.h>
 #include <spdlog/spdlog.h>
 
 #include "apps/commands.h"
@@ -47,9 +48,9 @@ std::string shortest(double x) {
 }
 
 void print_table(const Setting& setting, const Schedule& schedule, SimMode mode, const SimResult& r) {
-  spdlog::info("[skippipe] {} mode, schedule \"{}\": {} micro-batches, {} stages, {} nodes", to_string(mode),
-               schedule.method, schedule.micro_batches.size(), schedule.placement.size(),
-               static_cast<long long>(setting.node_count()));
+  fmt::print("[skippipe] {} mode, schedule \"{}\": {} micro-batches, {} stages, {} nodes\n", to_string(mode),
+             schedule.method, schedule.micro_batches.size(), schedule.placement.size(),
+             static_cast<long long>(setting.node_count()));
   std::printf("iteration time: %s s", shortest(r.iteration_time_s).c_str());
   if (schedule.reference_iteration_time_s) {
     std::printf("  (the source reports %s s)", shortest(*schedule.reference_iteration_time_s).c_str());
@@ -167,8 +168,8 @@ void print_schedule_report(const ScheduleArgs& a, const SchedulerResult& r) {
     std::cout << j.dump(1) << "\n";
     return;
   }
-  spdlog::info("[skippipe] {}: {} micro-batches, {} stages -> {}", a.method,
-               r.schedule.micro_batches.size(), r.schedule.placement.size(), a.out);
+  fmt::print("[skippipe] {}: {} micro-batches, {} stages -> {}\n", a.method, r.schedule.micro_batches.size(),
+             r.schedule.placement.size(), a.out);
   std::printf("iteration time: reference mode %s s, exact mode %s s\n", shortest(r.reference_s).c_str(),
               shortest(r.exact_s).c_str());
   std::printf("visits per stage:");

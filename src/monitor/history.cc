@@ -15,8 +15,14 @@ MetricHistory::MetricHistory(size_t capacity, double min_spacing_s) : capacity_(
 }
 
 bool MetricHistory::add(double t_s, const std::map<std::string, double>& values) {
-  if (!std::isfinite(t_s)) return false;
-  if (!t_.empty() && t_s < t_.back() + spacing_s_) return false;
+  if (!std::isfinite(t_s) || (!t_.empty() && t_s < t_.back())) return false;
+  // The newest sample stands in for the interval it opens: it is replaced until it is `spacing` after the one
+  // before, so the curves always end at the newest values.
+  const size_t n = t_.size();
+  if (n >= 2 && t_[n - 1] - t_[n - 2] < spacing_s_) {
+    t_.pop_back();
+    for (auto& [name, column] : series_) column.pop_back();
+  }
   if (t_.size() >= capacity_) thin();
   constexpr double kAbsent = std::numeric_limits<double>::quiet_NaN();
   for (const auto& [name, value] : values) {

@@ -318,8 +318,8 @@ void print_table(const SkipTrainOptions& o, size_t nodes, double sim_s, const st
     if (dead.count(static_cast<int>(n))) continue;
     js.push_back(nlohmann::json::parse(std::ifstream(o.out_dir / ("node_" + std::to_string(n) + ".json"))));
   }
-  spdlog::info("[skippipe] {} nodes ({} died and were routed around), {} iterations -> {}/node_<i>.json",
-               nodes, dead.size(), static_cast<long long>(o.iterations), o.out_dir.string());
+  fmt::print("[skippipe] {} nodes ({} died and were routed around), {} iterations -> {}/node_<i>.json\n", nodes,
+             dead.size(), static_cast<long long>(o.iterations), o.out_dir.string());
   fmt::print("{:>9} {:>12} {:>10} {:>12} {:>14} {:>12} {:>14}\n", "iteration", "loss", "grad_norm", "wall_s(max)",
              "simulated_s", "link_wait_s", "p2p_bytes");
   double pad = 0;

@@ -210,7 +210,7 @@ void SyncerState::publish_merge(int p, const Round& round, const std::vector<Mer
     auto rec = learners_.find(a.learner);
     if (rec == learners_.end()) continue;
     rec->second.refused_in_a_row.erase(p);
-    rec->second.merged_unapplied.insert(p);
+    rec->second.merged_unapplied[p] = a.tokens;
     if (a.screen.raw) {
       rec->second.carried_error.erase(p);  // a re-anchoring learner starts its error feedback again
     } else {

@@ -143,6 +143,7 @@ wire::Result<wire::JoinReply> SyncerService::join(const wire::JoinRequest& req) 
     reattaching_.insert(id);
   } else {
     reattaching_.erase(id);
+    if (id >= 0) state_->on_new_process(id);  // goodput: what its predecessor held and no merge took is lost
   }
   uint64_t session = std::random_device{}();
   session = (session << 32) ^ std::random_device{}() ^ static_cast<uint64_t>(id + 2);

@@ -138,8 +138,8 @@ struct LearnerRecord {
   std::map<int, double> carried_error;  // fragment -> codec_error of its last merged answer of it (with error
                                         // feedback the residual it carries into the next one, §10); none after
                                         // a refused, raw or re-fetched one
-  std::set<int> merged_unapplied;  // fragments a merge took this learner's answer of, its counter not reset since
-                                   // (goodput: that reset is the apply, not lost work)
+  std::map<int, int64_t> merged_unapplied;  // fragment -> the tokens of this learner's answer of it that a merge took,
+                                            // its counter not reset since (goodput: that reset is the apply)
   int64_t rewarm_until = -1;  // a fresh process joined a warm run at global step s: until s + train.warmup_steps it
                               // may be re-warming its lr (core/lr_schedule.h), and its answers then are screened but
                               // kept out of the reference others are compared with (§10); −1: none
@@ -210,8 +210,14 @@ class SyncerState {
   int64_t tokens_merged() const { return tokens_merged_; }
   /// Tokens of work a learner threw away, counted per fragment (P per token): a fragment's counter that went back in
   /// a report with no merge of that learner's answer of it since the counter last went back (merged without it: a
-  /// late, refused or missing answer; or a restart that lost it). Goodput is 1 − this / (P · tokens_trained()).
+  /// late, refused or missing answer), and what a restarted learner's predecessor held that no merge took.
+  /// Goodput is 1 − this / (P · tokens_trained()).
   int64_t tokens_lost() const { return tokens_lost_; }
+  /// The tokens of fragment p that learner `rec` holds and no merge took (its counter less what a merge of its answer
+  /// took since the counter last went back): lost if the learner never comes back with them.
+  static int64_t unmerged_tokens(const LearnerRecord& rec, size_t p);
+  /// A new process of a learner joined (not one re-attaching): what its predecessor held and no merge took is lost.
+  void on_new_process(int learner);
   /// Σ over rounds of the seconds between reaching the quorum and pulling: time spent in grace windows, s.
   double grace_wait_s() const { return grace_wait_s_; }
   /// Tokens trained over all data streams: Σ_s of the furthest cursor reported for stream s (a stream trained

@@ -94,7 +94,9 @@ double SyncerService::goodput(double now) const {
   double lost = static_cast<double>(state_->tokens_lost());
   for (const auto& [id, rec] : state_->learners()) {
     if (state_->is_live(id, now) || rec.last.finished) continue;
-    for (int64_t t : rec.last.tokens) lost += static_cast<double>(t);
+    for (size_t p = 0; p < rec.last.tokens.size(); ++p) {
+      lost += static_cast<double>(SyncerState::unmerged_tokens(rec, p));
+    }
   }
   const double trained = P * static_cast<double>(state_->tokens_trained());
   if (trained <= 0) return NAN;

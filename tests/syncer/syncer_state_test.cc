@@ -214,7 +214,8 @@ TEST_F(SyncerStateTest, DeadLearnerIsNotWaitedForAndTheRoundMergesWithTheRest) {
 }
 
 // Goodput's lost work (docs/monitoring.md): a learner whose counter of a fragment goes back is thrown away work,
-// unless a merge took its answer of that fragment since its previous report (then the reset is its apply).
+// unless a merge took its answer of that fragment since the counter last went back (then the reset is its apply,
+// τ steps after the merge); a new process of a learner loses what its predecessor held and no merge took.
 TEST_F(SyncerStateTest, WorkIsLostWhenACounterGoesBackWithoutAMergeOfThatLearnersAnswer) {
   auto s = make(2, 2, false);
   s.on_join(0, 0.0);
@@ -225,7 +226,7 @@ TEST_F(SyncerStateTest, WorkIsLostWhenACounterGoesBackWithoutAMergeOfThatLearner
   std::string why;
   ASSERT_EQ(s.on_answer(0, answer(1, 1, std::vector<float>(4, 0.5f)), 1.2, &why), AnswerOutcome::kAccepted) << why;
   ASSERT_EQ(s.on_answer(1, answer(1, 1, std::vector<float>(4, 0.5f)), 1.2, &why), AnswerOutcome::kAccepted) << why;
-  ASSERT_EQ(s.tick(1.3).merged.size(), 1u);
+  ASSERT_EQ(s.tick(1.3).merged.size(), 1u);  // each answer carried 20 tokens of fragment 1
   // A step later neither has applied it yet (τ): their counters still grow.
   s.on_report(0, report(2), 1.5);
   s.on_report(1, report(2), 1.5);
@@ -235,16 +236,23 @@ TEST_F(SyncerStateTest, WorkIsLostWhenACounterGoesBackWithoutAMergeOfThatLearner
   s.on_report(0, applied, 2.0);
   s.on_report(1, applied, 2.0);
   EXPECT_EQ(s.tokens_lost(), 0);
-  // Learner 1 restarts from scratch: its counters go back with no merge of its answers since: 30 + 10 tokens lost.
-  LearnerReport restarted = report(1);
-  restarted.tokens = {0, 0};
-  s.on_report(1, restarted, 3.0);
-  EXPECT_EQ(s.tokens_lost(), 40);
-  // Counters that only grow lose nothing.
-  LearnerReport later = report(4);
-  later.tokens = {40, 20};
-  s.on_report(0, later, 4.0);
-  EXPECT_EQ(s.tokens_lost(), 40);
+  // A session's empty hello keeps the counters it does not carry.
+  LearnerReport hello;
+  hello.step = 3;
+  s.on_report(1, hello, 2.1);
+  EXPECT_EQ(s.learners().at(1).last.tokens, (std::vector<int64_t>{30, 10}));
+  // Learner 0's counter of fragment 0 goes back with no merge of its answer: its 30 tokens are lost.
+  LearnerReport reset = report(4);
+  reset.tokens = {0, 20};
+  s.on_report(0, reset, 3.0);
+  EXPECT_EQ(s.tokens_lost(), 30);
+  // A new process of learner 1 joins: the 30 + 10 tokens its predecessor held are lost, and its counters start again
+  // from zero without counting twice.
+  s.on_new_process(1);
+  EXPECT_EQ(s.tokens_lost(), 70);
+  LearnerReport fresh = report(1);
+  s.on_report(1, fresh, 4.0);
+  EXPECT_EQ(s.tokens_lost(), 70);
 }
 
 TEST_F(SyncerStateTest, StaleBaseIsReanchoredThroughTheKeptVersion) {
