@@ -145,14 +145,7 @@ void SyncerState::on_report(int learner, const LearnerReport& report, double now
   auto it = learners_.find(learner);
   if (it == learners_.end()) return;
   LearnerRecord& rec = it->second;
-  // Work thrown away (goodput, docs/monitoring.md): a counter that went back (the learner applied a merge of that
-  // fragment) although no merge took this learner's answer of it since its last reset. After a merge with it, the
-  // steps between its capture and the apply (τ) are overwritten by design: kept, as the paper counts them. The merge
-  // that took its answer is consumed by the reset it explains.
-  for (size_t p = 0; p < report.tokens.size() && p < rec.last.tokens.size(); ++p) {
-    if (report.tokens[p] >= rec.last.tokens[p]) continue;
-    if (rec.merged_unapplied.erase(static_cast<int>(p)) == 0) tokens_lost_ += rec.last.tokens[p];
-  }
+  count_lost_work(rec, report);
   rec.state.step = report.step;
   rec.state.last_seen_s = now_s;
   rec.state.step_time_s = report.step_time_s;
@@ -170,21 +163,6 @@ void SyncerState::on_report(int learner, const LearnerReport& report, double now
   // Learners that do not name their stream (stream -1: hand-driven tests) train the stream of their id; a report
   // whose stream lease the learner does not hold (stream < -1) counts no tokens.
   if (report.stream >= -1) restore_stream_tokens(report.stream >= 0 ? report.stream : learner, report.tokens_trained);
-}
-
-int64_t SyncerState::unmerged_tokens(const LearnerRecord& rec, size_t p) {
-  if (p >= rec.last.tokens.size()) return 0;
-  const auto merged = rec.merged_unapplied.find(static_cast<int>(p));
-  return std::max<int64_t>(0, rec.last.tokens[p] - (merged == rec.merged_unapplied.end() ? 0 : merged->second));
-}
-
-void SyncerState::on_new_process(int learner) {
-  auto it = learners_.find(learner);
-  if (it == learners_.end()) return;
-  LearnerRecord& rec = it->second;
-  for (size_t p = 0; p < rec.last.tokens.size(); ++p) tokens_lost_ += unmerged_tokens(rec, p);
-  rec.last.tokens.assign(rec.last.tokens.size(), 0);  // its counters start again: no reset to see
-  rec.merged_unapplied.clear();
 }
 
 void SyncerState::on_leave(int learner) {

@@ -259,6 +259,8 @@ class SyncerState {
   void restore_carried_errors(const nlohmann::json& carried);
 
  private:
+  /// Goodput's lost work seen in a report against the learner's last one (syncer_goodput.cc).
+  void count_lost_work(LearnerRecord& rec, const LearnerReport& report);
   struct FragmentState {
     std::vector<float> theta;      // Θ_p
     std::vector<float> momentum;   // v_p
