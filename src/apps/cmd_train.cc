@@ -13,6 +13,7 @@
 #include "learner/learner.h"
 #include "model/stages.h"
 #include "process/children.h"
+#include "process/run_lock.h"
 #include "skippipe/pipeline_check.h"
 #include "syncer/syncer.h"
 #include "train/run.h"
@@ -49,10 +50,20 @@ void print_report(const nlohmann::json& r) {
     std::printf("merges                 %lld (learner restarts %lld)\n", r["merges"].get<long long>(),
                 r["learner_restarts"].get<long long>());
   }
+  if (r.contains("goodput") && r["goodput"].is_number()) {
+    std::printf("goodput                %.1f%% (of the work trained, the share not thrown away)\n",
+                100 * r["goodput"].get<double>());
+  }
   std::printf("wall time              %.1f s (%.0f tokens/s)\n", r["wall_seconds"].get<double>(),
               r["tokens_per_second"].get<double>());
   if (r["checkpoint"].is_string()) std::printf("checkpoint             %s\n", r["checkpoint"].get<std::string>().c_str());
-  if (r["sample"].is_string()) std::printf("sample                 %s\n", r["sample"].get<std::string>().c_str());
+  if (r["sample"].is_string()) {  // one line: the sample's own line breaks shown as ⏎
+    std::string sample = r["sample"].get<std::string>();
+    for (size_t at = sample.find('\n'); at != std::string::npos; at = sample.find('\n', at + 3)) {
+      sample.replace(at, 1, " ⏎ ");
+    }
+    std::printf("sample                 %s\n", sample.c_str());
+  }
   for (const auto& [role, b] : r["bytes"].items()) {
     std::printf("bytes %-16s sent %lld, received %lld\n", role.c_str(), b["sent"].get<long long>(),
                 b["received"].get<long long>());
@@ -139,6 +150,7 @@ void run_train(const TrainFlags& f) {
                                                               : "parallel");
       }
     }
+    const RunLock lock(config.run_dir());  // one writer per run folder (a live run refuses a second one)
     const auto report = is_collective_mode(config.diloco.mode)
                             ? run_collective_launcher(config, options.resume, plan ? &*plan : nullptr)
                             : run_launcher(config, options.resume, *grpc_transport::make_transport(transport_security(config)),
@@ -147,6 +159,7 @@ void run_train(const TrainFlags& f) {
     g_exit_code = report_exit_code(report);
     if (!report.value("already_finished", false)) print_plot(write_loss_plot(config, report));
   } else {
+    const RunLock lock(config.run_dir());
     const auto report = run_local(config, options);
     print_report(report);
     g_exit_code = report.value("signal", 0) ? 128 + report.value("signal", 0) : 0;

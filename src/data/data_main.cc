@@ -55,7 +55,12 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help is an "error" of code 0; every other is a usage error: exit 2 (CLI11's own codes mean nothing to a
+    // script), as the dloco command does.
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
+    std::fprintf(stderr, "dloco data: error: %s\nRun 'dloco data --help' (or 'dloco data COMMAND --help') for the options.\n",
+                 e.what());
+    return 2;
   } catch (const InputError& e) {
     std::fprintf(stderr, "dloco data: error: %s\n", e.what());
     return 2;

@@ -403,12 +403,16 @@ nlohmann::json DecoupledRun::report(bool interrupted, int cores) {
   // The syncer's state.json, written once more after its merger stopped, is the one source of the global step,
   // tokens and merges (the final checkpoint names the same step); the last poll only stands in when it is missing.
   int64_t tokens_trained = last_.tokens_trained, global_step = last_.global_step, merges = last_.merges;
+  nlohmann::json goodput = nullptr;  // 1 − tokens lost / (P · tokens trained), as the dashboard's (docs/monitoring.md)
   {
     const auto state = try_read_json_file(run_dir_ / "syncer" / "state.json").value_or(nullptr);
     if (state.is_object()) {
       tokens_trained = state.value("tokens_trained", tokens_trained);
       global_step = state.value("global_step", global_step);
       merges = state.value("merges", merges);
+      const double P = state.contains("versions") && state["versions"].is_array() ? state["versions"].size() : 0.0;
+      const double lost = state.value("tokens_lost", 0.0);
+      if (P > 0 && tokens_trained > 0) goodput = std::clamp(1.0 - lost / (P * tokens_trained), 0.0, 1.0);
       // The syncer merged the whole budget before a signal reached it: the run finished (a resume would say so),
       // whatever came after.
       if (state.value("finished", false) && failure_.empty()) interrupted = false;
@@ -436,6 +440,7 @@ nlohmann::json DecoupledRun::report(bool interrupted, int cores) {
       {"steps", global_step},
       {"steps_skipped", 0},
       {"merges", merges},
+      {"goodput", goodput},
       {"tokens_trained", tokens_trained},
       {"tokens_budget", config_.train.total_tokens},
       {"tokens_complete", config_.complete_tokens()},

@@ -78,7 +78,8 @@ TEST_F(CliTest, AnUnknownFlagOrAMissingValueIsAUsageErrorExitingTwo) {
   // CLI11's own codes (109 for an extra argument, 106 for a bad value, …) are not what a script expects: every
   // usage error is 2, with CLI11's message; --help stays 0.
   for (const char* args : {" train --no-such-flag", " train --config", " sim goodput --chips many",
-                           " skippipe schedule --nodes"}) {
+                           " skippipe schedule --nodes", " data --no-such-flag", " data prepare --kjv --bogus 1",
+                           " data encode --no-such-flag"}) {
     const Result r = run(kDloco + args);
     EXPECT_EQ(r.exit, 2) << args << ":\n" << r.output;
     EXPECT_FALSE(r.output.empty()) << args;

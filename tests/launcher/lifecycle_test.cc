@@ -215,6 +215,33 @@ TEST_F(LifecycleTest, SighupStopsTheRunCleanlyWithItsReport) {
   EXPECT_TRUE(wait_until_none_naming(children_of("sighup"), 60).empty());
 }
 
+// One writer per run folder (process/run_lock.h): while a run trains, `--resume` of it and a new run of its name are
+// refused (exit 2, naming the live run's pid) before they start anything, and the live run goes on to its own stop.
+TEST_F(LifecycleTest, ALiveRunsFolderIsRefusedToASecondLauncher) {
+  const auto cfg = write_config("live");
+  const pid_t launcher = start_launcher(cfg, "live");
+  ASSERT_GT(launcher, 0);
+  ASSERT_TRUE(wait_for_steps("live", 5)) << slurp(root_ / "live.log");
+  const std::string url_before = slurp(root_ / "live" / "monitor.url");
+  for (const auto& [args, log] : {std::pair{"--resume " + (root_ / "live").string(), root_ / "live-resume.log"},
+                                  std::pair{"--config " + cfg.string(), root_ / "live-again.log"}}) {
+    const int rc = std::system(("timeout 120 " + kDloco + " train " + args + " > " + log.string() + " 2>&1").c_str());
+    ASSERT_TRUE(WIFEXITED(rc)) << slurp(log);
+    EXPECT_EQ(WEXITSTATUS(rc), 2) << slurp(log);
+    EXPECT_NE(slurp(log).find("is in use by a live run (pid " + std::to_string(launcher)), std::string::npos)
+        << slurp(log);
+  }
+  EXPECT_EQ(slurp(root_ / "live" / "monitor.url"), url_before) << "a refused launcher touched the live run's folder";
+  const int before = steps_of(root_ / "live" / "events" / "learner_0.jsonl");
+  ASSERT_TRUE(wait_for_steps("live", before + 3)) << "the live run stopped training";
+  testing_support::signal_child(launcher, SIGINT, "the launcher");
+  const int status = wait_launcher(launcher);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGINT);
+  EXPECT_EQ(json::parse(std::ifstream(root_ / "live" / "report.json"))["status"], "stopped");
+  EXPECT_TRUE(wait_until_none_naming(children_of("live"), 60).empty());
+}
+
 TEST_F(LifecycleTest, AClosedOutputPipeStopsTheRunCleanly) {
   const auto cfg = write_config("sigpipe");
   // head exits after the first line; the launcher's next log line (its log is stderr) meets a closed pipe (SIGPIPE).
