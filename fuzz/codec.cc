@@ -2,7 +2,8 @@
 // goes through (docs/protocol.md §9). Input: a codec name ("fp32", "q4/64", anything), a newline, the payload bytes.
 // Checked beyond "no crash, no UB": a payload decode() takes yields exactly the codec's size for its values, q8/q4
 // values are finite and within max|scale|·q_max, encoding what was decoded and decoding that again stays within the
-// codec's bound (fp32 and bf16: bit for bit), and apply_update() onto a base either refuses or gives finite values.
+// codec's bound (fp32 and bf16: bit for bit; topk: within its own error bound, with at most ⌈L/64⌉ non-zero values a
+// chunk), and apply_update() onto a base either refuses or gives finite values.
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -36,15 +37,29 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::require(wire::encoded_bytes(codec, n, block) == static_cast<int64_t>(payload.bytes.size()),
           "a payload of another size than encoded_bytes() was taken");
   const bool integer = codec == wire::Codec::kQ8 || codec == wire::Codec::kQ4;
-  if (integer) {
-    for (float v : values) fuzz::require(std::isfinite(v), "q8/q4 decoded a non-finite value");
+  if (integer || codec == wire::Codec::kTopK) {
+    for (float v : values) fuzz::require(std::isfinite(v), "q8/q4/topk decoded a non-finite value");
+  }
+  if (codec == wire::Codec::kTopK) {  // at most k non-zero values a chunk; re-encoding stays within its bound
+    for (int64_t start = 0; start < n; start += block) {
+      int64_t nonzero = 0;
+      for (int64_t i = start; i < std::min(n, start + block); ++i) nonzero += values[i] != 0;
+      fuzz::require(nonzero <= (std::min(n, start + block) - start + 63) / 64, "topk decoded more than k values");
+    }
+    const wire::Payload again = wire::encode(values, codec, block);
+    std::vector<float> twice;
+    fuzz::require(wire::decode(again, twice, n).empty(), "decode() refused what encode() wrote");
+    double gap = 0;
+    for (int64_t i = 0; i < n; ++i) gap += std::pow(static_cast<double>(twice[i]) - values[i], 2);
+    fuzz::require(std::sqrt(gap) <= wire::error_bound(again, twice) * 1.0001 + 1e-30,
+                  "re-encoding moved the values past the topk bound");
   }
 
   // Re-encode what was decoded: fp32 and bf16 give the same bits back (bf16 values are exact in bf16); q8/q4 give
   // back values within half a step of the new scale.
   bool finite = true;
   for (float v : values) finite = finite && std::isfinite(v);
-  if (finite || !integer) {
+  if (codec != wire::Codec::kTopK && (finite || !integer)) {
     const wire::Payload again = wire::encode(values, codec, block);
     std::vector<float> twice;
     fuzz::require(wire::decode(again, twice, n).empty(), "decode() refused what encode() wrote");

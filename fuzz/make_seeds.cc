@@ -61,7 +61,8 @@ void codec_seeds() {
   const auto values = ramp(100, 0.01f);
   for (auto [codec, block, name] : {std::tuple{wire::Codec::kFp32, 0, "fp32"}, {wire::Codec::kBf16, 0, "bf16"},
                                      {wire::Codec::kQ8, 0, "q8"}, {wire::Codec::kQ4, 0, "q4"},
-                                     {wire::Codec::kQ8, 16, "q8_16"}, {wire::Codec::kQ4, 8, "q4_8"}}) {
+                                     {wire::Codec::kQ8, 16, "q8_16"}, {wire::Codec::kQ4, 8, "q4_8"},
+                                     {wire::Codec::kTopK, 64, "topk_64"}}) {
     const wire::Payload p = wire::encode(values, codec, block);
     put("codec", name, p.codec + "\n" + p.bytes);
   }

@@ -5,6 +5,8 @@ and decoded bit for bit as the C++ does, the compressed downlink's apply_update,
   bf16    the upper 16 bits of each float, rounded to nearest even (NaN kept quiet)
   q8/<B>  n (uint64 LE), ⌈n/B⌉ fp32 scales s = max|x| over the block / 127, n int8 q = round-half-even(x / s)
   q4/<B>  the same with int4 in [−7, 7], s = max|x| / 7, two values a byte (value 2i in the low nibble of byte i)
+  topk/<C> of each chunk of C values the ⌈L/64⌉ largest |x| as uint16 indices and 2-bit codes (sign, which of two
+          levels in the kept range [t, m]): src/transport/sparse_codec.h
 
 Every operation is one fp32 operation per element in numpy (x / s, q · s, base + Û), so the results are the C++
 ones bit for bit: the final-copy check (every learner's Θ_p hashes equal to the syncer's) depends on it.
@@ -41,6 +43,100 @@ def encoded_bytes(codec, n, block=0):
     return 8 + 4 * ((n + block - 1) // block) + values
 
 
+SPARSE_CHUNK = 4096   # "topk": chunks of C values (src/transport/sparse_codec.h)
+SPARSE_DENSITY = 64   # one value kept in 64 of a chunk: k = ⌈L / 64⌉
+SPARSE_MIN_CHUNK, SPARSE_MAX_CHUNK = 64, 1 << 16
+
+
+def _sparse_chunk(name):
+    """4096 for "topk/4096"; None for anything else."""
+    if name.startswith("topk/") and 6 <= len(name) <= 10 and name[5:].isascii() and name[5:].isdigit() and name[5] != "0":
+        chunk = int(name[5:])
+        if SPARSE_MIN_CHUNK <= chunk <= SPARSE_MAX_CHUNK:
+            return chunk
+    return None
+
+
+def _kept_total(n, chunk):
+    full, rest = divmod(n, chunk)
+    return full * ((chunk + SPARSE_DENSITY - 1) // SPARSE_DENSITY) + ((rest + SPARSE_DENSITY - 1) // SPARSE_DENSITY)
+
+
+def sparse_bytes(n, chunk=SPARSE_CHUNK):
+    k = _kept_total(n, chunk)
+    return 8 + 8 * ((n + chunk - 1) // chunk) + 2 * k + (k + 3) // 4
+
+
+def _levels(t, m):
+    """The two magnitude levels of a chunk whose kept magnitudes span [t, m], in fp32 as the C++ computes them."""
+    t, m = np.float32(t), np.float32(m)
+    quarter = (m - t) * np.float32(0.25)  # exact: a power of two
+    return np.float32(t + quarter), np.float32(m - quarter)
+
+
+def sparse_encode(x, chunk=SPARSE_CHUNK):
+    """("topk/<C>", bytes): per chunk the ⌈L/64⌉ largest |x| (ties: the lower index), as indices and 2-bit codes."""
+    n = x.size
+    nc = (n + chunk - 1) // chunk
+    ranges, indices, codes = np.zeros(2 * nc, "<f4"), [], []
+    for c in range(nc):
+        seg = x[c * chunk:(c + 1) * chunk]
+        k = (seg.size + SPARSE_DENSITY - 1) // SPARSE_DENSITY
+        mag = np.abs(seg)
+        order = np.sort(np.argsort(-mag, kind="stable")[:k])
+        kept = mag[order]
+        t, m = np.float32(kept.min()), np.float32(kept.max())
+        middle = np.float32(t + (m - t) * np.float32(0.5))
+        ranges[2 * c], ranges[2 * c + 1] = t, m
+        indices.append(order.astype("<u2"))
+        codes.append((kept >= middle).astype(np.uint8) | (np.signbit(seg[order]).astype(np.uint8) << 1))
+    idx = np.concatenate(indices) if indices else np.zeros(0, "<u2")
+    code = np.concatenate(codes) if codes else np.zeros(0, np.uint8)
+    padded = np.zeros((code.size + 3) // 4 * 4, np.uint8)
+    padded[:code.size] = code
+    packed = padded[0::4] | (padded[1::4] << 2) | (padded[2::4] << 4) | (padded[3::4] << 6)
+    header = np.array([n], dtype="<u8").tobytes()
+    return "topk/%d" % chunk, header + ranges.tobytes() + idx.astype("<u2").tobytes() + packed.astype(np.uint8).tobytes()
+
+
+def sparse_decode(name, chunk, data, expected_numel=-1):
+    if len(data) < 8:
+        raise CodecError("a %s payload shorter than its 8-byte header" % name)
+    n = int(np.frombuffer(data[:8], dtype="<u8")[0])
+    if n > 2**31 - 1:
+        raise CodecError("a %s payload claiming %d values" % (name, n))
+    if expected_numel >= 0 and n != expected_numel:
+        raise CodecError("%d %s values where %d were expected" % (n, name, expected_numel))
+    want = sparse_bytes(n, chunk)
+    if len(data) != want:
+        raise CodecError("%d bytes where %d %s values take %d" % (len(data), n, name, want))
+    nc, K = (n + chunk - 1) // chunk, _kept_total(n, chunk)
+    ranges = np.frombuffer(data[8:8 + 8 * nc], dtype="<f4").astype(np.float32)
+    idx = np.frombuffer(data[8 + 8 * nc:8 + 8 * nc + 2 * K], dtype="<u2").astype(np.int64)
+    packed = np.frombuffer(data[8 + 8 * nc + 2 * K:], dtype=np.uint8)
+    if K % 4 and packed[K // 4] >> (2 * (K % 4)):
+        raise CodecError("the unused bits of a %s payload's last byte are not zero" % name)
+    code = np.stack([(packed >> s) & 3 for s in (0, 2, 4, 6)], axis=1).reshape(-1)[:K]
+    out = np.zeros(n, np.float32)
+    at = 0
+    for c in range(nc):
+        t, m = ranges[2 * c], ranges[2 * c + 1]
+        if not (np.isfinite(t) and np.isfinite(m) and t >= 0 and t <= m):
+            raise CodecError("chunk %d of a %s payload has the range [%s, %s] (must be finite with 0 ≤ t ≤ m)"
+                             % (c, name, t, m))
+        length = min(n, (c + 1) * chunk) - c * chunk
+        k = (length + SPARSE_DENSITY - 1) // SPARSE_DENSITY
+        ix, cd = idx[at:at + k], code[at:at + k]
+        if k and (ix.max() >= length or np.any(np.diff(ix) <= 0)):
+            raise CodecError("an index of chunk %d of a %s payload is outside the chunk or not after the one before"
+                             % (c, name))
+        lo, hi = _levels(t, m)
+        mag = np.where(cd & 1, hi, lo).astype(np.float32)
+        out[c * chunk + ix] = np.where(cd & 2, -mag, mag)
+        at += k
+    return out
+
+
 def float_to_bf16(x):
     """(n,) float32 -> (n,) uint16: round to nearest even; NaN stays a quiet NaN with its sign."""
     bits = np.ascontiguousarray(x, dtype="<f4").view("<u4").astype(np.uint64)
@@ -61,12 +157,17 @@ def encode(values, codec, block=0):
         return "fp32", x.tobytes()
     if codec == "bf16":
         return "bf16", float_to_bf16(x).tobytes()
-    if codec not in Q_MAX:
-        raise CodecError("unknown wire codec '%s' (expected \"fp32\", \"bf16\", \"q8\" or \"q4\")" % codec)
+    if codec not in Q_MAX and codec != "topk":
+        raise CodecError("unknown wire codec '%s' (expected \"fp32\", \"bf16\", \"q8\", \"q4\" or \"topk\")" % codec)
     if not np.all(np.isfinite(x)):
         i = int(np.argmin(np.isfinite(x)))
         raise CodecError("cannot encode value %d (%s) as %s: a NaN or an infinity would poison its block's scale"
                          % (i, x[i], codec))
+    if codec == "topk":
+        chunk = block or SPARSE_CHUNK
+        if not SPARSE_MIN_CHUNK <= chunk <= SPARSE_MAX_CHUNK:
+            raise CodecError("chunk of %d values for topk: must be in [%d, %d]" % (chunk, SPARSE_MIN_CHUNK, SPARSE_MAX_CHUNK))
+        return sparse_encode(x, chunk)
     block = block or DEFAULT_BLOCK[codec]
     if not 1 <= block <= MAX_BLOCK:
         raise CodecError("block of %d values for %s: must be in [1, %d]" % (block, codec, MAX_BLOCK))
@@ -95,6 +196,9 @@ def decode(name, data, expected_numel=-1):
     than the codec's for its values, a count other than `expected_numel` (≥ 0), a negative or non-finite scale (or
     one that would decode to infinity), an integer outside [−q_max, q_max], a non-zero unused nibble. Finiteness of
     fp32 and bf16 values is the caller's check."""
+    chunk = _sparse_chunk(name)
+    if chunk is not None:
+        return sparse_decode(name, chunk, data, expected_numel)
     parsed = _parse(name)
     if parsed is None:
         raise CodecError("unknown codec '%s'" % name[:32])
@@ -160,13 +264,14 @@ def apply_update(base, name, data):
 class ErrorFeedback:
     """What the codec dropped from the last vector is added to the next (wire::ErrorFeedback): one per fragment."""
 
-    def __init__(self):
+    def __init__(self, decay=1.0):
         self.residual = None
+        self.decay = np.float32(decay)  # β (diloco.error_feedback_decay): the carried error is β·e
 
     def encode(self, values, codec):
         x = np.asarray(values, dtype=np.float32)
         if self.residual is not None and self.residual.size == x.size:
-            x = x + self.residual
+            x = x + (self.residual if self.decay == 1 else self.decay * self.residual)
         try:
             name, data = encode(x, codec)
         except CodecError:

@@ -54,7 +54,7 @@ class OuterSync:
         self.tokens_since = [0] * P
         self.answered = {}
         self.pending = []
-        self.feedback = [codec.ErrorFeedback() for _ in range(P)]
+        self.feedback = [codec.ErrorFeedback(d["error_feedback_decay"]) for _ in range(P)]
         self.lost_steps = 0
         self.merges_applied = 0
 

@@ -91,7 +91,7 @@ struct TrainConfig {
 enum class Mode { kLocal, kDecoupled, kDp, kDiloco, kStreaming };
 enum class WeightRule { kTokens, kUniform };
 enum class StalePolicy { kReanchor, kSkip };
-enum class WireDtype { kFp32, kBf16, kQ8, kQ4 };
+enum class WireDtype { kFp32, kBf16, kQ8, kQ4, kTopK };
 enum class Bootstrap { kSyncer, kPeers };
 enum class RecoveryPolicy { kStop, kRestart, kElastic };
 enum class PipelineScheduleChoice { kGPipe, k1F1B, kInterleaved };
@@ -109,8 +109,8 @@ DLOCO_CHOICES(Mode, 5, {Mode::kLocal, "local"}, {Mode::kDecoupled, "decoupled"},
 DLOCO_CHOICES(MergeRule, 2, {MergeRule::kRda, "rda"}, {MergeRule::kMean, "mean"})
 DLOCO_CHOICES(WeightRule, 2, {WeightRule::kTokens, "tokens"}, {WeightRule::kUniform, "uniform"})
 DLOCO_CHOICES(StalePolicy, 2, {StalePolicy::kReanchor, "reanchor"}, {StalePolicy::kSkip, "skip"})
-DLOCO_CHOICES(WireDtype, 4, {WireDtype::kFp32, "fp32"}, {WireDtype::kBf16, "bf16"}, {WireDtype::kQ8, "q8"},
-              {WireDtype::kQ4, "q4"})
+DLOCO_CHOICES(WireDtype, 5, {WireDtype::kFp32, "fp32"}, {WireDtype::kBf16, "bf16"}, {WireDtype::kQ8, "q8"},
+              {WireDtype::kQ4, "q4"}, {WireDtype::kTopK, "topk"})
 DLOCO_CHOICES(Bootstrap, 2, {Bootstrap::kSyncer, "syncer"}, {Bootstrap::kPeers, "peers"})
 DLOCO_CHOICES(RecoveryPolicy, 3, {RecoveryPolicy::kStop, "stop"}, {RecoveryPolicy::kRestart, "restart"}, {RecoveryPolicy::kElastic, "elastic"})
 DLOCO_CHOICES(PipelineScheduleChoice, 3, {PipelineScheduleChoice::kGPipe, "gpipe"}, {PipelineScheduleChoice::k1F1B, "1f1b"},
@@ -174,11 +174,15 @@ struct DilocoConfig {
   StalePolicy stale_policy = StalePolicy::kReanchor;  // "reanchor" | "skip"
   int64_t anchor_versions = 2;     // versions of each fragment the syncer keeps for re-anchoring
   WireDtype wire_up = WireDtype::kFp32;    // learner → syncer, the outer gradients Δ: "fp32" | "bf16" | "q8" (int8,
-                                           // blocks of 256) | "q4" (int4, blocks of 64): transport/codec.h
+                                           // blocks of 256) | "q4" (int4, blocks of 64) | "topk" (the largest 1/64 of
+                                           // each chunk of 4096 values, 2 bits each: transport/sparse_codec.h; with
+                                           // error feedback): transport/codec.h
   WireDtype wire_down = WireDtype::kFp32;  // syncer → learners, merged fragments: "fp32" sends Θ_p; the others send
                                            // the outer update U with Θ_p := Θ_p^prev + Û (docs/protocol.md §9)
   bool error_feedback = false;     // both directions: what quantization dropped is added to the next Δ (learner)
                                    // or U (syncer) of that fragment
+  double error_feedback_decay = 1.0;  // β in (0, 1]: the carried error is β·e before it is added (SparseLoCo: 0.95);
+                                      // 1 = the sum of what was sent tracks the sum of the inputs
   double screen_ratio = 10;        // decoupled: an answer whose outer gradient per unit of inner lr (‖Δ‖ / Σ lr over its
                                    // steps) reaches this multiple of
                                    // the (lower) median of its round's other answers and the fragment's recent

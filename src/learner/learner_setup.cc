@@ -63,6 +63,7 @@ OuterSyncConfig outer_sync_config(const Config& config, int id, const FragmentLa
   c.blocking = config.diloco.blocking;
   c.codec = wire::parse_codec(to_string(config.diloco.wire_up));
   c.error_feedback = config.diloco.error_feedback;
+  c.error_feedback_decay = config.diloco.error_feedback_decay;
   return c;
 }
 

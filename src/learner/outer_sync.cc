@@ -116,10 +116,11 @@ void OuterSync::answer(const wire::PullRequest& pull, int64_t step) {
 }
 
 wire::Payload OuterSync::encode_delta(int p, std::vector<float>& delta) {
-  const bool integer = config_.codec == wire::Codec::kQ8 || config_.codec == wire::Codec::kQ4;
+  const bool integer = config_.codec == wire::Codec::kQ8 || config_.codec == wire::Codec::kQ4 ||
+                       config_.codec == wire::Codec::kTopK;
   try {
     if (config_.error_feedback && config_.codec != wire::Codec::kFp32) {
-      return feedback_[static_cast<size_t>(p)].encode(delta, config_.codec);
+      return feedback_[static_cast<size_t>(p)].encode(delta, config_.codec, 0, nullptr, config_.error_feedback_decay);
     }
     return wire::encode(delta, config_.codec);
   } catch (const InputError& e) {  // a non-finite Δ: the integer codecs cannot carry it

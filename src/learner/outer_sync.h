@@ -36,8 +36,9 @@ struct OuterSyncConfig {
                                            // whatever codec the syncer names (diloco.wire_down)
   // Error feedback (issue 14 part 2): per fragment, what the codec dropped from the last Δ sent (e = Δ + e − x̂) is
   // added to the next Δ of that fragment; reset when the fragment is re-anchored (raw θ sent) and on a restart
-  // (a new OuterSync). Applies to the lossy codecs (bf16, q8, q4).
+  // (a new OuterSync). Applies to the lossy codecs (bf16, q8, q4, topk).
   bool error_feedback = false;
+  double error_feedback_decay = 1.0;  // β: e is carried as β·e (diloco.error_feedback_decay)
 };
 
 /// What a step boundary found.

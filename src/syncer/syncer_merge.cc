@@ -59,7 +59,8 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
   MergedFragmentData merged{p, frag.version + 1, round.step, ids, {}, -1, 0, {}};
   const wire::Codec down = wire::parse_codec(to_string(config_.diloco.wire_down));   // 5
   Downlink downlink = encode_downlink(previous, frag.theta, down,
-                                      config_.diloco.error_feedback ? &frag.down_feedback : nullptr);
+                                      config_.diloco.error_feedback ? &frag.down_feedback : nullptr,
+                                      config_.diloco.error_feedback_decay);
   if (!downlink.whole) {
     merged.update = std::move(downlink.update);
     merged.base_version = frag.version;
@@ -110,9 +111,12 @@ std::vector<SyncerState::MergeCandidate> SyncerState::outer_gradients(int p, Rou
     // C++ learner, q4 + error feedback). The allowance is e_prev's bound only, and only from an answer this syncer
     // merged (it passed the screen itself): an attacker can then gain at most 1/(1 − c) over the screen, c = e / ‖x̂‖
     // ≤ √B / (2·q_max) for the run's codec (2.3× for q4/64, 1.07× for q8/256; other codecs and blocks are refused).
+    // topk drops most of every vector (its bound is mostly the dropped part, up to √(C/k − 1) ≈ 8× what it sends):
+    // no allowance there; every learner's answer carries its own residual, so their sizes stay comparable.
+    const bool allowance = config_.diloco.error_feedback && config_.diloco.wire_up != WireDtype::kTopK;
     if (auto rec = learners_.find(id); rec != learners_.end()) {
       rewarming = a.captured_step - a.steps < rec->second.rewarm_until;
-      if (own_norm >= 0 && config_.diloco.error_feedback) {
+      if (own_norm >= 0 && allowance) {
         const auto carried = rec->second.carried_error.find(p);
         if (carried != rec->second.carried_error.end()) own_norm = std::max(0.0, own_norm - carried->second);
       }

@@ -10,6 +10,7 @@
 
 #include "core/bf16.h"
 #include "core/check.h"
+#include "transport/sparse_codec.h"
 
 namespace dloco::wire {
 
@@ -209,6 +210,7 @@ int64_t default_block(Codec codec) {
   switch (codec) {
     case Codec::kQ8: return 256;
     case Codec::kQ4: return 64;
+    case Codec::kTopK: return sparse::kDefaultChunk;
     default: return 0;
   }
 }
@@ -218,6 +220,7 @@ const char* to_string(Codec codec) {
     case Codec::kBf16: return "bf16";
     case Codec::kQ8: return "q8";
     case Codec::kQ4: return "q4";
+    case Codec::kTopK: return "topk";
     default: return "fp32";
   }
 }
@@ -227,7 +230,9 @@ Codec parse_codec(std::string_view name) {
   if (name == "bf16") return Codec::kBf16;
   if (name == "q8") return Codec::kQ8;
   if (name == "q4") return Codec::kQ4;
-  throw InputError("unknown wire codec '" + std::string(name) + "' (expected \"fp32\", \"bf16\", \"q8\" or \"q4\")");
+  if (name == "topk") return Codec::kTopK;
+  throw InputError("unknown wire codec '" + std::string(name) +
+                   "' (expected \"fp32\", \"bf16\", \"q8\", \"q4\" or \"topk\")");
 }
 
 int64_t encoded_bytes(Codec codec, int64_t n, int64_t block) {
@@ -235,18 +240,26 @@ int64_t encoded_bytes(Codec codec, int64_t n, int64_t block) {
   switch (codec) {
     case Codec::kFp32: return 4 * n;
     case Codec::kBf16: return 2 * n;
+    case Codec::kTopK: return sparse::encoded_bytes(n, block);
     default: return static_cast<int64_t>(kHeader) + 4 * blocks_of(n, block) + value_bytes(codec, n);
   }
 }
 
 Payload encode(std::span<const float> values, Codec codec, int64_t block) {
-  if (codec == Codec::kQ8 || codec == Codec::kQ4) {
+  if (codec == Codec::kQ8 || codec == Codec::kQ4 || codec == Codec::kTopK) {
     if (const int64_t i = first_not_finite(values); i >= 0) {
       throw InputError("cannot encode value " + std::to_string(i) + " (" +
                        std::to_string(values[static_cast<size_t>(i)]) + ") as " + to_string(codec) +
                        ": a NaN or an infinity would poison its block's scale");
     }
     if (block == 0) block = default_block(codec);
+    if (codec == Codec::kTopK) {
+      if (block < sparse::kMinChunk || block > sparse::kMaxChunk) {
+        throw InputError("chunk of " + std::to_string(block) + " values for topk: must be in [" +
+                         std::to_string(sparse::kMinChunk) + ", " + std::to_string(sparse::kMaxChunk) + "]");
+      }
+      return sparse::encode(values, block);
+    }
     if (block < 1 || block > kMaxBlock) {
       throw InputError("block of " + std::to_string(block) + " values for " + to_string(codec) + ": must be in [1, " +
                        std::to_string(kMaxBlock) + "]");
@@ -266,6 +279,7 @@ Payload encode(std::span<const float> values, Codec codec, int64_t block) {
 }
 
 double error_bound(const Payload& payload, std::span<const float> decoded) {
+  if (const int64_t chunk = sparse::parse_chunk(payload.codec); chunk > 0) return sparse::error_bound(payload, chunk);
   Codec integer = Codec::kFp32;
   int64_t block = 0;
   if (parse_wire_integer(payload.codec, &integer, &block)) {
@@ -296,6 +310,9 @@ std::string decode(const Payload& payload, std::vector<float>& out, int64_t expe
   int64_t block = 0;
   if (parse_wire_integer(payload.codec, &integer, &block)) {
     return decode_integer(payload, integer, block, out, expected_numel);
+  }
+  if (const int64_t chunk = sparse::parse_chunk(payload.codec); chunk > 0) {
+    return sparse::decode(payload, chunk, out, expected_numel);
   }
   size_t width = 0;
   if (payload.codec == "fp32") {
@@ -336,9 +353,15 @@ std::string apply_update(std::span<const float> base, const Payload& update, std
   return "";
 }
 
-Payload ErrorFeedback::encode(std::vector<float>& values, Codec codec, int64_t block, std::vector<float>* decoded) {
+Payload ErrorFeedback::encode(std::vector<float>& values, Codec codec, int64_t block, std::vector<float>* decoded,
+                              double decay) {
   if (residual_.size() == values.size()) {
-    for (size_t i = 0; i < values.size(); ++i) values[i] += residual_[i];
+    if (decay == 1.0) {
+      for (size_t i = 0; i < values.size(); ++i) values[i] += residual_[i];
+    } else {
+      const auto beta = static_cast<float>(decay);
+      for (size_t i = 0; i < values.size(); ++i) values[i] += beta * residual_[i];
+    }
   }
   Payload payload;
   try {

@@ -7,6 +7,8 @@
 //               8 + 4⌈n/B⌉ + n bytes (8.125 bits a value at B = 256)
 //   q4/<B>      the same with 4-bit values in [−7, 7] (two's complement nibbles, value 2i in the low nibble of byte
 //               i), s_b = max|x| / 7; B = 64 by default: 8 + 4⌈n/B⌉ + ⌈n/2⌉ bytes (4.5 bits a value at B = 64)
+//   topk/<C>    sparse: of each chunk of C values (4096 by default) the 1/64 largest in magnitude, as indices and
+//               2-bit codes (0.30 bits a value): transport/sparse_codec.h
 // Per element |x − x̂| ≤ max|x over its block| / (2 · q_max) (q_max 127 or 7), up to fp32 rounding of x / s_b.
 // The wire names the codec with its block ("q4/64"), so a receiver needs no config to decode.
 #pragma once
@@ -21,20 +23,23 @@
 
 namespace dloco::wire {
 
-enum class Codec { kFp32, kBf16, kQ8, kQ4 };
+enum class Codec { kFp32, kBf16, kQ8, kQ4, kTopK };
 
-/// Default values per block of the integer codecs: 256 for q8, 64 for q4 (0 for fp32 and bf16).
+/// Default values per block of the integer codecs: 256 for q8, 64 for q4, the chunk of topk: 4096 (0 for fp32 and
+/// bf16).
 int64_t default_block(Codec codec);
-/// "fp32" | "bf16" | "q8" | "q4" (the config's name; the wire adds "/<block>").
+/// "fp32" | "bf16" | "q8" | "q4" | "topk" (the config's name; the wire adds "/<block>").
 const char* to_string(Codec codec);
 /// Inverse of to_string; throws InputError naming the valid codecs.
 Codec parse_codec(std::string_view name);
-/// Bytes encode() writes for n values: n·4, n·2, 8 + 4⌈n/B⌉ + n or 8 + 4⌈n/B⌉ + ⌈n/2⌉.
+/// Bytes encode() writes for n values: n·4, n·2, 8 + 4⌈n/B⌉ + n, 8 + 4⌈n/B⌉ + ⌈n/2⌉, or topk's
+/// (sparse::encoded_bytes).
 int64_t encoded_bytes(Codec codec, int64_t n, int64_t block = 0);
 
-/// Encodes `values` (n floats) with `codec` (`block` values per scale for q8/q4; 0 = the default). Throws
-/// InputError for q8/q4 when a value is NaN or infinite (it would poison its block's scale; fp32 and bf16 carry
-/// it, for the receiver to refuse and count), or for a block outside [1, 65536].
+/// Encodes `values` (n floats) with `codec` (`block` values per scale for q8/q4, per chunk for topk; 0 = the
+/// default). Throws InputError for q8/q4/topk when a value is NaN or infinite (it would poison its block's scale or
+/// its chunk's range; fp32 and bf16 carry it, for the receiver to refuse and count), or for a block outside [1,
+/// 65536] (a chunk outside [64, 65536]).
 Payload encode(std::span<const float> values, Codec codec, int64_t block = 0);
 /// Decodes a payload into `out`. Returns "" on success, else what was wrong: an unknown codec or block, a size that
 /// is not exactly the codec's for its values, `expected_numel` ≥ 0 not matched, a negative or non-finite scale, an
@@ -45,7 +50,8 @@ std::string decode(const Payload& payload, std::vector<float>& out, int64_t expe
 /// An upper bound on ‖x − x̂‖₂ for the values x a payload was encoded from, x̂ = `decoded` (what decode() gave for
 /// it): q8/q4 √(Σ_b n_b · (s_b / 2)²) with s_b = max|x̂| over block b / q_max (rounding to nearest moves a value by at
 /// most half its block's step; the step is taken from the decoded values, so a declared scale over zeros claims
-/// nothing), bf16 2⁻⁷ · ‖x̂‖ (8 significant bits, round to nearest), fp32 0. With error feedback it
+/// nothing), bf16 2⁻⁷ · ‖x̂‖ (8 significant bits, round to nearest), topk from its declared ranges
+/// (sparse::error_bound: mostly what it dropped), fp32 0. With error feedback it
 /// bounds the residual a sender carries into its next payload (the syncer's norm screen, docs/protocol.md §10).
 /// Only for a payload decode() took.
 double error_bound(const Payload& payload, std::span<const float> decoded);
@@ -62,10 +68,12 @@ std::string apply_update(std::span<const float> base, const Payload& update, std
 /// every round. Not thread-safe.
 class ErrorFeedback {
  public:
-  /// Sends x = `values` + e as `codec` (`values` becomes x, in place) and keeps e ← x − decode(sent); `decoded`
-  /// (if given) receives decode(sent). A size other than the last one's starts from e = 0. Throws InputError as
-  /// encode() does (e is then cleared).
-  Payload encode(std::vector<float>& values, Codec codec, int64_t block = 0, std::vector<float>* decoded = nullptr);
+  /// Sends x = `values` + β·e as `codec` (`values` becomes x, in place) and keeps e ← x − decode(sent); `decoded`
+  /// (if given) receives decode(sent). β = `decay` in (0, 1] (SparseLoCo's 0.95 forgets old error; 1 keeps the sums
+  /// exact). A size other than the last one's starts from e = 0. Throws InputError as encode() does (e is then
+  /// cleared).
+  Payload encode(std::vector<float>& values, Codec codec, int64_t block = 0, std::vector<float>* decoded = nullptr,
+                 double decay = 1.0);
   /// e = 0 (the next vector is relative to another base: a re-anchor, a restart).
   void reset() { residual_.clear(); }
   /// e, empty before the first vector.

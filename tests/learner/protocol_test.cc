@@ -146,6 +146,7 @@ class ProtocolTest : public ::testing::Test {
       cfg.overlap = config_.diloco.overlap;
       cfg.codec = codec_;
       cfg.error_feedback = error_feedback_;
+      cfg.error_feedback_decay = config_.diloco.error_feedback_decay;
       OuterSync sync(cfg, job, link, &events, nullptr);
       for (int p = 0; p < 2; ++p) {
         const wire::Fragment f = link.fetch_fragment(p).value;
@@ -418,6 +419,41 @@ TEST_F(ProtocolTest, Q4OuterGradientsWithErrorFeedbackMergeAndEveryCopyEndsEqual
   EXPECT_TRUE(named(events_of("syncer_1.jsonl"), "answer_refused").empty());
   const auto merged = named(events_of("syncer_1.jsonl"), "merged");
   EXPECT_GT(merged.size(), 20u);
+  expect_copies_equal_theta(results);
+}
+
+// Issue 33: sparse outer gradients both ways (topk, transport/sparse_codec.h: 1/64 of the values, 2 bits each) with
+// error feedback at SparseLoCo's decay β = 0.95. Every answer goes as "topk/4096", the norm screen refuses none of the
+// honest sparse answers (no allowance for topk: they are compared as sent), merges combine learners and go down as
+// sparse updates, and every learner's copy ends bitwise equal to the syncer's Θ.
+TEST_F(ProtocolTest, TopKBothWaysWithErrorFeedbackMergesAndEveryCopyEndsEqualToTheta) {
+  codec_ = wire::Codec::kTopK;
+  error_feedback_ = true;
+  config_.diloco.wire_down = WireDtype::kTopK;
+  config_.diloco.error_feedback_decay = 0.95;
+  start_syncer();
+  std::vector<std::string> seen;
+  std::mutex seen_mu;
+  const auto results = run_all({{1, [&](int64_t step, const OuterSync&, const LearnerLink&) {
+                                   if (step == 20) {
+                                     std::vector<std::function<bool(wire::Payload&)>> look(3, [&](wire::Payload& p) {
+                                       std::lock_guard lock(seen_mu);
+                                       seen.push_back(p.codec);
+                                       return true;
+                                     });
+                                     net_.tamper_answers("learner 1", look);
+                                   }
+                                   return false;
+                                 }}});
+  ASSERT_FALSE(seen.empty());
+  for (const auto& c : seen) EXPECT_EQ(c, "topk/4096");
+  EXPECT_TRUE(named(events_of("syncer_1.jsonl"), "answer_refused").empty());
+  int combined = 0;
+  for (const auto& m : named(events_of("syncer_1.jsonl"), "merged")) combined += m["participants"].size() >= 2 ? 1 : 0;
+  EXPECT_GT(combined, 20) << "merges did not combine learners";
+  int updates = 0;
+  for (const auto& e : named(events_of("learner_0.jsonl"), "applied")) updates += e["from"] == "update" ? 1 : 0;
+  EXPECT_GE(updates, 10) << "merges did not go down as sparse updates";
   expect_copies_equal_theta(results);
 }
 

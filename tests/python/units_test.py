@@ -109,6 +109,30 @@ class CodecTest(unittest.TestCase):
         self.assertEqual(wire, "q4/64")
         self.assertEqual(data, struct.pack("<Qf", 3, 1.0) + bytes([0x97, 0x01]))  # value 2i in the low nibble
 
+    def test_topk_wire_layout_and_round_trip(self):
+        # The layout of src/transport/sparse_codec.h, pinned by the same bytes in tests/transport/sparse_codec_test.cc.
+        wire, data = codec.encode(np.array([0.5, -2.0, 0.1, 1.0], np.float32), "topk", 64)
+        self.assertEqual(wire, "topk/64")
+        self.assertEqual(data, struct.pack("<QffH", 4, 2.0, 2.0, 1) + bytes([0x03]))
+        np.testing.assert_array_equal(codec.decode(wire, data, 4), np.array([0, -2, 0, 0], np.float32))
+        rng = np.random.default_rng(3)
+        for n in (0, 1, 63, 64, 65, 4096, 10000):
+            x = (rng.standard_normal(n) * 1e-3).astype(np.float32)
+            wire, data = codec.encode(x, "topk")
+            self.assertEqual(len(data), codec.sparse_bytes(n), n)
+            y = codec.decode(wire, data, n)
+            for lo in range(0, n, codec.SPARSE_CHUNK):
+                seg, out = x[lo:lo + codec.SPARSE_CHUNK], y[lo:lo + codec.SPARSE_CHUNK]
+                kept = out != 0
+                self.assertEqual(int(kept.sum()), (seg.size + 63) // 64)
+                self.assertTrue(np.all(np.abs(seg[~kept]) <= np.abs(seg[kept]).min()))
+                self.assertTrue(np.all(np.signbit(out[kept]) == np.signbit(seg[kept])))
+        for bad in [data[:-1], data[:8] + struct.pack("<f", -1.0) + data[12:]]:
+            with self.assertRaises(codec.CodecError):
+                codec.decode(wire, bad, 10000)
+        with self.assertRaises(codec.CodecError):
+            codec.decode("topk/32", data, 10000)
+
     def test_bf16_rounds_to_nearest_even(self):
         bits = np.array([0x3F808000, 0x3F818000, 0x3F808001, 0x7F800000, 0x7F7FFFFF, 0x7FC00001, 0xFFA00000],
                         np.uint32).view(np.float32)
