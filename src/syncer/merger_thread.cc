@@ -44,9 +44,7 @@ SyncerService::Tick SyncerService::tick_and_pull() {
   // pulls go out at once (docs/protocol.md §4 step 3)
   for (const auto& pull : tick.actions.pulls) {
     const wire::SyncerMessage msg = wire::PullRequest{
-        pull.fragment, pull.round_step,
-        std::max<int64_t>(0, state_->version(pull.fragment) - (config_.diloco.anchor_versions - 1)),
-        state_->version(pull.fragment)};
+        pull.fragment, pull.round_step, state_->oldest_anchor(pull.fragment), state_->version(pull.fragment)};
     for (int id : pull.learners) send(id, msg);
   }
   // A learner refused diloco.refetch_after times in a row on fragment p gets Θ_p whole, as published (§10):

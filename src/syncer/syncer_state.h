@@ -187,6 +187,10 @@ class SyncerState {
   const FragmentLayout& layout() const { return layout_; }
   int64_t global_step() const { return global_step_; }
   int64_t version(int p) const { return fragments_[p].version; }
+  /// The oldest version of fragment p the syncer still holds as an anchor (docs/protocol.md §4, stale anchors): a
+  /// learner whose base is older answers raw θ_p. Not version − (anchor_versions − 1): a restored fragment holds one
+  /// anchor only, and a delta against a version before it cannot be merged.
+  int64_t oldest_anchor(int p) const { return fragments_[p].anchors.front().first; }
   std::vector<int64_t> versions() const;
   const std::vector<float>& theta(int p) const { return fragments_[p].theta; }
   const std::vector<float>& momentum(int p) const { return fragments_[p].momentum; }

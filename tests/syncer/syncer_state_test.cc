@@ -281,6 +281,35 @@ TEST_F(SyncerStateTest, StaleBaseIsReanchoredThroughTheKeptVersion) {
   EXPECT_FLOAT_EQ(s.theta(1)[0], 0.25f);
 }
 
+// The pull names the oldest version the syncer holds, so a learner behind it re-anchors. A syncer restored from its
+// files holds one version per fragment: a learner still at the version before (killed between persist and
+// broadcast) must be told to send raw θ, not a delta the syncer can only refuse as stale. (Once the pull said
+// version − (anchor_versions − 1): after a restore every round of that fragment was refused and the learners ended
+// one version behind Θ; ChaosTest.KilledSyncerComesBack… failed on CI.)
+TEST_F(SyncerStateTest, TheOldestAnchorIsTheOldestVersionHeldAlsoAfterARestore) {
+  auto s = make(1, 1, false, "mean", "uniform", 1.0, 0.0, WireDtype::kFp32, false,
+                [](Config& c) { c.diloco.anchor_versions = 3; });
+  EXPECT_EQ(s.oldest_anchor(1), 0);
+  s.restore_fragment(1, std::vector<float>(4, 2.0f), std::vector<float>(4, 0.0f), 18);
+  EXPECT_EQ(s.oldest_anchor(1), 18);  // not 16: versions 16 and 17 were never held by this syncer
+  s.on_join(0, 0.0);
+  std::string why;
+  s.on_report(0, report(1), 1.0);
+  s.tick(1.0);
+  EXPECT_EQ(s.on_answer(0, answer(1, 1, std::vector<float>(4, 0.5f), 17), 1.1, &why), AnswerOutcome::kRefused);
+  EXPECT_NE(why.find("stale anchor"), std::string::npos) << why;
+  for (int64_t round = 3, merged = 0; merged < 3; round += 2) {  // three merges: versions 19, 20, 21 kept
+    s.on_report(0, report(round), 1.0 + round);
+    s.tick(1.0 + round);
+    s.tick(1.0 + round);
+    ASSERT_EQ(s.on_answer(0, answer(1, round, std::vector<float>(4, 0.0f), -1), 1.1 + round, &why),
+              AnswerOutcome::kAccepted) << why;
+    merged += static_cast<int64_t>(s.tick(1.2 + round).merged.size());
+  }
+  EXPECT_EQ(s.version(1), 21);
+  EXPECT_EQ(s.oldest_anchor(1), 19);  // anchor_versions = 3: 19, 20, 21
+}
+
 TEST_F(SyncerStateTest, FinalFlushMergesEveryFragmentOnceThenFinishes) {
   auto s = make(1, 1, false);
   s.on_join(0, 0.0);
