@@ -25,6 +25,7 @@
 #include "process/children.h"
 #include "process/console.h"
 #include "process/events.h"
+#include "process/json_file.h"
 #include "process/stop_signals.h"
 #include "train/checkpoint.h"
 
@@ -117,9 +118,12 @@ std::vector<FaultEvent> reset_gloo_and_resolve_plan(const fs::path& run_dir, con
 // the run ended. Its methods are the steps of run_collective_launcher, in the order they run.
 class CollectiveRun {
  public:
-  CollectiveRun(const Config& config, const RunFolder& folder, const FaultPlan* plan, Clock::time_point started)
+  CollectiveRun(const Config& config, const RunFolder& folder, const FaultPlan* plan, Clock::time_point started,
+                bool resume, nlohmann::json prior)
       : config_(config),
         started_(started),
+        resume_(resume),
+        prior_(std::move(prior)),
         run_dir_(config.run_dir()),
         M_(folder.learners),
         worker_threads_(folder.child_threads),
@@ -158,6 +162,8 @@ class CollectiveRun {
 
   const Config& config_;
   const Clock::time_point started_;  // the run's start, for wall times
+  const bool resume_;                 // --resume: the first group starts from the newest checkpoint (dp)
+  const nlohmann::json prior_;        // a resumed run: the report of the parts before (wall time, syncs, waits)
   const fs::path run_dir_;
   const int M_, worker_threads_;
   const RecoveryPolicy recovery_;
@@ -202,7 +208,7 @@ void CollectiveRun::form(const std::string& reason) {
   }
   ++generation_;
   const fs::path store = run_dir_ / "gloo" / ("store_" + std::to_string(generation_));
-  const auto checkpoint = generation_ > 0 ? latest_checkpoint(run_dir_) : std::nullopt;
+  const auto checkpoint = generation_ > 0 || resume_ ? latest_checkpoint(run_dir_) : std::nullopt;
   for (size_t rank = 0; rank < group_.size(); ++rank) {
     const int s = group_[rank];
     std::vector<std::string> args{"worker", "--config", cfg_, "--rank", std::to_string(rank), "--run-dir",
@@ -210,7 +216,9 @@ void CollectiveRun::form(const std::string& reason) {
                                   "run.threads=" + std::to_string(worker_threads_)};
     if (recovery_ != RecoveryPolicy::kStop) {
       args.insert(args.end(), {"--slots", join_slots(group_), "--generation", std::to_string(generation_)});
-      if (checkpoint) args.insert(args.end(), {"--resume-from", checkpoint->dir.string()});
+    }
+    if (checkpoint && (recovery_ != RecoveryPolicy::kStop || resume_)) {
+      args.insert(args.end(), {"--resume-from", checkpoint->dir.string()});
     }
     Child& c = children_[s];
     c.pid = spawn(args, run_dir_ / "logs" / ("worker_" + std::to_string(s) + ".log"), worker_threads_);
@@ -501,7 +509,9 @@ nlohmann::json CollectiveRun::report(int cores) {
   const bool finished = last_.is_object() && last_.value("finished", false) && failure_.empty();
   const nlohmann::json final_eval =
       final_evaluation(config_, cores, final_eval_skip_reason(StopSignals::hurry(), failure_));
-  const double wall = std::chrono::duration<double>(Clock::now() - started_).count();
+  // A resumed run's report covers the whole run: the wall time of the parts before is added.
+  auto before = [&](const char* key) { return prior_.is_object() ? std::max(0.0, prior_.value(key, 0.0)) : 0.0; };
+  const double wall = before("wall_seconds") + std::chrono::duration<double>(Clock::now() - started_).count();
   const auto workers = worker_summaries(run_dir_, M_);
   nlohmann::json bytes = nlohmann::json::object();
   for (const auto& w : workers) {
@@ -518,8 +528,8 @@ nlohmann::json CollectiveRun::report(int cores) {
       {"final_val_perplexity", final_eval["val_perplexity"]},
       {"global_step", last_.value("global_step", 0)},
       {"steps", last_.value("global_step", 0)},
-      {"syncs", last_.value("syncs", 0)},
-      {"wait_seconds_rank0", last_.value("wait_s", 0.0)},
+      {"syncs", static_cast<int64_t>(before("syncs")) + last_.value("syncs", int64_t{0})},
+      {"wait_seconds_rank0", before("wait_seconds_rank0") + last_.value("wait_s", 0.0)},
       {"eval_seconds", last_.value("eval_s", 0.0)},
       {"tokens_trained", tokens},
       {"tokens_budget", config_.train.total_tokens},
@@ -548,12 +558,19 @@ nlohmann::json CollectiveRun::report(int cores) {
 
 void check_collective_run(const Config& config, bool resume, const FaultPlan* plan) {
   const fs::path run_dir = config.run_dir();
-  if (resume) {
+  if (resume && config.diloco.mode != Mode::kDp) {
     throw InputError(std::string("--resume is not supported for diloco.mode = \"") + to_string(config.diloco.mode) +
-                     "\" yet (the baselines restart from scratch); it is for decoupled and local runs");
+                     "\" yet (its workers' inner AdamW states and the outer momentum are not checkpointed); dp, "
+                     "decoupled and local runs resume");
   }
-  if (latest_checkpoint(run_dir) || fs::exists(run_dir / "status.json")) {
-    throw InputError("run folder '" + run_dir.string() + "' already holds a run: pick another run.name");
+  if (resume && !latest_checkpoint(run_dir)) {
+    throw InputError("cannot resume: '" + run_dir.string() + "' has no checkpoint (a dp run writes one when it is "
+                     "stopped, and every train.checkpoint_interval steps)");
+  }
+  if (!resume && (latest_checkpoint(run_dir) || fs::exists(run_dir / "status.json"))) {
+    throw InputError("run folder '" + run_dir.string() + "' already holds a run: continue it with --resume " +
+                     run_dir.string() + (config.diloco.mode == Mode::kDp ? "" : " (dp only)") +
+                     ", or pick another run.name");
   }
   if (plan != nullptr && config.diloco.mode != Mode::kDp) {
     throw InputError(std::string("a fault plan needs diloco.mode = \"dp\" among the baselines (got \"") + to_string(config.diloco.mode) + "\")");
@@ -565,9 +582,20 @@ void check_collective_run(const Config& config, bool resume, const FaultPlan* pl
 nlohmann::json run_collective_launcher(const Config& config, bool resume, const FaultPlan* plan) {
   const auto started = Clock::now();
   check_collective_run(config, resume, plan);
+  nlohmann::json prior;
+  if (resume) {  // a finished run stays as it is; a stopped one goes on from its newest checkpoint
+    auto previous = try_read_json_file(config.run_dir() / "report.json").value_or(nullptr);
+    if (previous.is_object() && previous.value("status", "") == "finished") {
+      spdlog::info("[launcher] run {} already finished (report {}): nothing to resume, nothing changed",
+                   config.run.name, (config.run_dir() / "report.json").string());
+      previous["already_finished"] = true;
+      return previous;
+    }
+    prior = std::move(previous);
+  }
   const RunFolder folder = prepare_run_folder(config);
   const StopSignals signals;
-  CollectiveRun run(config, folder, plan, started);
+  CollectiveRun run(config, folder, plan, started, resume, std::move(prior));
   run.start();
   run.supervise();
   run.stop_workers();

@@ -10,6 +10,7 @@
 // The last four run the real `dloco train` (workers over Gloo, or syncer + learners over gRPC) on a tiny model.
 // The merge itself through real Gloo against the syncer's is outer_loops_test.cc.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -27,6 +28,7 @@
 #include "core/safetensors.h"
 #include "data/shards.h"
 #include "data/stream.h"
+#include "support/process_checks.h"
 #include "support/tiny_corpus.h"
 #include "train/checkpoint.h"
 #include "train/fragment_io.h"
@@ -191,6 +193,59 @@ TEST_F(Baselines, DpTwoWorkersMatchOneProcessOnTheDoubledBatch) {
       << relative_difference(finals[0], expected);
   std::printf("dp (2 workers) vs one process on the doubled batch: max relative difference %.2e\n",
               relative_difference(finals[0], expected));
+}
+
+// Issue 31 part 3: a dp run stopped with Ctrl-C mid-run (rank 0 writes a checkpoint with the AdamW state and every
+// slot's data cursor) and resumed with `dloco train --resume` ends bitwise where the same run uninterrupted ends,
+// with the same tokens trained: no batch twice, none skipped. Stopped at a step count, not a time.
+TEST_F(Baselines, DpStoppedAndResumedEndsBitwiseWhereTheUninterruptedRunEnds) {
+  const Config whole = tiny_config("dp-whole", "dp", "", 600);
+  const torch::Tensor expected = train_and_load(whole);
+  Config cut = tiny_config("dp-cut", "dp", "", 600);
+  // Slowed 4× (a sleep after each step, no change to the math): the stop lands ~1 s after step 30 (the launcher's
+  // poll, the workers' next step boundary), well before step 600 also on a machine 3× faster than this one.
+  cut.run.slowdown = "0:4,1:4";
+  const fs::path cfg = root_ / "dp-cut.toml";
+  std::ofstream(cfg) << to_toml(cut);
+  testing_support::ChildGuard guard;
+  const pid_t launcher = guard.hold(testing_support::spawn_to_log(kDloco, {"train", "--config", cfg.string()},
+                                                                  root_ / "dp-cut.log"));
+  ASSERT_GT(launcher, 0);
+  auto steps = [&] {
+    int n = 0;
+    for (const auto& e : testing_support::read_events(cut.run_dir() / "events" / "worker_0.jsonl")) {
+      n += e["event"] == "step";
+    }
+    return n;
+  };
+  for (int i = 0; i < 3000 && steps() < 30; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_GE(steps(), 30) << "see " << root_ / "dp-cut.log";
+  guard.kill(launcher, SIGINT, "the launcher");
+  int status = 0;
+  ::waitpid(launcher, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << "see " << root_ / "dp-cut.log";
+  ASSERT_EQ(WEXITSTATUS(status), 128 + SIGINT) << "see " << root_ / "dp-cut.log";
+  const nlohmann::json stopped = nlohmann::json::parse(std::ifstream(cut.run_dir() / "report.json"));
+  ASSERT_EQ(stopped["status"], "stopped");
+  ASSERT_LT(stopped["steps"].get<int64_t>(), 600) << "the stop came after the end: nothing left to resume";
+  const fs::path log = root_ / "dp-cut-resume.log";
+  ASSERT_EQ(std::system((kDloco + " train --resume " + cut.run_dir().string() + " > " + log.string() + " 2>&1").c_str()),
+            0)
+      << "see " << log;
+  const nlohmann::json report = nlohmann::json::parse(std::ifstream(cut.run_dir() / "report.json"));
+  EXPECT_EQ(report["status"], "finished");
+  const nlohmann::json uninterrupted = nlohmann::json::parse(std::ifstream(whole.run_dir() / "report.json"));
+  EXPECT_EQ(report["tokens_trained"], uninterrupted["tokens_trained"]);
+  EXPECT_EQ(report["steps"], uninterrupted["steps"]);
+  EXPECT_EQ(report["syncs"], uninterrupted["syncs"]) << "the report covers the whole run, not its last part";
+  torch::manual_seed(0);
+  GPT model(cut.model);
+  load_model_weights(resolve_checkpoint(cut.run_dir()), model);
+  EXPECT_TRUE(torch::equal(flat_parameters(model), expected)) << "max difference "
+      << (flat_parameters(model) - expected).abs().max().item<double>();
+  // A finished run is left alone.
+  EXPECT_EQ(std::system((kDloco + " train --resume " + cut.run_dir().string() + " >> " + log.string() + " 2>&1").c_str()),
+            0);
 }
 
 TEST_F(Baselines, DilocoWithOneInnerStepAveragesTheParametersEveryStep) {
