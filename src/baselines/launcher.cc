@@ -17,6 +17,7 @@
 #include <spdlog/spdlog.h>
 
 #include "baselines/launcher.h"
+#include "baselines/worker_state.h"
 #include "baselines/worker_status.h"
 #include "core/check.h"
 #include "launcher/fault_injector.h"
@@ -36,44 +37,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// Sums a numeric field over events/worker_<rank>.jsonl "stopped" records (bytes, syncs, waits per rank).
-nlohmann::json worker_summaries(const fs::path& run_dir, int M) {
-  nlohmann::json out = nlohmann::json::array();
-  for (int rank = 0; rank < M; ++rank) {
-    std::ifstream in(run_dir / "events" / ("worker_" + std::to_string(rank) + ".jsonl"));
-    nlohmann::json last_stop = {{"rank", rank}};
-    std::string line;
-    while (std::getline(in, line)) {
-      if (line.find("\"stopped\"") == std::string::npos) continue;
-      try {
-        auto j = nlohmann::json::parse(line);
-        last_stop = {{"rank", rank}, {"steps", j.value("step", 0)}, {"syncs", j.value("syncs", 0)},
-                     {"wait_s", j.value("wait_s", 0.0)}, {"bytes_sent", j.value("bytes_sent", int64_t{0})}};
-      } catch (const nlohmann::json::exception&) {
-      }
-    }
-    // dp over learner groups: what ranks 1 … R − 1 sent to the same rank of the other workers (their own
-    // group's traffic stays inside the worker) adds to the worker's bytes (docs/parallel.md).
-    int64_t replica_bytes = 0;
-    for (int r = 1;; ++r) {
-      const fs::path file = run_dir / "events" / ("learner_" + std::to_string(rank) + "_rank_" + std::to_string(r) + ".jsonl");
-      if (!fs::exists(file)) break;
-      std::ifstream rank_in(file);
-      int64_t last = 0;
-      while (std::getline(rank_in, line)) {
-        if (line.find("\"rank_stopped\"") == std::string::npos) continue;
-        try {
-          last = nlohmann::json::parse(line).value("replica_bytes_sent", int64_t{0});
-        } catch (const nlohmann::json::exception&) {
-        }
-      }
-      replica_bytes += last;
-    }
-    if (replica_bytes > 0) last_stop["bytes_sent"] = last_stop.value("bytes_sent", int64_t{0}) + replica_bytes;
-    out.push_back(last_stop);
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -208,7 +171,9 @@ void CollectiveRun::form(const std::string& reason) {
   }
   ++generation_;
   const fs::path store = run_dir_ / "gloo" / ("store_" + std::to_string(generation_));
-  const auto checkpoint = generation_ > 0 || resume_ ? latest_checkpoint(run_dir_) : std::nullopt;
+  const auto checkpoint = generation_ > 0   ? latest_checkpoint(run_dir_)
+                          : resume_         ? resumable_checkpoint(config_)
+                                            : std::nullopt;
   for (size_t rank = 0; rank < group_.size(); ++rank) {
     const int s = group_[rank];
     std::vector<std::string> args{"worker", "--config", cfg_, "--rank", std::to_string(rank), "--run-dir",
@@ -558,19 +523,15 @@ nlohmann::json CollectiveRun::report(int cores) {
 
 void check_collective_run(const Config& config, bool resume, const FaultPlan* plan) {
   const fs::path run_dir = config.run_dir();
-  if (resume && config.diloco.mode != Mode::kDp) {
-    throw InputError(std::string("--resume is not supported for diloco.mode = \"") + to_string(config.diloco.mode) +
-                     "\" yet (its workers' inner AdamW states and the outer momentum are not checkpointed); dp, "
-                     "decoupled and local runs resume");
-  }
-  if (resume && !latest_checkpoint(run_dir)) {
-    throw InputError("cannot resume: '" + run_dir.string() + "' has no checkpoint (a dp run writes one when it is "
-                     "stopped, and every train.checkpoint_interval steps)");
+  if (resume && !resumable_checkpoint(config)) {
+    throw InputError("cannot resume: '" + run_dir.string() + "' has no checkpoint" +
+                     (config.diloco.mode == Mode::kDp ? "" : " with every worker's state") +
+                     " (one is written when the run is stopped with Ctrl-C, and every train.checkpoint_interval "
+                     "steps; a second Ctrl-C or a kill writes none)");
   }
   if (!resume && (latest_checkpoint(run_dir) || fs::exists(run_dir / "status.json"))) {
     throw InputError("run folder '" + run_dir.string() + "' already holds a run: continue it with --resume " +
-                     run_dir.string() + (config.diloco.mode == Mode::kDp ? "" : " (dp only)") +
-                     ", or pick another run.name");
+                     run_dir.string() + ", or pick another run.name");
   }
   if (plan != nullptr && config.diloco.mode != Mode::kDp) {
     throw InputError(std::string("a fault plan needs diloco.mode = \"dp\" among the baselines (got \"") + to_string(config.diloco.mode) + "\")");

@@ -2,7 +2,9 @@
 #include "baselines/outer_loops.h"
 
 #include <chrono>
+#include <cmath>
 #include <deque>
+#include <optional>
 
 #include "collective/flat_model.h"
 #include "core/check.h"
@@ -40,7 +42,7 @@ double contribution_weight(WeightRule rule, int64_t tokens_since, int64_t steps_
 }
 
 AllReduceMerge::AllReduceMerge(Collective& group, std::span<const float> global, std::span<const float> local,
-                               double weight) {
+                               double weight, bool stop_vote) {
   if (global.size() != local.size()) {
     throw InputError("AllReduceMerge: Θ has " + std::to_string(global.size()) + " elements, θ " +
                      std::to_string(local.size()));
@@ -48,17 +50,48 @@ AllReduceMerge::AllReduceMerge(Collective& group, std::span<const float> global,
   const size_t n = global.size();
   std::vector<float> delta(n);
   outer_gradient(global, local, delta);  // Δ_m = Θ − θ_m
-  buffer_ = torch::empty({static_cast<int64_t>(n) + 1}, torch::kFloat);
+  buffer_ = torch::empty({static_cast<int64_t>(n) + 2}, torch::kFloat);
   weighted_sum_contribution(delta, weight, std::span<float>(buffer_.data_ptr<float>(), n + 1));  // [w·Δ, w]
+  buffer_.data_ptr<float>()[n + 1] = stop_vote ? 1.0f : 0.0f;
   work_ = group.allreduce_sum_async(buffer_);
 }
 
 bool AllReduceMerge::finish(std::span<float> merged) {
   work_.wait();
-  return mean_from_weighted_sums(std::span<const float>(buffer_.data_ptr<float>(), buffer_.numel()), merged);
+  return mean_from_weighted_sums(std::span<const float>(buffer_.data_ptr<float>(), buffer_.numel() - 1), merged);
+}
+
+int AllReduceMerge::stop_votes() const {
+  return static_cast<int>(std::lround(buffer_.data_ptr<float>()[buffer_.numel() - 1]));
 }
 
 namespace {
+
+// A saved state's part sizes against the live ones: InputError naming what differs.
+void check_parts(const std::vector<std::vector<float>>& saved, const std::vector<size_t>& sizes, const char* what) {
+  if (saved.size() != sizes.size()) {
+    throw InputError(std::string("saved outer state: ") + std::to_string(saved.size()) + " parts of " + what +
+                     ", this run has " + std::to_string(sizes.size()));
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (saved[i].size() != sizes[i]) {
+      throw InputError(std::string("saved outer state: part ") + std::to_string(i) + " of " + what + " has " +
+                       std::to_string(saved[i].size()) + " values, this run's " + std::to_string(sizes[i]));
+    }
+  }
+}
+
+void check_counters(const OuterState& s, size_t parts) {
+  if (s.versions.size() != parts || s.steps_since.size() != parts || s.tokens_since.size() != parts) {
+    throw InputError("saved outer state: counters for another number of parts than this run's " +
+                     std::to_string(parts));
+  }
+  for (const auto* counters : {&s.versions, &s.steps_since, &s.tokens_since}) {
+    for (int64_t v : *counters) {
+      if (v < 0) throw InputError("saved outer state: a negative version or counter (" + std::to_string(v) + ")");
+    }
+  }
+}
 
 // diloco: the whole model at once, every H steps, blocking (K = M, P = 1, τ = 0): every fragment concatenated
 // into one flat vector (elementwise math: the order of the elements does not change Θ).
@@ -78,10 +111,28 @@ class DilocoSync final : public OuterSync {
     momentum_.assign(theta_.size(), 0.0f);
   }
 
-  void after_step(int64_t step, int64_t tokens) override {
+  void after_step(int64_t step, int64_t tokens, bool stop_vote) override {
     steps_since_ += 1;
     tokens_since_ += tokens;
-    if (step % diloco_.inner_steps == 0) sync(step, step);
+    if (step % diloco_.inner_steps == 0) sync(step, step, stop_vote);
+  }
+
+  bool stop_agreed() const override { return stop_agreed_; }
+
+  OuterState state() override {  // blocking syncs: nothing is ever in flight between steps
+    return OuterState{{theta_}, {momentum_}, {version_}, {steps_since_}, {tokens_since_}, {}};
+  }
+
+  void restore(OuterState s) override {
+    check_parts(s.theta, {theta_.size()}, "Θ");
+    check_parts(s.momentum, {theta_.size()}, "the momentum");
+    check_counters(s, 1);
+    if (!s.in_flight.empty()) throw InputError("saved outer state: diloco has no merge in flight");
+    theta_ = std::move(s.theta[0]);
+    momentum_ = std::move(s.momentum[0]);
+    version_ = s.versions[0];
+    steps_since_ = s.steps_since[0];
+    tokens_since_ = s.tokens_since[0];
   }
 
   void flush(int64_t step) override {
@@ -103,17 +154,19 @@ class DilocoSync final : public OuterSync {
     for (size_t p = 0; p < layout_.fragments.size(); ++p) replica_.read_fragment(static_cast<int>(p), part(flat, p));
   }
 
-  void sync(int64_t step, int64_t round) {
+  void sync(int64_t step, int64_t round, bool stop_vote = false) {
     std::vector<float> theta_m(theta_.size());  // (N) θ_m
     read_local(theta_m);
     // 1. Δ_m = Θ − θ_m, [w·Δ_m, w] summed over every worker.
     AllReduceMerge merge(group_, theta_, theta_m,
-                         contribution_weight(diloco_.weights, tokens_since_, steps_since_, tokens_per_step_));
+                         contribution_weight(diloco_.weights, tokens_since_, steps_since_, tokens_per_step_),
+                         stop_vote);
     // 2. Δ = Σ w_m·Δ_m / Σ w_m.
     std::vector<float> delta(theta_.size());
     const auto t0 = Clock::now();
     const bool merged = merge.finish(delta);
     wait_s_ += seconds_since(t0);
+    stop_agreed_ = stop_agreed_ || merge.stop_votes() > 0;
     if (!merged) {
       events_.emit("round_skipped", {{"fragment", 0}, {"round", round}, {"reason", "no worker trained on it"}});
       return;
@@ -141,6 +194,7 @@ class DilocoSync final : public OuterSync {
   std::vector<int64_t> offsets_;                 // where fragment p starts in the flat vectors
   std::vector<float> theta_, momentum_;  // (N) Θ and its Nesterov buffer v, fragments concatenated
   int64_t version_ = 0, steps_since_ = 0, tokens_since_ = 0;
+  bool stop_agreed_ = false;
 };
 
 // streaming: fragment p from its due step u, applied at u + τ.
@@ -163,19 +217,59 @@ class StreamingSync final : public OuterSync {
     tokens_since_.assign(P, 0);
   }
 
-  void after_step(int64_t step, int64_t tokens) override {
+  void after_step(int64_t step, int64_t tokens, bool stop_vote) override {
     const int P = static_cast<int>(theta_.size()), H = static_cast<int>(diloco_.inner_steps);
     for (int p = 0; p < P; ++p) {
       steps_since_[p] += 1;
       tokens_since_[p] += tokens;
     }
     for (int p = 0; p < P; ++p) {
-      if (fragment_due(p, step, H, P)) start(p, step, step + diloco_.overlap);
+      if (fragment_due(p, step, H, P)) start(p, step, step + diloco_.overlap, stop_vote);
     }
     while (!in_flight_.empty() && in_flight_.front().apply_at <= step) {
       finish(in_flight_.front(), step);
       in_flight_.pop_front();
     }
+  }
+
+  bool stop_agreed() const override { return stop_agreed_; }
+
+  OuterState state() override {
+    OuterState s{theta_, momentum_, version_, steps_since_, tokens_since_, {}};
+    for (auto& f : in_flight_) {
+      land(f);
+      s.in_flight.push_back({f.fragment, f.round, f.apply_at, f.merged, f.merged ? f.delta : std::vector<float>{}});
+    }
+    return s;
+  }
+
+  void restore(OuterState s) override {
+    std::vector<size_t> sizes;
+    for (const auto& t : theta_) sizes.push_back(t.size());
+    check_parts(s.theta, sizes, "Θ");
+    check_parts(s.momentum, sizes, "the momentum");
+    check_counters(s, sizes.size());
+    in_flight_.clear();
+    for (auto& l : s.in_flight) {
+      if (l.fragment < 0 || l.fragment >= static_cast<int>(sizes.size()) ||
+          (l.merged && l.delta.size() != sizes[static_cast<size_t>(l.fragment)])) {
+        throw InputError("saved outer state: a merge in flight of fragment " + std::to_string(l.fragment) +
+                         " with " + std::to_string(l.delta.size()) + " values does not fit this layout");
+      }
+      InFlight f;
+      f.fragment = l.fragment;
+      f.round = l.round;
+      f.apply_at = l.apply_at;
+      f.landed = true;
+      f.merged = l.merged;
+      f.delta = std::move(l.delta);
+      in_flight_.push_back(std::move(f));
+    }
+    theta_ = std::move(s.theta);
+    momentum_ = std::move(s.momentum);
+    version_ = std::move(s.versions);
+    steps_since_ = std::move(s.steps_since);
+    tokens_since_ = std::move(s.tokens_since);
   }
 
   void flush(int64_t step) override {
@@ -203,24 +297,43 @@ class StreamingSync final : public OuterSync {
     int fragment = 0;
     int64_t round = 0;     // due step u; -1 for the final flush
     int64_t apply_at = 0;  // step boundary at which the merged fragment is applied (u + τ)
-    AllReduceMerge merge;
+    std::optional<AllReduceMerge> merge;  // until landed (none when restored already landed)
+    bool landed = false, merged = false;
+    std::vector<float> delta;  // Σ w·Δ / Σ w once landed and merged
+    int stop_votes = 0;
   };
 
-  // At the due step u: Δ_{m,p} = Θ_p − θ_{m,p}, its [w·Δ, w] all-reduce started.
-  void start(int p, int64_t round, int64_t apply_at) {
+  // At the due step u: Δ_{m,p} = Θ_p − θ_{m,p}, its [w·Δ, w, stop vote] all-reduce started.
+  void start(int p, int64_t round, int64_t apply_at, bool stop_vote = false) {
     std::vector<float> local(theta_[p].size());
     replica_.read_fragment(p, local);
     const double w = contribution_weight(diloco_.weights, tokens_since_[p], steps_since_[p], tokens_per_step_);
-    in_flight_.push_back(InFlight{p, round, apply_at, AllReduceMerge(group_, theta_[p], local, w)});
+    InFlight f;
+    f.fragment = p;
+    f.round = round;
+    f.apply_at = apply_at;
+    f.merge.emplace(group_, theta_[p], local, w, stop_vote);
+    in_flight_.push_back(std::move(f));
   }
 
-  // At u + τ: Δ_p = Σ w_m·Δ_{m,p} / Σ w_m, Nesterov on Θ_p, θ_p ← α·θ_p + (1 − α)·Θ_p.
+  // Waits for the sum of a merge in flight (once): Δ_p = Σ w_m·Δ_{m,p} / Σ w_m.
+  void land(InFlight& f) {
+    if (f.landed) return;
+    f.delta.resize(theta_[f.fragment].size());
+    const auto t0 = Clock::now();
+    f.merged = f.merge->finish(f.delta);
+    wait_s_ += seconds_since(t0);
+    f.stop_votes = f.merge->stop_votes();
+    f.landed = true;
+  }
+
+  // At u + τ: Nesterov on Θ_p with the landed Δ_p, θ_p ← α·θ_p + (1 − α)·Θ_p.
   void finish(InFlight& f, int64_t step) {
     const int p = f.fragment;
-    std::vector<float> delta(theta_[p].size());
-    const auto t0 = Clock::now();
-    const bool merged = f.merge.finish(delta);
-    wait_s_ += seconds_since(t0);
+    land(f);
+    stop_agreed_ = stop_agreed_ || f.stop_votes > 0;
+    const bool merged = f.merged;
+    const std::vector<float>& delta = f.delta;
     if (!merged) {
       events_.emit("round_skipped", {{"fragment", p}, {"round", f.round}, {"reason", "no worker trained on it"}});
       return;
@@ -249,6 +362,7 @@ class StreamingSync final : public OuterSync {
   std::vector<std::vector<float>> theta_, momentum_;  // per fragment p: Θ_p and v_p (fragment numel each)
   std::vector<int64_t> version_, steps_since_, tokens_since_;
   std::deque<InFlight> in_flight_;  // in due order; the front lands first
+  bool stop_agreed_ = false;
 };
 
 }  // namespace

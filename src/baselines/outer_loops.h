@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -45,10 +46,12 @@ double contribution_weight(WeightRule rule, int64_t tokens_since, int64_t steps_
 /// Every rank calls it in the same order with the same n (a collective).
 class AllReduceMerge {
  public:
-  /// Starts the merge: Δ = Θ − θ (global − local, n each), buffer = [w·Δ, w] (n + 1 fp32), summed over the group
-  /// asynchronously. Throws InputError on a size mismatch or an invalid weight, CollectiveError if the all-reduce
-  /// cannot start.
-  AllReduceMerge(Collective& group, std::span<const float> global, std::span<const float> local, double weight);
+  /// Starts the merge: Δ = Θ − θ (global − local, n each), buffer = [w·Δ, w, stop vote] (n + 2 fp32), summed over
+  /// the group asynchronously. `stop_vote`: this worker was asked to stop (a signal); the sum tells every worker
+  /// whether anyone was, so all stop after the same merge. Throws InputError on a size mismatch or an invalid
+  /// weight, CollectiveError if the all-reduce cannot start.
+  AllReduceMerge(Collective& group, std::span<const float> global, std::span<const float> local, double weight,
+                 bool stop_vote = false);
 
   /// Waits for the sum and writes the merged outer gradient Σ w_m·Δ_m / Σ w_m into `merged` (n elements).
   /// Returns false, leaving `merged` untouched, when Σ w_m = 0 (no rank trained on it since it last received it:
@@ -56,9 +59,28 @@ class AllReduceMerge {
   /// its deadline. Call once.
   [[nodiscard]] bool finish(std::span<float> merged);
 
+  /// After finish: how many workers voted to stop.
+  int stop_votes() const;
+
  private:
-  torch::Tensor buffer_;  // (n + 1) fp32: Σ w_m·Δ_m, then Σ w_m once finished
+  torch::Tensor buffer_;  // (n + 2) fp32: Σ w_m·Δ_m, Σ w_m, Σ stop votes once finished
   Collective::Pending work_;
+};
+
+/// What an outer loop holds between steps, for a resumable stop (docs/guide-resume.md): Θ and its Nesterov buffer
+/// by part (diloco: one part, the whole model flat; streaming: fragment p), the versions and the counters since
+/// each part was last received, and the merges started but not yet applied, already summed (`delta`: Σ w·Δ / Σ w,
+/// empty when nobody trained on it) so that a resumed run applies them at the same step as an uninterrupted one.
+struct OuterState {
+  struct Landed {
+    int fragment = 0;
+    int64_t round = 0, apply_at = 0;
+    bool merged = false;
+    std::vector<float> delta;  // (fragment numel) when merged
+  };
+  std::vector<std::vector<float>> theta, momentum;  // per part
+  std::vector<int64_t> versions, steps_since, tokens_since;
+  std::vector<Landed> in_flight;  // in due order
 };
 
 /// The outer loop of one worker (diloco or streaming).
@@ -67,8 +89,20 @@ class OuterSync {
   virtual ~OuterSync() = default;
 
   /// After inner step number `step` (steps done so far, ≥ 1) that trained `tokens` tokens: counts them, starts the
-  /// syncs due at `step` and applies those that land at `step`. Throws CollectiveError when the group fails.
-  virtual void after_step(int64_t step, int64_t tokens) = 0;
+  /// syncs due at `step` (with this worker's `stop_vote`) and applies those that land at `step`. Throws
+  /// CollectiveError when the group fails.
+  virtual void after_step(int64_t step, int64_t tokens, bool stop_vote = false) = 0;
+
+  /// Whether a merge applied so far carried a stop vote: every worker of the group learns it at the same step, so
+  /// they all stop there (diloco: at the next outer sync, ≤ H steps after the signal; streaming: ≤ H/P + τ).
+  virtual bool stop_agreed() const = 0;
+
+  /// The state to save (waits for the merges in flight to be summed, without applying them). Throws
+  /// CollectiveError when such a merge failed.
+  virtual OuterState state() = 0;
+
+  /// Continues from a saved state. Throws InputError when its sizes do not fit this layout and mode.
+  virtual void restore(OuterState state) = 0;
 
   /// The end of a run that spent its budget: applies what is in flight, then merges once more everything trained
   /// on since its last sync (the syncer's final flush). Throws CollectiveError.

@@ -26,7 +26,9 @@
 
 #include "baselines/dp.h"
 #include "baselines/outer_loops.h"
+#include "baselines/worker_state.h"
 #include "baselines/worker.h"
+#include "baselines/worker_group.h"
 #include "baselines/worker_status.h"
 #include "collective/flat_model.h"
 #include "collective/process_group.h"
@@ -88,34 +90,6 @@ class JobReplica final : public FragmentReplica {
 
 namespace {
 
-// The learner slot (data stream) of each rank of this group: --slots, or every slot in rank order. Throws
-// InputError for a rank outside the group, a slot outside [0, M) or listed twice, or --slots outside dp.
-std::vector<int> group_slots(const Config& config, const WorkerOptions& options) {
-  const Mode mode = config.diloco.mode;
-  if (!is_collective_mode(mode)) {
-    throw InputError(std::string("dloco worker runs the baselines (diloco.mode = dp, diloco or streaming), not \"") + to_string(mode) + "\"");
-  }
-  const int M = static_cast<int>(config.diloco.learners), rank = options.rank;
-  std::vector<int> slots = options.slots;
-  if (slots.empty()) {
-    for (int s = 0; s < M; ++s) slots.push_back(s);
-  } else if (mode != Mode::kDp) {
-    throw InputError("--slots (a group without every worker) applies to diloco.mode = \"dp\" only");
-  }
-  const int W = static_cast<int>(slots.size());
-  if (rank < 0 || rank >= W) {
-    throw InputError("worker rank " + std::to_string(rank) + " is outside [0, world = " + std::to_string(W) + ")");
-  }
-  std::vector<bool> seen(M, false);
-  for (int s : slots) {
-    if (s < 0 || s >= M || seen[s]) {
-      throw InputError("--slots: slot " + std::to_string(s) + " is outside [0, M = " + std::to_string(M) +
-                       ") or listed twice");
-    }
-    seen[s] = true;
-  }
-  return slots;
-}
 
 std::vector<bool> slot_mask(const std::vector<int>& slots, int M) {
   std::vector<bool> seen(M, false);
@@ -144,6 +118,8 @@ class Worker {
   StartPoint join_group();
   std::unique_ptr<InnerJob> make_job();
   void restore_optimizer();
+  void restore_worker_state();
+  void save_worker_state_at(int64_t step);
   void refresh_model();
   torch::optim::Optimizer* checkpointed_optimizer();
   void save(int64_t step);
@@ -167,6 +143,8 @@ class Worker {
   const int M_, W_, rank_, slot_;
   EventLog events_;
   std::optional<CheckpointInfo> resumed_;
+  std::optional<WorkerState> saved_;  // diloco/streaming resuming: this worker's own state at the resumed step
+  int64_t last_state_step_ = -1;      // diloco/streaming: the step of the worker state saved last
   const torch::Device device_;
   const fs::path data_dir_;
   std::shared_ptr<TokenSplit> train_split_;
@@ -214,9 +192,11 @@ Worker::Worker(const Config& config, const WorkerOptions& options, std::vector<i
       events_(options.run_dir / "events" / ("worker_" + std::to_string(slot_) + ".jsonl"), Role::kLearner, slot_),
       resumed_([&]() -> std::optional<CheckpointInfo> {
         if (options.resume_from.empty()) return std::nullopt;
-        if (outer_) throw InputError("--resume-from applies to diloco.mode = \"dp\" only");
         return resolve_checkpoint(options.resume_from);
       }()),
+      saved_(resumed_ && outer_ ? std::optional(load_worker_state(options.run_dir, resumed_->step, slot_))
+                                : std::nullopt),
+      last_state_step_(resumed_ ? resumed_->step : -1),
       device_(config.run.device),
       data_dir_(config.data.dir),
       train_split_(std::make_shared<TokenSplit>(split_shards(data_dir_, "train"))),
@@ -235,11 +215,12 @@ Worker::Worker(const Config& config, const WorkerOptions& options, std::vector<i
       budget_(config.train.total_tokens / M_),
       slowdown_(slowdown_factor(config.run, slot_, M_)),
       control_(options.run_dir / "control" / ("learner_" + std::to_string(slot_) + ".json")) {
-  if (resumed_) restore_optimizer();
+  if (resumed_ && !outer_) restore_optimizer();
   if (mode_ == Mode::kDp && gpt_job_) {
     gpt_job_->trainer().set_gradient_hook(dp_gradient_hook(model_, group_, &wait_s_, &syncs_, &stop_votes_));
   }
   if (outer_) outer_sync_ = make_outer_sync(config_, replica_, layout_, group_, events_, wait_s_, syncs_);
+  if (saved_) restore_worker_state();
   if (rank_ == 0 && outer_) {
     torch::manual_seed(config_.run.seed);
     global_model_ = GPT(config_.model);
@@ -311,6 +292,27 @@ void Worker::restore_optimizer() {
   events_.emit("optimizer_restored", {{"step", resumed_->step}, {"from", (resumed_->dir / "group_state").string()}});
 }
 
+// diloco/streaming resuming: θ_m, the inner optimizer and the outer loop as this worker saved them at the resumed
+// step (its cursor is already in start_), so that it goes on exactly as if it had not stopped.
+void Worker::restore_worker_state() {
+  write_theta_m(*saved_, layout_, replica_);
+  restore_inner_state(options_.run_dir, resumed_->step, slot_, *job_);
+  outer_sync_->restore(std::move(saved_->outer));
+  events_.emit("worker_state_restored", {{"step", resumed_->step},
+                                         {"from", worker_state_dir(options_.run_dir, resumed_->step, slot_).string()}});
+  saved_.reset();
+}
+
+// diloco/streaming: this worker's own state at `step` (every worker, at the same steps: the checkpoints' and the
+// agreed stop), beside rank 0's checkpoint of Θ.
+void Worker::save_worker_state_at(int64_t step) {
+  if (step == last_state_step_) return;  // a resumed worker that trained no step leaves its state alone
+  const WorkerState state = capture_worker_state(step, job_->cursor(), layout_, replica_, *outer_sync_);
+  save_worker_state(options_.run_dir, slot_, state, *job_, last_state_step_);
+  last_state_step_ = step;
+  events_.emit("worker_state_saved", {{"step", step}});
+}
+
 // A group's mirror takes the ranks' current parameters (every fragment gathered); one process: model_ is θ.
 void Worker::refresh_model() {
   if (gpt_job_) return;
@@ -355,7 +357,10 @@ StartPoint Worker::join_group() {
                to_string(mode_), W_, slot_, static_cast<long long>(options_.generation),
                static_cast<long long>(start.step));
   for (int s = 0; s < M_; ++s) start.cursors.push_back(StreamCursor{s, 0, 0, 0});
-  if (resumed_) {
+  if (saved_) {  // diloco/streaming: each worker its own cursor
+    start.cursors[slot_] = saved_->cursor;
+    start.tokens_total = resumed_->manifest.value("tokens_trained", int64_t{0});
+  } else if (resumed_) {
     const auto& m = resumed_->manifest;
     if (!m.contains("cursors") || !m["cursors"].is_array() || static_cast<int>(m["cursors"].size()) != M_) {
       throw InputError("checkpoint " + resumed_->dir.string() + " has no data cursor per slot (written by another mode?)");
@@ -423,7 +428,8 @@ void Worker::write_status(int64_t step, bool finished) {
 }
 
 bool Worker::more() const {
-  if (outer_) return job_->cursor().tokens_served + tokens_per_step_ <= budget_ && g_worker_signal.load() == 0;
+  // diloco/streaming: a signal is voted in the next merge, and every worker stops after the one that carried it
+  if (outer_) return job_->cursor().tokens_served + tokens_per_step_ <= budget_ && !outer_sync_->stop_agreed();
   return !voted_stop_ && tokens_total_ + W_ * tokens_per_step_ <= config_.train.total_tokens;
 }
 
@@ -431,6 +437,9 @@ void Worker::train() {
   while (more()) {
     train_step();
     if (rank_ == 0) evaluate_and_checkpoint();
+    if (outer_ && config_.train.checkpoint_interval > 0 && step_ % config_.train.checkpoint_interval == 0) {
+      save_worker_state_at(step_);
+    }
   }
 }
 
@@ -456,7 +465,7 @@ void Worker::train_step() {
     voted_stop_ = stop_votes_ > 0;
   }
   if (std::isfinite(r.loss)) loss_ema_ = std::isnan(loss_ema_) ? r.loss : 0.9 * loss_ema_ + 0.1 * r.loss;
-  if (outer_) outer_sync_->after_step(step_, r.tokens);
+  if (outer_) outer_sync_->after_step(step_, r.tokens, g_worker_signal.load() != 0);
   events_.emit("step", {{"step", step_}, {"loss", r.loss}, {"step_s", step_s}, {"wait_s", wait_s_ - wait_before},
                         {"skipped", r.skipped}, {"tokens", job_->cursor().tokens_served}});
 }
@@ -503,9 +512,13 @@ void Worker::evaluate_and_checkpoint() {
 int Worker::finish() {
   const int64_t step = step_;
   // dp: the budget is spent when no further step of this group fits, also if the stop vote fell on the last step
-  const bool budget_spent = !outer_ && tokens_total_ + W_ * tokens_per_step_ > config_.train.total_tokens;
-  const bool interrupted = (g_worker_signal.load() != 0 || voted_stop_) && !budget_spent;
+  // diloco/streaming: interrupted only by a stop the group agreed on (a signal after the last merge is too late)
+  const bool budget_spent = outer_ ? job_->cursor().tokens_served + tokens_per_step_ > budget_
+                                   : tokens_total_ + W_ * tokens_per_step_ > config_.train.total_tokens;
+  const bool interrupted =
+      (outer_ ? outer_sync_->stop_agreed() : g_worker_signal.load() != 0 || voted_stop_) && !budget_spent;
   if (outer_ && !interrupted) outer_sync_->flush(step);  // land what is in flight, then the final flush
+  if (outer_ && interrupted) save_worker_state_at(step);  // every worker at the same step: resumable
   events_.emit("stopped", {{"step", step}, {"signal", g_worker_signal.load()}, {"syncs", syncs_}, {"wait_s", wait_s_},
                            {"bytes_sent", group_.bytes_sent()}, {"versions", versions()}});
   if (rank_ == 0) {
@@ -520,27 +533,6 @@ int Worker::finish() {
   spdlog::info("[worker {}] {} at step {}: {} syncs, {:.1f} s waiting in collectives", rank_,
                interrupted ? "stopped" : "finished", static_cast<long long>(step), static_cast<long long>(syncs_), wait_s_);
   return 0;
-}
-
-// A learner group (R > 1 or bf16): its ranks 1 … R − 1, spawned before this rank builds its model, each with an
-// equal share of the worker's cores. dp: each rank also meets the same rank of every other worker at
-// "<store>.rank_<r>" (a fresh store per generation). Null for a one-process worker.
-std::unique_ptr<GroupRanks> spawn_group_ranks(const Config& config, const WorkerOptions& options,
-                                              const std::vector<int>& slots) {
-  const int slot = slots[options.rank];
-  const ParallelConfig& parallel = config.parallel_for(slot);
-  if (parallel.ranks() == 1 && parallel.precision == Precision::kFp32) return nullptr;
-  const int cores = config.run.threads > 0 ? static_cast<int>(config.run.threads) : machine_cores();
-  const int threads = std::max(1, cores / static_cast<int>(parallel.ranks()));
-  apply_thread_budget(thread_budget(threads));
-  GroupOptions o;
-  if (config.diloco.mode == Mode::kDp) {
-    o.replica_store = options.store_file;
-    o.replica_rank = options.rank;
-    o.replicas = static_cast<int>(slots.size());
-  }
-  return std::make_unique<GroupRanks>(config, slot, options.run_dir, o, threads,
-                                      config.run.collective_timeout_s);  // the workers' rendezvous comes first
 }
 
 int run_worker_group(const Config& config, const WorkerOptions& options) {

@@ -20,7 +20,8 @@ struct WorkerOptions {
   // dp with run.recovery = restart | elastic: the group of one generation (the launcher re-forms it after a failure).
   std::vector<int> slots;            // learner slot (data stream) of each rank; world = slots.size(); empty = 0…M−1
   int64_t generation = 0;            // how many times the group was formed before this one
-  std::filesystem::path resume_from; // checkpoint (model, AdamW, every slot's cursor) to start from; empty = Θ0
+  std::filesystem::path resume_from; // checkpoint to start from (dp: model, AdamW, every slot's cursor; diloco and
+                                     // streaming: Θ, with each worker's own state beside it); empty = Θ0
 };
 
 /// Runs one worker of a baseline (diloco.mode = "dp", "diloco" or "streaming"; docs/protocol.md §11): joins the Gloo group
@@ -32,7 +33,9 @@ struct WorkerOptions {
 /// per step), starting from `resume_from` if given; rank 0 checkpoints the model, the AdamW state and every
 /// slot's data cursor every train.checkpoint_interval steps. SIGTERM on any rank stops every rank after the same
 /// step (the stop is voted in that step's all-reduce) and rank 0 checkpoints it: the elastic launcher's way to
-/// re-form the group without losing work.
+/// re-form the group without losing work. diloco/streaming: a signal is voted in the next merge, every worker stops
+/// after the same one and saves its own state (baselines/worker_state.h) beside rank 0's checkpoint of Θ;
+/// `resume_from` then names that checkpoint and each worker reads its own state of that step.
 int run_worker(const Config& config, const WorkerOptions& options);
 
 }  // namespace dloco

@@ -2,10 +2,13 @@
 #include "baselines/worker_status.h"
 
 #include <fstream>
+#include <string>
 
 #include "core/check.h"
 
 namespace dloco {
+
+namespace fs = std::filesystem;
 
 nlohmann::json stamp_worker_status(nlohmann::json fields) {
   DLOCO_CHECK(fields.is_object());
@@ -34,6 +37,44 @@ nlohmann::json read_worker_status(const std::filesystem::path& file) {
                    std::to_string(kWorkerStatusVersion) +
                    ": its workers ran another dloco build. Rebuild dloco (the launcher and the workers are the same "
                    "binary) and train into a fresh run.name");
+}
+
+nlohmann::json worker_summaries(const fs::path& run_dir, int M) {
+  nlohmann::json out = nlohmann::json::array();
+  for (int rank = 0; rank < M; ++rank) {
+    std::ifstream in(run_dir / "events" / ("worker_" + std::to_string(rank) + ".jsonl"));
+    nlohmann::json last_stop = {{"rank", rank}};
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.find("\"stopped\"") == std::string::npos) continue;
+      try {
+        auto j = nlohmann::json::parse(line);
+        last_stop = {{"rank", rank}, {"steps", j.value("step", 0)}, {"syncs", j.value("syncs", 0)},
+                     {"wait_s", j.value("wait_s", 0.0)}, {"bytes_sent", j.value("bytes_sent", int64_t{0})}};
+      } catch (const nlohmann::json::exception&) {
+      }
+    }
+    // dp over learner groups: what ranks 1 … R − 1 sent to the same rank of the other workers (their own
+    // group's traffic stays inside the worker) adds to the worker's bytes (docs/parallel.md).
+    int64_t replica_bytes = 0;
+    for (int r = 1;; ++r) {
+      const fs::path file = run_dir / "events" / ("learner_" + std::to_string(rank) + "_rank_" + std::to_string(r) + ".jsonl");
+      if (!fs::exists(file)) break;
+      std::ifstream rank_in(file);
+      int64_t last = 0;
+      while (std::getline(rank_in, line)) {
+        if (line.find("\"rank_stopped\"") == std::string::npos) continue;
+        try {
+          last = nlohmann::json::parse(line).value("replica_bytes_sent", int64_t{0});
+        } catch (const nlohmann::json::exception&) {
+        }
+      }
+      replica_bytes += last;
+    }
+    if (replica_bytes > 0) last_stop["bytes_sent"] = last_stop.value("bytes_sent", int64_t{0}) + replica_bytes;
+    out.push_back(last_stop);
+  }
+  return out;
 }
 
 }  // namespace dloco

@@ -33,4 +33,10 @@ nlohmann::json stamp_worker_status(nlohmann::json fields);
 /// JSON object of another format or format version (or none).
 nlohmann::json read_worker_status(const std::filesystem::path& file);
 
+/// What each of the M workers' events/worker_<rank>.jsonl says at its last "stopped" record: an array of
+/// {"rank", "steps", "syncs", "wait_s", "bytes_sent"} (only "rank" for a worker that never stopped cleanly), bytes
+/// including what its learner group's other ranks sent to the other workers (dp over groups). Lines that are not
+/// JSON are skipped.
+nlohmann::json worker_summaries(const std::filesystem::path& run_dir, int M);
+
 }  // namespace dloco

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <functional>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -195,21 +196,27 @@ TEST_F(Baselines, DpTwoWorkersMatchOneProcessOnTheDoubledBatch) {
               relative_difference(finals[0], expected));
 }
 
-// Issue 31 part 3: a dp run stopped with Ctrl-C mid-run (rank 0 writes a checkpoint with the AdamW state and every
-// slot's data cursor) and resumed with `dloco train --resume` ends bitwise where the same run uninterrupted ends,
-// with the same tokens trained: no batch twice, none skipped. Stopped at a step count, not a time.
-TEST_F(Baselines, DpStoppedAndResumedEndsBitwiseWhereTheUninterruptedRunEnds) {
-  const Config whole = tiny_config("dp-whole", "dp", "", 600);
-  const torch::Tensor expected = train_and_load(whole);
-  Config cut = tiny_config("dp-cut", "dp", "", 600);
+// Issue 31 part 3: a baseline run stopped with Ctrl-C mid-run and resumed with `dloco train --resume` ends bitwise
+// where the same run uninterrupted ends, with the same tokens trained and syncs: no batch twice, none skipped.
+// dp: rank 0's checkpoint holds the AdamW state and every slot's cursor. diloco/streaming: the signal is voted in
+// the next merge, every worker stops after the same one and saves its own θ_m, AdamW state, cursor and outer state
+// (streaming: the merges in flight, already summed). Stopped at a step count, not a time.
+void stop_and_resume(const std::string& mode, const fs::path& root,
+                     const std::function<Config(const std::string&)>& make) {
+  const Config whole = make("whole");
+  const fs::path whole_cfg = root / (whole.run.name + ".toml");
+  std::ofstream(whole_cfg) << to_toml(whole);
+  ASSERT_EQ(std::system((kDloco + " train --config " + whole_cfg.string() + " > " + (root / (whole.run.name + ".log")).string() +
+                         " 2>&1").c_str()), 0);
+  Config cut = make("cut");
   // Slowed 4× (a sleep after each step, no change to the math): the stop lands ~1 s after step 30 (the launcher's
-  // poll, the workers' next step boundary), well before step 600 also on a machine 3× faster than this one.
+  // poll, the workers' next step boundary or merge), well before step 600 also on a machine 3× faster than this one.
   cut.run.slowdown = "0:4,1:4";
-  const fs::path cfg = root_ / "dp-cut.toml";
+  const fs::path cfg = root / (cut.run.name + ".toml");
   std::ofstream(cfg) << to_toml(cut);
   testing_support::ChildGuard guard;
-  const pid_t launcher = guard.hold(testing_support::spawn_to_log(kDloco, {"train", "--config", cfg.string()},
-                                                                  root_ / "dp-cut.log"));
+  const fs::path cut_log = root / (cut.run.name + ".log");
+  const pid_t launcher = guard.hold(testing_support::spawn_to_log(kDloco, {"train", "--config", cfg.string()}, cut_log));
   ASSERT_GT(launcher, 0);
   auto steps = [&] {
     int n = 0;
@@ -219,16 +226,17 @@ TEST_F(Baselines, DpStoppedAndResumedEndsBitwiseWhereTheUninterruptedRunEnds) {
     return n;
   };
   for (int i = 0; i < 3000 && steps() < 30; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  ASSERT_GE(steps(), 30) << "see " << root_ / "dp-cut.log";
+  ASSERT_GE(steps(), 30) << "see " << cut_log;
   guard.kill(launcher, SIGINT, "the launcher");
   int status = 0;
   ::waitpid(launcher, &status, 0);
-  ASSERT_TRUE(WIFEXITED(status)) << "see " << root_ / "dp-cut.log";
-  ASSERT_EQ(WEXITSTATUS(status), 128 + SIGINT) << "see " << root_ / "dp-cut.log";
+  ASSERT_TRUE(WIFEXITED(status)) << "see " << cut_log;
+  ASSERT_EQ(WEXITSTATUS(status), 128 + SIGINT) << "see " << cut_log;
   const nlohmann::json stopped = nlohmann::json::parse(std::ifstream(cut.run_dir() / "report.json"));
   ASSERT_EQ(stopped["status"], "stopped");
   ASSERT_LT(stopped["steps"].get<int64_t>(), 600) << "the stop came after the end: nothing left to resume";
-  const fs::path log = root_ / "dp-cut-resume.log";
+  std::printf("%s: stopped at step %lld, resumed\n", mode.c_str(), static_cast<long long>(stopped["steps"].get<int64_t>()));
+  const fs::path log = root / (cut.run.name + "-resume.log");
   ASSERT_EQ(std::system((kDloco + " train --resume " + cut.run_dir().string() + " > " + log.string() + " 2>&1").c_str()),
             0)
       << "see " << log;
@@ -238,14 +246,35 @@ TEST_F(Baselines, DpStoppedAndResumedEndsBitwiseWhereTheUninterruptedRunEnds) {
   EXPECT_EQ(report["tokens_trained"], uninterrupted["tokens_trained"]);
   EXPECT_EQ(report["steps"], uninterrupted["steps"]);
   EXPECT_EQ(report["syncs"], uninterrupted["syncs"]) << "the report covers the whole run, not its last part";
-  torch::manual_seed(0);
-  GPT model(cut.model);
-  load_model_weights(resolve_checkpoint(cut.run_dir()), model);
-  EXPECT_TRUE(torch::equal(flat_parameters(model), expected)) << "max difference "
-      << (flat_parameters(model) - expected).abs().max().item<double>();
+  auto load = [](const Config& c) {
+    torch::manual_seed(0);
+    GPT model(c.model);
+    load_model_weights(resolve_checkpoint(c.run_dir()), model);
+    return flat_parameters(model);
+  };
+  const torch::Tensor expected = load(whole), resumed = load(cut);
+  EXPECT_TRUE(torch::equal(resumed, expected)) << "max difference " << (resumed - expected).abs().max().item<double>();
   // A finished run is left alone.
   EXPECT_EQ(std::system((kDloco + " train --resume " + cut.run_dir().string() + " >> " + log.string() + " 2>&1").c_str()),
             0);
+}
+
+TEST_F(Baselines, DpStoppedAndResumedEndsBitwiseWhereTheUninterruptedRunEnds) {
+  stop_and_resume("dp", root_, [](const std::string& part) { return tiny_config("dp-" + part, "dp", "", 600); });
+}
+
+TEST_F(Baselines, DilocoStoppedAndResumedEndsBitwiseWhereTheUninterruptedRunEnds) {
+  stop_and_resume("diloco", root_, [](const std::string& part) {
+    return tiny_config("diloco-" + part, "diloco", "inner_steps = 10\n", 600);
+  });
+}
+
+// τ = 4 ≥ H/P = 3 (fragments due every 3 steps, applied 4 later): when the group stops after a merge, the next one
+// is in flight and is saved summed, then applied at its step after the resume.
+TEST_F(Baselines, StreamingStoppedAndResumedEndsBitwiseWhereTheUninterruptedRunEnds) {
+  stop_and_resume("streaming", root_, [](const std::string& part) {
+    return tiny_config("streaming-" + part, "streaming", "inner_steps = 9\nfragments = 3\noverlap = 4\n", 600);
+  });
 }
 
 TEST_F(Baselines, DilocoWithOneInnerStepAveragesTheParametersEveryStep) {
