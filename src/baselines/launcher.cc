@@ -174,6 +174,9 @@ void CollectiveRun::form(const std::string& reason) {
   const auto checkpoint = generation_ > 0   ? latest_checkpoint(run_dir_)
                           : resume_         ? resumable_checkpoint(config_)
                                             : std::nullopt;
+  if (resume_ && generation_ == 0 && checkpoint && config_.diloco.mode != Mode::kDp) {
+    discard_states_after(run_dir_, checkpoint->step);
+  }
   for (size_t rank = 0; rank < group_.size(); ++rank) {
     const int s = group_[rank];
     std::vector<std::string> args{"worker", "--config", cfg_, "--rank", std::to_string(rank), "--run-dir",
@@ -474,9 +477,11 @@ nlohmann::json CollectiveRun::report(int cores) {
   const bool finished = last_.is_object() && last_.value("finished", false) && failure_.empty();
   const nlohmann::json final_eval =
       final_evaluation(config_, cores, final_eval_skip_reason(StopSignals::hurry(), failure_));
-  // A resumed run's report covers the whole run: the wall time of the parts before is added.
-  auto before = [&](const char* key) { return prior_.is_object() ? std::max(0.0, prior_.value(key, 0.0)) : 0.0; };
-  const double wall = before("wall_seconds") + std::chrono::duration<double>(Clock::now() - started_).count();
+  // A resumed run's report covers the whole run: the wall time of the parts before is added (the workers carry
+  // the syncs and waits on in their checkpoints).
+  const nlohmann::json w0 = prior_.is_object() ? prior_.value("wall_seconds", nlohmann::json()) : nlohmann::json();
+  const double before_s = w0.is_number() ? std::max(0.0, w0.get<double>()) : 0.0;
+  const double wall = before_s + std::chrono::duration<double>(Clock::now() - started_).count();
   const auto workers = worker_summaries(run_dir_, M_);
   nlohmann::json bytes = nlohmann::json::object();
   for (const auto& w : workers) {
@@ -493,8 +498,8 @@ nlohmann::json CollectiveRun::report(int cores) {
       {"final_val_perplexity", final_eval["val_perplexity"]},
       {"global_step", last_.value("global_step", 0)},
       {"steps", last_.value("global_step", 0)},
-      {"syncs", static_cast<int64_t>(before("syncs")) + last_.value("syncs", int64_t{0})},
-      {"wait_seconds_rank0", before("wait_seconds_rank0") + last_.value("wait_s", 0.0)},
+      {"syncs", last_.value("syncs", 0)},
+      {"wait_seconds_rank0", last_.value("wait_s", 0.0)},
       {"eval_seconds", last_.value("eval_s", 0.0)},
       {"tokens_trained", tokens},
       {"tokens_budget", config_.train.total_tokens},
@@ -546,7 +551,7 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume, const 
   nlohmann::json prior;
   if (resume) {  // a finished run stays as it is; a stopped one goes on from its newest checkpoint
     auto previous = try_read_json_file(config.run_dir() / "report.json").value_or(nullptr);
-    if (previous.is_object() && previous.value("status", "") == "finished") {
+    if (previous.is_object() && previous.contains("status") && previous["status"] == "finished") {
       spdlog::info("[launcher] run {} already finished (report {}): nothing to resume, nothing changed",
                    config.run.name, (config.run_dir() / "report.json").string());
       previous["already_finished"] = true;

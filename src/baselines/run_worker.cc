@@ -32,6 +32,7 @@
 #include "baselines/worker_status.h"
 #include "collective/flat_model.h"
 #include "collective/process_group.h"
+#include "core/json_read.h"
 #include "data/stream.h"
 #include "data/tokenizer.h"
 #include "learner/gpt_inner_job.h"
@@ -226,6 +227,11 @@ Worker::Worker(const Config& config, const WorkerOptions& options, std::vector<i
     global_model_ = GPT(config_.model);
     global_model_->to(device_);
   }
+  if (resumed_ && options_.generation == 0) {  // `dloco train --resume` (not a recovery's re-formed group): the
+    const auto& m = resumed_->manifest;        // run's counters go on from the checkpoint's
+    syncs_ = json_integer_or(m, "syncs", 0, "checkpoint manifest");
+    if (const auto w = m.find("wait_s"); w != m.end() && w->is_number()) wait_s_ = w->get<double>();
+  }
   started_ = Clock::now();
   step_ = start_.step;
   last_status_ = Clock::now();
@@ -308,7 +314,7 @@ void Worker::restore_worker_state() {
 void Worker::save_worker_state_at(int64_t step) {
   if (step == last_state_step_) return;  // a resumed worker that trained no step leaves its state alone
   const WorkerState state = capture_worker_state(step, job_->cursor(), layout_, replica_, *outer_sync_);
-  save_worker_state(options_.run_dir, slot_, state, *job_, last_state_step_);
+  save_worker_state(options_.run_dir, slot_, state, *job_, M_);
   last_state_step_ = step;
   events_.emit("worker_state_saved", {{"step", step}});
 }
@@ -336,7 +342,14 @@ void Worker::save(int64_t step) {
       m["group_state"] = "group_state";
     };
   }
-  save_checkpoint(options_.run_dir, step, model, checkpointed_optimizer(), manifest(step), 2, group_state);
+  // diloco/streaming: rank 0 may be up to H + τ steps ahead of the slowest worker, whose state at a step rank 0
+  // already checkpointed may still be on its way: keep every checkpoint of that window, so one with every worker's
+  // state stays (baselines/worker_state.h).
+  const int64_t interval = config_.train.checkpoint_interval;
+  const int keep = outer_ && interval > 0
+                       ? 2 + static_cast<int>((config_.diloco.inner_steps + config_.diloco.overlap + interval - 1) / interval)
+                       : 2;
+  save_checkpoint(options_.run_dir, step, model, checkpointed_optimizer(), manifest(step), keep, group_state);
 }
 
 // Θ0 broadcast from rank 0 (unless resuming), the "joined" event, and every slot's data cursor at the start
@@ -411,6 +424,8 @@ nlohmann::json Worker::manifest(int64_t step) {
   m["tokenizer"] = {{"path", (data_dir_ / "tokenizer.model").string()},
                     {"hash", tokenizer_file_hash(data_dir_ / "tokenizer.model")}};
   m["wall_seconds"] = seconds_since(started_);
+  m["syncs"] = syncs_;  // since the run began: a resumed run's report counts them from here
+  m["wait_s"] = wait_s_;
   if (std::isfinite(last_val_)) m["val_loss"] = last_val_;
   return m;
 }

@@ -26,6 +26,29 @@ fs::path step_dir(const fs::path& run_dir, int64_t step) {
   return run_dir / "worker_state" / name;
 }
 
+// The steps with a folder under run_dir/worker_state, ascending.
+std::vector<int64_t> saved_steps(const fs::path& run_dir) {
+  std::vector<int64_t> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(run_dir / "worker_state", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() != 13 || name.rfind("step_", 0) != 0) continue;
+    try {
+      out.push_back(std::stoll(name.substr(5)));
+    } catch (const std::exception&) {
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// A count in the state's metadata: a non-negative integer below `limit`, else InputError.
+size_t count_of(const nlohmann::json& meta, const char* key, int64_t limit) {
+  const int64_t n = json_integer(meta.at(key), std::string("the worker state's ") + key);
+  if (n < 0 || n > limit) throw InputError(std::string(key) + " = " + std::to_string(n) + " is out of range");
+  return static_cast<size_t>(n);
+}
+
 std::string part_name(const char* what, size_t i) { return std::string(what) + "." + std::to_string(i); }
 
 std::vector<std::vector<float>> read_parts(const SafetensorsFile& file, const char* what, size_t n) {
@@ -72,8 +95,7 @@ fs::path worker_state_dir(const fs::path& run_dir, int64_t step, int slot) {
   return step_dir(run_dir, step) / ("slot_" + std::to_string(slot));
 }
 
-void save_worker_state(const fs::path& run_dir, int slot, const WorkerState& state, InnerJob& job,
-                       int64_t keep_step) {
+void save_worker_state(const fs::path& run_dir, int slot, const WorkerState& state, InnerJob& job, int M) {
   const fs::path dir = worker_state_dir(run_dir, state.step, slot);
   const fs::path tmp = dir.string() + ".tmp";
   std::error_code ec;
@@ -107,16 +129,34 @@ void save_worker_state(const fs::path& run_dir, int slot, const WorkerState& sta
   fs::remove_all(dir, ec);
   fs::rename(tmp, dir, ec);
   if (ec) throw InputError("cannot put the worker state in place at '" + dir.string() + "': " + ec.message());
-  // This slot's older states: all but the one of the checkpoint before (the launcher's fallback).
-  for (const auto& entry : fs::directory_iterator(run_dir / "worker_state", ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name == step_dir(run_dir, state.step).filename().string() ||
-        name == step_dir(run_dir, keep_step).filename().string()) {
-      continue;
-    }
+  // This slot's states (and a .tmp a kill left) before the newest step every slot has completed: the workers drift
+  // apart by up to H + τ steps between merges, so a state this worker is past may be the newest complete one.
+  const auto steps = saved_steps(run_dir);
+  const auto complete = std::find_if(steps.rbegin(), steps.rend(),
+                                     [&](int64_t x) { return worker_states_complete(run_dir, x, M); });
+  if (complete == steps.rend()) return;
+  for (int64_t x : steps) {
+    if (x >= *complete) break;
     std::error_code ignored;
-    fs::remove_all(entry.path() / ("slot_" + std::to_string(slot)), ignored);
-    fs::remove(entry.path(), ignored);  // only once empty: the other slots remove theirs
+    const fs::path own = worker_state_dir(run_dir, x, slot);
+    fs::remove_all(own, ignored);
+    fs::remove_all(own.string() + ".tmp", ignored);
+    fs::remove(step_dir(run_dir, x), ignored);  // only once empty: the other slots remove theirs
+  }
+}
+
+void discard_states_after(const fs::path& run_dir, int64_t step) {
+  std::error_code ec;
+  for (int64_t x : saved_steps(run_dir)) {
+    if (x > step) fs::remove_all(step_dir(run_dir, x), ec);
+  }
+  for (const auto& e : fs::directory_iterator(run_dir / "checkpoints", ec)) {
+    const std::string name = e.path().filename().string();  // step_<08d>[_rNNN][.tmp]
+    if (name.rfind("step_", 0) != 0) continue;
+    try {
+      if (std::stoll(name.substr(5, 8)) > step) fs::remove_all(e.path(), ec);
+    } catch (const std::exception&) {
+    }
   }
 }
 
@@ -130,14 +170,14 @@ WorkerState load_worker_state(const fs::path& run_dir, int64_t step, int slot) {
       throw InputError("format " + meta.value("format", nlohmann::json(0)).dump() + ", this build reads " +
                        std::to_string(kWorkerStateFormat));
     }
-    if (meta.at("step").get<int64_t>() != step || meta.at("slot").get<int>() != slot) {
+    if (json_integer(meta.at("step"), "step") != step || json_integer(meta.at("slot"), "slot") != slot) {
       throw InputError("written for step " + meta.at("step").dump() + ", slot " + meta.at("slot").dump());
     }
     WorkerState s;
     s.step = step;
     s.cursor = StreamCursor::from_json(meta.at("cursor"));
-    s.theta_m = read_parts(file, "theta_m", meta.at("fragments").get<size_t>());
-    const auto parts = meta.at("parts").get<size_t>();
+    s.theta_m = read_parts(file, "theta_m", count_of(meta, "fragments", 1 << 20));
+    const auto parts = count_of(meta, "parts", 1 << 20);
     s.outer.theta = read_parts(file, "theta", parts);
     s.outer.momentum = read_parts(file, "momentum", parts);
     s.outer.versions = int_list(meta, "versions");
@@ -147,8 +187,14 @@ WorkerState load_worker_state(const fs::path& run_dir, int64_t step, int slot) {
     const auto deltas = read_parts(file, "in_flight", in_flight.size());
     for (size_t k = 0; k < in_flight.size(); ++k) {
       const auto& f = in_flight[k];
-      s.outer.in_flight.push_back({f.at("fragment").get<int>(), f.at("round").get<int64_t>(),
-                                   f.at("apply_at").get<int64_t>(), f.at("merged").get<bool>(), deltas[k]});
+      OuterState::Landed l{static_cast<int>(count_of(f, "fragment", 1 << 20)), json_integer(f.at("round"), "round"),
+                           json_integer(f.at("apply_at"), "apply_at"), f.at("merged").get<bool>(), deltas[k]};
+      // a merge started at its round u ≤ step lands at u + τ > step, in due order
+      if (l.round > step || l.apply_at <= step || (k > 0 && l.apply_at < s.outer.in_flight.back().apply_at)) {
+        throw InputError("a merge in flight started at step " + std::to_string(l.round) + " to land at step " +
+                         std::to_string(l.apply_at) + " cannot be in flight at step " + std::to_string(step));
+      }
+      s.outer.in_flight.push_back(std::move(l));
     }
     return s;
   } catch (const std::out_of_range& e) {

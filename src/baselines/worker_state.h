@@ -40,10 +40,14 @@ void write_theta_m(const WorkerState& state, const FragmentLayout& layout, Fragm
 std::filesystem::path worker_state_dir(const std::filesystem::path& run_dir, int64_t step, int slot);
 
 /// Writes `state` and the job's inner optimizer (job.save_state) atomically (see above), then deletes this slot's
-/// folders of steps other than `state.step` and `keep_step` (the step of the checkpoint before, which the launcher
-/// falls back to). Throws InputError when the folder cannot be written.
+/// folders (and any .tmp) of steps before the newest step whose every slot 0 … M − 1 is complete: the one the
+/// launcher would resume from stays. Throws InputError when the folder cannot be written.
 void save_worker_state(const std::filesystem::path& run_dir, int slot, const WorkerState& state, InnerJob& job,
-                       int64_t keep_step);
+                       int M);
+
+/// A resume from `step`: deletes the worker states and checkpoints after it (a stop that was not complete), so that
+/// what the resumed run writes, evaluates and reports is its own.
+void discard_states_after(const std::filesystem::path& run_dir, int64_t step);
 
 /// Reads the state a worker of `slot` saved at `step`. Throws InputError naming the folder when it is missing,
 /// written for another step or slot, or damaged.

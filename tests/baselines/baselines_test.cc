@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <set>
 #include <functional>
 #include <cstdlib>
 #include <filesystem>
@@ -201,8 +202,10 @@ TEST_F(Baselines, DpTwoWorkersMatchOneProcessOnTheDoubledBatch) {
 // dp: rank 0's checkpoint holds the AdamW state and every slot's cursor. diloco/streaming: the signal is voted in
 // the next merge, every worker stops after the same one and saves its own θ_m, AdamW state, cursor and outer state
 // (streaming: the merges in flight, already summed). Stopped at a step count, not a time.
-void stop_and_resume(const std::string& mode, const fs::path& root,
-                     const std::function<Config(const std::string&)>& make) {
+// `signal` SIGKILL: the launcher and its workers die at once (no stop vote, no final state); the resume falls back
+// to the newest checkpoint whose every worker state is complete (`slowdown` makes the workers drift apart).
+void stop_and_resume(const std::string& mode, const fs::path& root, const std::function<Config(const std::string&)>& make,
+                     int signal = SIGINT, const std::string& slowdown = "0:4,1:4") {
   const Config whole = make("whole");
   const fs::path whole_cfg = root / (whole.run.name + ".toml");
   std::ofstream(whole_cfg) << to_toml(whole);
@@ -211,7 +214,7 @@ void stop_and_resume(const std::string& mode, const fs::path& root,
   Config cut = make("cut");
   // Slowed 4× (a sleep after each step, no change to the math): the stop lands ~1 s after step 30 (the launcher's
   // poll, the workers' next step boundary or merge), well before step 600 also on a machine 3× faster than this one.
-  cut.run.slowdown = "0:4,1:4";
+  cut.run.slowdown = slowdown;
   const fs::path cfg = root / (cut.run.name + ".toml");
   std::ofstream(cfg) << to_toml(cut);
   testing_support::ChildGuard guard;
@@ -227,21 +230,38 @@ void stop_and_resume(const std::string& mode, const fs::path& root,
   };
   for (int i = 0; i < 3000 && steps() < 30; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   ASSERT_GE(steps(), 30) << "see " << cut_log;
-  guard.kill(launcher, SIGINT, "the launcher");
+  guard.kill(launcher, signal, "the launcher");
   int status = 0;
   ::waitpid(launcher, &status, 0);
-  ASSERT_TRUE(WIFEXITED(status)) << "see " << cut_log;
-  ASSERT_EQ(WEXITSTATUS(status), 128 + SIGINT) << "see " << cut_log;
-  const nlohmann::json stopped = nlohmann::json::parse(std::ifstream(cut.run_dir() / "report.json"));
-  ASSERT_EQ(stopped["status"], "stopped");
-  ASSERT_LT(stopped["steps"].get<int64_t>(), 600) << "the stop came after the end: nothing left to resume";
-  std::printf("%s: stopped at step %lld, resumed\n", mode.c_str(), static_cast<long long>(stopped["steps"].get<int64_t>()));
+  if (signal == SIGINT) {
+    ASSERT_TRUE(WIFEXITED(status)) << "see " << cut_log;
+    ASSERT_EQ(WEXITSTATUS(status), 128 + SIGINT) << "see " << cut_log;
+    const nlohmann::json stopped = nlohmann::json::parse(std::ifstream(cut.run_dir() / "report.json"));
+    ASSERT_EQ(stopped["status"], "stopped");
+    ASSERT_LT(stopped["steps"].get<int64_t>(), 600) << "the stop came after the end: nothing left to resume";
+    std::printf("%s: stopped at step %lld\n", mode.c_str(), static_cast<long long>(stopped["steps"].get<int64_t>()));
+    // every worker stopped after the same step (the vote) and saved its state there
+    std::set<int64_t> at;
+    for (int w = 0; w < 2; ++w) {
+      for (const auto& e : testing_support::read_events(cut.run_dir() / "events" / ("worker_" + std::to_string(w) + ".jsonl"))) {
+        if (e["event"] == "stopped") at.insert(e["step"].get<int64_t>());
+      }
+    }
+    EXPECT_EQ(at, std::set<int64_t>{stopped["steps"].get<int64_t>()});
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the workers die with their launcher
+  }
   const fs::path log = root / (cut.run.name + "-resume.log");
   ASSERT_EQ(std::system((kDloco + " train --resume " + cut.run_dir().string() + " > " + log.string() + " 2>&1").c_str()),
             0)
       << "see " << log;
   const nlohmann::json report = nlohmann::json::parse(std::ifstream(cut.run_dir() / "report.json"));
   EXPECT_EQ(report["status"], "finished");
+  for (const auto& e : testing_support::read_events(cut.run_dir() / "events" / "worker_1.jsonl")) {
+    if (e["event"] == "worker_state_restored" || e["event"] == "optimizer_restored") {
+      std::printf("%s: worker 1 resumed from step %lld\n", mode.c_str(), static_cast<long long>(e["step"].get<int64_t>()));
+    }
+  }
   const nlohmann::json uninterrupted = nlohmann::json::parse(std::ifstream(whole.run_dir() / "report.json"));
   EXPECT_EQ(report["tokens_trained"], uninterrupted["tokens_trained"]);
   EXPECT_EQ(report["steps"], uninterrupted["steps"]);
@@ -267,6 +287,16 @@ TEST_F(Baselines, DilocoStoppedAndResumedEndsBitwiseWhereTheUninterruptedRunEnds
   stop_and_resume("diloco", root_, [](const std::string& part) {
     return tiny_config("diloco-" + part, "diloco", "inner_steps = 10\n", 600);
   });
+}
+
+// Killed (SIGKILL, no vote, no final state) with a checkpoint every 4 steps and the workers 2× apart in speed:
+// the resume falls back to the newest step every worker saved, drops what came after, and still ends bitwise.
+TEST_F(Baselines, DilocoKilledResumesFromTheNewestCompleteStateBitwise) {
+  stop_and_resume("diloco-killed", root_, [](const std::string& part) {
+    Config c = tiny_config("diloco-killed-" + part, "diloco", "inner_steps = 10\n", 600);
+    c.train.checkpoint_interval = 4;
+    return c;
+  }, SIGKILL, "0:3,1:6");
 }
 
 // τ = 4 ≥ H/P = 3 (fragments due every 3 steps, applied 4 later): when the group stops after a merge, the next one

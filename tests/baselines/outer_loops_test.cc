@@ -108,6 +108,29 @@ TEST(AllReduceMerge, NobodyTrainedMeansNothingToMergeOnEveryRank) {
   fs::remove_all(dir);
 }
 
+// The stop vote rides in the merge's all-reduce: one worker asked to stop is heard by every worker, in the same
+// merge, and the merge itself is unchanged by it (docs/protocol.md §11).
+TEST(AllReduceMerge, OneWorkersStopVoteReachesEveryWorkerInTheSameMerge) {
+  const fs::path dir = fresh_dir("merge_vote");
+  const std::vector<float> global = {1.0f, 2.0f};
+  const std::vector<std::vector<float>> local = {{0.5f, 1.5f}, {0.0f, 1.0f}, {1.0f, 3.0f}};
+  std::vector<int> votes(3, -1);
+  std::vector<std::vector<float>> merged(3, std::vector<float>(2, NAN));
+  const auto errors = on_ranks(dir / "store", 3, [&](Collective& group) {
+    const int m = group.rank();
+    AllReduceMerge merge(group, global, local[m], 1.0, /*stop_vote=*/m == 1);
+    ASSERT_TRUE(merge.finish(merged[m]));
+    votes[m] = merge.stop_votes();
+  });
+  for (int m = 0; m < 3; ++m) {
+    ASSERT_EQ(errors[m], "");
+    EXPECT_EQ(votes[m], 1) << "rank " << m << " did not hear rank 1's vote";
+    EXPECT_FLOAT_EQ(merged[m][0], 0.5f);         // the mean of Θ − θ_m: (0.5 + 1 + 0) / 3
+    EXPECT_FLOAT_EQ(merged[m][1], 0.5f / 3.0f);  // (0.5 + 1 − 1) / 3
+  }
+  fs::remove_all(dir);
+}
+
 TEST(AllReduceMerge, RejectsBadInputBeforeTheCollective) {
   const fs::path dir = fresh_dir("merge_bad");
   const auto errors = on_ranks(dir / "store", 1, [&](Collective& group) {
