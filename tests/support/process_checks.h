@@ -47,8 +47,10 @@ inline std::string slurp(const std::filesystem::path& file) {
 
 /// Starts `program` with `args` (argv[1…]) and this process's environment, stdout and stderr both into `log`
 /// (truncated). Returns its pid, or −1 (and a test failure) if it could not be started. The caller waits for it.
+/// `own_group`: the child leads a new process group (kill(-pid, sig) then reaches it and everything it starts, as a
+/// terminal's Ctrl-C reaches a foreground job).
 inline pid_t spawn_to_log(const std::string& program, const std::vector<std::string>& args,
-                          const std::filesystem::path& log) {
+                          const std::filesystem::path& log, bool own_group = false) {
   std::vector<std::string> all = {program};
   all.insert(all.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -59,9 +61,16 @@ inline pid_t spawn_to_log(const std::string& program, const std::vector<std::str
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  if (own_group) {
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+    posix_spawnattr_setpgroup(&attr, 0);
+  }
   pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), environ);
+  const int rc = ::posix_spawn(&pid, program.c_str(), &actions, &attr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
   EXPECT_EQ(rc, 0) << "could not start " << program;
   return rc == 0 ? pid : -1;
 }
