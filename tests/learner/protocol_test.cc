@@ -7,6 +7,7 @@
 // every merge changes Θ; its "data stream" is a token counter.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <iterator>
@@ -415,7 +416,14 @@ TEST_F(ProtocolTest, Q4OuterGradientsWithErrorFeedbackMergeAndEveryCopyEndsEqual
                                    return false;
                                  }}});
   ASSERT_FALSE(seen.empty());
-  for (const auto& c : seen) EXPECT_EQ(c, "q4/64");
+  // fp32 only for a re-anchor (raw θ, base −1: the learner fell two versions behind, as a slow one under ASan does
+  // when the global clock opens the next round while its last merge still waits for s + τ; docs/protocol.md §4).
+  int reanchored = 0;
+  for (const auto& e : named(events_of("learner_1.jsonl"), "answered")) reanchored += e["base_version"] == -1 ? 1 : 0;
+  const auto raw = std::count(seen.begin(), seen.end(), std::string("fp32"));
+  EXPECT_LE(raw, reanchored) << "an answer went as fp32 without being a re-anchor";
+  for (const auto& c : seen) EXPECT_TRUE(c == "q4/64" || c == "fp32") << c;
+  EXPECT_GT(static_cast<int64_t>(seen.size()) - raw, 0) << "no answer went as q4";
   EXPECT_TRUE(named(events_of("syncer_1.jsonl"), "answer_refused").empty());
   const auto merged = named(events_of("syncer_1.jsonl"), "merged");
   EXPECT_GT(merged.size(), 20u);
