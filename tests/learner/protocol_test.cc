@@ -439,6 +439,10 @@ TEST_F(ProtocolTest, TopKBothWaysWithErrorFeedbackMergesAndEveryCopyEndsEqualToT
   error_feedback_ = true;
   config_.diloco.wire_down = WireDtype::kTopK;
   config_.diloco.error_feedback_decay = 0.95;
+  // topk gets no error-feedback allowance in the screen (syncer_merge.cc): an honest short answer after a long one
+  // carries the long one's residual, and under ASan with other tests beside it one was 13.2× the median (1 run in
+  // ~20). The screen is tested at its default ratio elsewhere; here at 30, with that limit in docs/protocol.md §10.
+  config_.diloco.screen_ratio = 30.0;
   start_syncer();
   std::vector<std::string> seen;
   std::mutex seen_mu;
@@ -454,7 +458,12 @@ TEST_F(ProtocolTest, TopKBothWaysWithErrorFeedbackMergesAndEveryCopyEndsEqualToT
                                    return false;
                                  }}});
   ASSERT_FALSE(seen.empty());
-  for (const auto& c : seen) EXPECT_EQ(c, "topk/4096");
+  int reanchored = 0;  // fp32 only for a re-anchor (raw θ, base −1), as in the q4 test above
+  for (const auto& e : named(events_of("learner_1.jsonl"), "answered")) reanchored += e["base_version"] == -1 ? 1 : 0;
+  const auto raw = std::count(seen.begin(), seen.end(), std::string("fp32"));
+  EXPECT_LE(raw, reanchored) << "an answer went as fp32 without being a re-anchor";
+  for (const auto& c : seen) EXPECT_TRUE(c == "topk/4096" || c == "fp32") << c;
+  EXPECT_GT(static_cast<int64_t>(seen.size()) - raw, 0) << "no answer went as topk";
   EXPECT_TRUE(named(events_of("syncer_1.jsonl"), "answer_refused").empty());
   int combined = 0;
   for (const auto& m : named(events_of("syncer_1.jsonl"), "merged")) combined += m["participants"].size() >= 2 ? 1 : 0;
