@@ -395,6 +395,19 @@ TEST_F(ProtocolTest, ADroppedAnswerClosesTheRoundAtItsWindowWithoutThatLearner) 
   expect_copies_equal_theta(results);
 }
 
+// Learner 1's answers seen on the wire (`answered`: its "answered" events) go as `codec`, or as fp32 only for a re-anchor (raw θ, base −1: the learner
+// fell two versions behind, as a slow one under ASan does when the global clock opens the next round while its last
+// merge still waits for s + τ; docs/protocol.md §4); at least one goes as `codec`.
+void expect_codec_or_reanchor(const std::vector<std::string>& seen, const std::vector<nlohmann::json>& answered,
+                              const std::string& codec) {
+  int reanchored = 0;
+  for (const auto& e : answered) reanchored += e["base_version"] == -1 ? 1 : 0;
+  const auto raw = std::count(seen.begin(), seen.end(), std::string("fp32"));
+  EXPECT_LE(raw, reanchored) << "an answer went as fp32 without being a re-anchor";
+  for (const auto& c : seen) EXPECT_TRUE(c == codec || c == "fp32") << c;
+  EXPECT_GT(static_cast<int64_t>(seen.size()) - raw, 0) << "no answer went as " << codec;
+}
+
 // Issue 14: q4 outer gradients with error feedback (transport/codec.h). Every answer goes as "q4/64" (seen on the
 // wire by a pass-through edit), the syncer refuses none, merges combine learners, and every learner's copy ends
 // bitwise equal to the syncer's Θ (the downlink is fp32).
@@ -416,14 +429,7 @@ TEST_F(ProtocolTest, Q4OuterGradientsWithErrorFeedbackMergeAndEveryCopyEndsEqual
                                    return false;
                                  }}});
   ASSERT_FALSE(seen.empty());
-  // fp32 only for a re-anchor (raw θ, base −1: the learner fell two versions behind, as a slow one under ASan does
-  // when the global clock opens the next round while its last merge still waits for s + τ; docs/protocol.md §4).
-  int reanchored = 0;
-  for (const auto& e : named(events_of("learner_1.jsonl"), "answered")) reanchored += e["base_version"] == -1 ? 1 : 0;
-  const auto raw = std::count(seen.begin(), seen.end(), std::string("fp32"));
-  EXPECT_LE(raw, reanchored) << "an answer went as fp32 without being a re-anchor";
-  for (const auto& c : seen) EXPECT_TRUE(c == "q4/64" || c == "fp32") << c;
-  EXPECT_GT(static_cast<int64_t>(seen.size()) - raw, 0) << "no answer went as q4";
+  expect_codec_or_reanchor(seen, named(events_of("learner_1.jsonl"), "answered"), "q4/64");
   EXPECT_TRUE(named(events_of("syncer_1.jsonl"), "answer_refused").empty());
   const auto merged = named(events_of("syncer_1.jsonl"), "merged");
   EXPECT_GT(merged.size(), 20u);
@@ -458,12 +464,7 @@ TEST_F(ProtocolTest, TopKBothWaysWithErrorFeedbackMergesAndEveryCopyEndsEqualToT
                                    return false;
                                  }}});
   ASSERT_FALSE(seen.empty());
-  int reanchored = 0;  // fp32 only for a re-anchor (raw θ, base −1), as in the q4 test above
-  for (const auto& e : named(events_of("learner_1.jsonl"), "answered")) reanchored += e["base_version"] == -1 ? 1 : 0;
-  const auto raw = std::count(seen.begin(), seen.end(), std::string("fp32"));
-  EXPECT_LE(raw, reanchored) << "an answer went as fp32 without being a re-anchor";
-  for (const auto& c : seen) EXPECT_TRUE(c == "topk/4096" || c == "fp32") << c;
-  EXPECT_GT(static_cast<int64_t>(seen.size()) - raw, 0) << "no answer went as topk";
+  expect_codec_or_reanchor(seen, named(events_of("learner_1.jsonl"), "answered"), "topk/4096");
   EXPECT_TRUE(named(events_of("syncer_1.jsonl"), "answer_refused").empty());
   int combined = 0;
   for (const auto& m : named(events_of("syncer_1.jsonl"), "merged")) combined += m["participants"].size() >= 2 ? 1 : 0;
