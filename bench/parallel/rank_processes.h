@@ -185,7 +185,7 @@ inline int bench_main(const char* name, const std::string& description, std::vec
 /// and one for OpenBLAS (spawn() set the environment; this makes LibTorch's pool follow it).
 inline std::unique_ptr<Collective> join_group(const RankArgs& a, double timeout_s = 600) {
   CollectiveOptions o;
-  o.store_file = a.store;
+  o.store = a.store.string();
   o.rank = a.rank;
   o.world = a.world;
   o.timeout_s = timeout_s;

@@ -290,7 +290,8 @@ void add_train(CLI::App& cmd) {
 // One node (started by `train`; hidden from --help).
 void add_node(CLI::App& cmd) {
   auto o = std::make_shared<SkipNodeOptions>();
-  CLI::App* sub = cmd.add_subcommand("node", "one SkipPipe node (started by `dloco skippipe train`)");
+  CLI::App* sub = cmd.add_subcommand("node", "one SkipPipe node (started by `dloco skippipe train`, or by hand on "
+                                     "several machines with --store tcp://HOST:PORT)");
   sub->group("");
   sub->add_option("--config", o->config)->required();
   sub->add_option("--setting", o->setting)->required();
@@ -302,6 +303,9 @@ void add_node(CLI::App& cmd) {
   sub->add_option("--out", o->out_dir)->required();
   sub->add_option("--timeout-s", o->timeout_s);
   sub->add_flag("--reroute", o->reroute);
+  sub->add_option("--store", o->store, "where the nodes meet: tcp://HOST:PORT that node 0 serves (nodes on several "
+                  "machines; needs run.trusted_network), default <out>/store");
+  sub->add_option("--host", o->host, "address this node's Gloo binds (default: the route to HOST for tcp://)");
   sub->add_option("--die-at-iteration", o->die_at_iteration);
   sub->add_option("--die-at-op", o->die_at_op);
   sub->add_option("--hang-at-iteration", o->hang_at_iteration);

@@ -94,7 +94,7 @@ struct RoleFlags {
   int64_t generation = 0;
   std::string resume_from;
   int rank = -1;                 // learner: a rank 1 … R − 1 of a learner group (−1: the leader)
-  std::string group_store, group_host = "127.0.0.1";
+  std::string group_store, group_host, host;
   double group_rendezvous_s = 0;
   int leader_pid = 0;
   bool no_spawn_ranks = false;
@@ -209,40 +209,54 @@ void add_syncer_command(CLI::App& app, RoleFlags& r) {
   });
 }
 
-void add_worker_command(CLI::App& app, RoleFlags& r) {
-  auto* worker = app.add_subcommand("worker", "Run one worker of a baseline (diloco.mode = dp, diloco, streaming)");
-  worker->group(kRoleGroup);
-  worker->add_option("--config", r.config, "TOML config (the same for every rank)")->required();
-  worker->add_option("--rank", r.id, "Rank, 0 ≤ rank < M")->required();
-  worker->add_option("--store", r.store, "Gloo rendezvous file (c10d FileStore), the same for every rank")->required();
-  worker->add_option("--run-dir", r.run_dir, "Run folder (default: run.out_dir/run.name)");
-  worker->add_option("--set", r.overrides, "Override a config field (repeatable)");
-  worker->add_option("--slots", r.slots, "dp: learner slot of each rank of this group, e.g. 0,1,3 (default 0…M−1)")
-      ->delimiter(',');
-  worker->add_option("--generation", r.generation, "dp: how many times the group was formed before this one");
-  worker->add_option("--resume-from", r.resume_from, "dp: checkpoint folder (or run folder) to start from");
-  worker->callback([&r] {
-    const Config c = load_config(r.config, r.overrides);
-    WorkerOptions o{r.run_dir.empty() ? c.run_dir() : std::filesystem::path(r.run_dir), r.id, r.store};
-    o.slots = r.slots;
-    o.generation = r.generation;
-    o.resume_from = r.resume_from;
-    g_exit_code = run_worker(c, o);  // kPeerFailedExit when the group failed under it
-  });
-}
-
-// A learner's id under srun when --id is not given: its Slurm task rank (SLURM_PROCID), as torchrun-style launchers
-// take RANK from it. Throws InputError outside Slurm.
-int slurm_learner_id() {
+// A role's rank under srun when its flag (--id, --rank) is not given: its Slurm task rank (SLURM_PROCID), as
+// torchrun-style launchers take RANK from it. Throws InputError outside Slurm.
+int slurm_task_rank(const char* flag) {
   const char* rank = std::getenv("SLURM_PROCID");
   if (rank == nullptr || *rank == '\0') {
-    throw InputError("--id is required (or start the learner with srun, which sets SLURM_PROCID)");
+    throw InputError(std::string(flag) + " is required (or start it with srun, which sets SLURM_PROCID)");
   }
   try {
     return std::stoi(rank);
   } catch (const std::exception&) {
     throw InputError(std::string("SLURM_PROCID = '") + rank + "' is not a task rank");
   }
+}
+
+void add_worker_command(CLI::App& app, RoleFlags& r) {
+  auto* worker = app.add_subcommand("worker", "Run one worker of a baseline (diloco.mode = dp, diloco, streaming)");
+  worker->group(kRoleGroup);
+  worker->add_option("--config", r.config, "TOML config (the same for every rank)")->required();
+  worker->add_option("--rank", r.id, "Rank, 0 ≤ rank < M (under srun: SLURM_PROCID when not given)");
+  worker->add_option("--store", r.store, "Where the ranks meet, the same for every rank: a file (c10d FileStore; one "
+                     "machine or a shared filesystem), or tcp://HOST:PORT that rank 0 serves (needs "
+                     "run.trusted_network off loopback)")->required();
+  worker->add_option("--host", r.host, "Address this rank's Gloo binds and advertises (default: 127.0.0.1 for a file, "
+                     "this machine's address on the route to HOST for tcp://)");
+  worker->add_option("--run-dir", r.run_dir, "Run folder (default: run.out_dir/run.name)");
+  worker->add_option("--set", r.overrides, "Override a config field (repeatable)");
+  worker->add_option("--slots", r.slots, "dp: learner slot of each rank of this group, e.g. 0,1,3 (default 0…M−1)")
+      ->delimiter(',');
+  worker->add_option("--generation", r.generation, "dp: how many times the group was formed before this one");
+  worker->add_option("--resume-from", r.resume_from, "dp: checkpoint folder (or run folder) to start from");
+  worker->callback([&r, worker] {
+    if (worker->count("--rank") == 0) r.id = slurm_task_rank("--rank");
+    std::vector<std::string> overrides = r.overrides;
+    if (const char* cpus = std::getenv("SLURM_CPUS_PER_TASK"); cpus && *cpus) {  // Slurm gave this task its cores
+      overrides.insert(overrides.begin(), std::string("run.threads=") + cpus);   // (an explicit --set still wins)
+    }
+    const Config c = load_config(r.config, overrides);
+    WorkerOptions o;
+    o.run_dir = r.run_dir.empty() ? c.run_dir() : std::filesystem::path(r.run_dir);
+    o.rank = r.id;
+    o.store = r.store;
+    o.hostname = r.host;
+    o.slots = r.slots;
+    o.generation = r.generation;
+    o.resume_from = r.resume_from;
+    o.by_hand = std::getenv("DLOCO_PARENT_PID") == nullptr;  // no launcher: rank 0 writes the report
+    g_exit_code = run_worker(c, o);  // kPeerFailedExit when the group failed under it
+  });
 }
 
 void add_learner_and_evaluator_commands(CLI::App& app, RoleFlags& r) {
@@ -259,9 +273,11 @@ void add_learner_and_evaluator_commands(CLI::App& app, RoleFlags& r) {
                       "joins a running job (scavenging). Under srun: SLURM_PROCID when not given");
       cmd->add_option("--rank", r.rank, "Learner group ([parallel], R > 1 ranks): run rank 1 … R − 1 of learner --id "
                       "instead of its leader (needs --group-store)");
-      cmd->add_option("--group-store", r.group_store, "Learner group: the rendezvous file of its ranks (default for "
-                      "the leader: run_dir/groups/learner_<id>/<pid>.store; on a filesystem every rank sees)");
-      cmd->add_option("--group-host", r.group_host, "Learner group: address this rank's Gloo binds (default 127.0.0.1)");
+      cmd->add_option("--group-store", r.group_store, "Learner group: where its ranks meet, a file (default for the "
+                      "leader: run_dir/groups/learner_<id>/<pid>.store; on a filesystem every rank sees) or "
+                      "tcp://HOST:PORT that the leader serves (needs run.trusted_network off loopback)");
+      cmd->add_option("--group-host", r.group_host, "Learner group: address this rank's Gloo binds (default: 127.0.0.1 "
+                      "for a file, this machine's address on the route to HOST for tcp://)");
       cmd->add_option("--leader-pid", r.leader_pid, "Learner group: pid of the leader that spawned this rank (it dies "
                       "with it)");
       cmd->add_flag("--no-spawn-ranks", r.no_spawn_ranks, "Learner group: the leader does not start ranks 1 … R − 1 "
@@ -277,7 +293,7 @@ void add_learner_and_evaluator_commands(CLI::App& app, RoleFlags& r) {
     cmd->add_option("--set", r.overrides, "Override a config field (repeatable)");
     add_insecure_flag(cmd, r.insecure);
     cmd->callback([is_learner, &r, cmd] {
-      if (is_learner && cmd->count("--id") == 0) r.id = slurm_learner_id();
+      if (is_learner && cmd->count("--id") == 0) r.id = slurm_task_rank("--id");
       std::vector<std::string> overrides = r.overrides;
       if (r.insecure) overrides.push_back("run.insecure=true");
       if (const char* cpus = std::getenv("SLURM_CPUS_PER_TASK"); cpus && *cpus) {  // Slurm gave this task its cores

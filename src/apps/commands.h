@@ -17,6 +17,8 @@ int train_exit_code();
 /// The help group of the role subcommands (syncer, learner, evaluator, worker) that `dloco train` starts and that
 /// run by hand on other machines: listed apart from the commands a user types first.
 inline constexpr const char* kRoleGroup = "Roles (started by `dloco train`, or by hand on other machines)";
+/// `dloco config`: a config as resolved (file, preset, --set, defaults), whole or one field.
+void add_config_command(CLI::App& app);
 /// `dloco compare`: modes/variants × seeds at equal tokens, side by side (table, JSON, loss curves).
 void add_compare_command(CLI::App& app);
 /// `dloco chaos`: a decoupled run under a fault plan beside a fault-free one; goodput, recoveries, checks.

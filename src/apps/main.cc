@@ -77,6 +77,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", version_text(), "Print the version, the commit and the build's devices");
   dloco::apps::add_data_commands(app);
   dloco::apps::add_train_commands(app);
+  dloco::apps::add_config_command(app);
   dloco::apps::add_compare_command(app);
   dloco::apps::add_chaos_command(app);
   dloco::apps::add_sim_commands(app);

@@ -469,41 +469,34 @@ void CollectiveRun::stop_workers() {
   stop_children(children_, std::chrono::seconds(30), [] { return StopSignals::hurry(); });
 }
 
-// The final evaluation (none when no checkpoint was written or a second signal asked to hurry) and
-// run_dir/report.json. Throws InputError for a status.json of another version.
-nlohmann::json CollectiveRun::report(int cores) {
-  poll_status();
-  if (!status_error_.empty()) throw InputError(status_error_);
-  const bool finished = last_.is_object() && last_.value("finished", false) && failure_.empty();
-  const nlohmann::json final_eval =
-      final_evaluation(config_, cores, final_eval_skip_reason(StopSignals::hurry(), failure_));
-  // A resumed run's report covers the whole run: the wall time of the parts before is added (the workers carry
-  // the syncs and waits on in their checkpoints).
-  const nlohmann::json w0 = prior_.is_object() ? prior_.value("wall_seconds", nlohmann::json()) : nlohmann::json();
-  const double before_s = w0.is_number() ? std::max(0.0, w0.get<double>()) : 0.0;
-  const double wall = before_s + std::chrono::duration<double>(Clock::now() - started_).count();
-  const auto workers = worker_summaries(run_dir_, M_);
+// The report's fields that do not depend on who started the workers: from rank 0's last status (`status`, null if
+// none), the workers' event logs and the final evaluation (skipped for `skip_reason`).
+nlohmann::json common_report(const Config& config, const fs::path& run_dir, int M, const nlohmann::json& status,
+                             const std::string& failure, double wall, int cores, const std::string& skip_reason) {
+  const bool finished = status.is_object() && status.value("finished", false) && failure.empty();
+  const nlohmann::json final_eval = final_evaluation(config, cores, skip_reason);
+  const nlohmann::json last = status.is_object() ? status : nlohmann::json::object();
+  const auto workers = worker_summaries(run_dir, M);
   nlohmann::json bytes = nlohmann::json::object();
   for (const auto& w : workers) {
     const int64_t sent = w.value("bytes_sent", int64_t{0});
     bytes["worker_" + std::to_string(w["rank"].get<int>())] = {{"sent", sent}, {"received", sent}};  // ring: symmetric
   }
-  const int64_t tokens = last_.is_object() ? last_.value("tokens_trained", int64_t{0}) : 0;
+  const int64_t tokens = last.value("tokens_trained", int64_t{0});
   nlohmann::json report = {
-      {"run", config_.run.name},
-      {"mode", config_.diloco.mode},
-      {"status", run_status(config_, !finished, failure_,
-                            last_.is_object() ? last_.value("tokens_trained", int64_t{0}) : 0)},
+      {"run", config.run.name},
+      {"mode", config.diloco.mode},
+      {"status", run_status(config, !finished, failure, tokens)},
       {"final_val_loss", final_eval["val_loss"]},
       {"final_val_perplexity", final_eval["val_perplexity"]},
-      {"global_step", last_.value("global_step", 0)},
-      {"steps", last_.value("global_step", 0)},
-      {"syncs", last_.value("syncs", 0)},
-      {"wait_seconds_rank0", last_.value("wait_s", 0.0)},
-      {"eval_seconds", last_.value("eval_s", 0.0)},
+      {"global_step", last.value("global_step", 0)},
+      {"steps", last.value("global_step", 0)},
+      {"syncs", last.value("syncs", 0)},
+      {"wait_seconds_rank0", last.value("wait_s", 0.0)},
+      {"eval_seconds", last.value("eval_s", 0.0)},
       {"tokens_trained", tokens},
-      {"tokens_budget", config_.train.total_tokens},
-      {"tokens_complete", config_.complete_tokens()},
+      {"tokens_budget", config.train.total_tokens},
+      {"tokens_complete", config.complete_tokens()},
       {"wall_seconds", wall},
       {"tokens_per_second", tokens / std::max(wall, 1e-9)},
       {"workers", workers},
@@ -512,8 +505,23 @@ nlohmann::json CollectiveRun::report(int cores) {
       {"bytes", bytes},
       {"signal", finished ? 0 : StopSignals::first()},  // a signal after the last step stopped nothing
   };
-  if (!failure_.empty()) report["failure"] = failure_;
+  if (!failure.empty()) report["failure"] = failure;
   if (final_eval.contains("skipped")) report["final_eval_skipped"] = final_eval["skipped"];
+  return report;
+}
+
+// The final evaluation (none when no checkpoint was written or a second signal asked to hurry) and
+// run_dir/report.json. Throws InputError for a status.json of another version.
+nlohmann::json CollectiveRun::report(int cores) {
+  poll_status();
+  if (!status_error_.empty()) throw InputError(status_error_);
+  // A resumed run's report covers the whole run: the wall time of the parts before is added (the workers carry
+  // the syncs and waits on in their checkpoints).
+  const nlohmann::json w0 = prior_.is_object() ? prior_.value("wall_seconds", nlohmann::json()) : nlohmann::json();
+  const double before_s = w0.is_number() ? std::max(0.0, w0.get<double>()) : 0.0;
+  const double wall = before_s + std::chrono::duration<double>(Clock::now() - started_).count();
+  nlohmann::json report = common_report(config_, run_dir_, M_, last_, failure_, wall, cores,
+                                        final_eval_skip_reason(StopSignals::hurry(), failure_));
   report["recovery"] = recovery_;
   report["generations"] = generation_ + 1;
   report["worker_failures"] = failures_;
@@ -544,6 +552,20 @@ void check_collective_run(const Config& config, bool resume, const FaultPlan* pl
 }
 
 }  // namespace
+
+nlohmann::json write_worker_report(const Config& config, const fs::path& run_dir, int world, double wall_s, int cores) {
+  Config c = config;  // the final evaluation reads the newest checkpoint of c.run_dir()
+  c.run.out_dir = run_dir.parent_path().string();
+  c.run.name = run_dir.filename().string();
+  const nlohmann::json status = read_worker_status(run_dir / "status.json");
+  nlohmann::json report = common_report(c, run_dir, world, status, "", wall_s, cores, "");
+  report["run"] = config.run.name;
+  report["written_by"] = "worker 0";
+  report["recovery"] = "none (started by hand)";
+  report["generations"] = 1;
+  write_file_atomically(run_dir / "report.json", report.dump(2) + "\n");
+  return report;
+}
 
 nlohmann::json run_collective_launcher(const Config& config, bool resume, const FaultPlan* plan) {
   const auto started = Clock::now();

@@ -2,6 +2,8 @@
 // plans for chaos runs. The decoupled launcher is launcher/launcher.h.
 #pragma once
 
+#include <filesystem>
+
 #include <nlohmann/json.hpp>
 
 #include "chaos/fault_plan.h"
@@ -22,5 +24,13 @@ namespace dloco {
 /// A fault `plan` is carried out as in run_launcher (kill_syncer is skipped: there is no syncer). The restart
 /// delay of a death the plan did not cause is run.restart_delay_s (< 0 = never). Throws InputError on bad set-up.
 nlohmann::json run_collective_launcher(const Config& config, bool resume, const FaultPlan* plan = nullptr);
+
+/// The report of a baseline run whose `world` workers were started by hand (`dloco worker`, e.g. under srun; no
+/// launcher), written by its rank 0 once every worker has stopped: the launcher's report fields from rank 0's
+/// status.json and the workers' event logs in `run_dir`, the newest checkpoint there evaluated on `cores` threads,
+/// `wall_s` the run's seconds, "written_by": "worker 0". Writes run_dir/report.json and returns it. Throws
+/// InputError for a status.json of another version (no valid checkpoint: the evaluation is skipped, with the reason).
+nlohmann::json write_worker_report(const Config& config, const std::filesystem::path& run_dir, int world,
+                                   double wall_s, int cores);
 
 }  // namespace dloco

@@ -25,6 +25,7 @@
 #include <spdlog/spdlog.h>
 
 #include "baselines/dp.h"
+#include "baselines/launcher.h"  // write_worker_report
 #include "baselines/outer_loops.h"
 #include "baselines/worker_state.h"
 #include "baselines/worker.h"
@@ -59,6 +60,7 @@ std::atomic<int> g_worker_signal{0};
 extern "C" void on_worker_signal(int sig) { g_worker_signal.store(sig); }
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+std::string host_name() { char b[256] = {}; ::gethostname(b, sizeof(b) - 1); return b; }
 
 int run_worker_group(const Config& config, const WorkerOptions& options);
 
@@ -66,8 +68,15 @@ int run_worker_group(const Config& config, const WorkerOptions& options);
 
 int run_worker(const Config& config, const WorkerOptions& options) {
   check_device(config.run.device);
+  const auto started = Clock::now();
   try {
-    return run_worker_group(config, options);
+    const int code = run_worker_group(config, options);
+    if (code == 0 && options.by_hand && options.rank == 0) {  // no launcher to write the report
+      const int cores = config.run.threads > 0 ? static_cast<int>(config.run.threads) : machine_cores();
+      write_worker_report(config, options.run_dir, static_cast<int>(group_slots(config, options).size()),
+                          seconds_since(started), cores);
+    }
+    return code;
   } catch (const CollectiveError& e) {
     spdlog::warn("[worker {}] the group failed: {}", options.rank, e.what());
     return kPeerFailedExit;
@@ -91,6 +100,12 @@ class JobReplica final : public FragmentReplica {
 
 namespace {
 
+// The workers' Gloo group: the rendezvous the launcher (or the user, across hosts) named, with the run's security.
+CollectiveOptions collective_options(const Config& config, const WorkerOptions& options, int rank, int world) {
+  CollectiveOptions o{options.store, rank, world, options.hostname, config.run.collective_timeout_s};
+  apply_run_security(o, config);
+  return o;
+}
 
 std::vector<bool> slot_mask(const std::vector<int>& slots, int M) {
   std::vector<bool> seen(M, false);
@@ -205,7 +220,7 @@ Worker::Worker(const Config& config, const WorkerOptions& options, std::vector<i
       parallel_(config.parallel_for(slot_)),
       ranks_(ranks),
       model_(initial_model()),
-      group_({options.store_file, rank_, W_, options.hostname, config.run.collective_timeout_s}),
+      group_(collective_options(config, options, rank_, W_)),
       S_(config.data.streams > 0 ? config.data.streams : M_),
       start_(join_group()),
       layout_(model_layout(model_, config.diloco)),
@@ -263,7 +278,7 @@ std::unique_ptr<InnerJob> Worker::make_job() {
                                  options_.run_dir / "offload" / ("learner_" + std::to_string(slot_) + "_rank_0"));
   if (mode_ == Mode::kDp) engine->set_replicas(&group_);  // the leaders are rank 0 of every group
   events_.emit("group_formed", {{"ranks", parallel_.ranks()}, {"group", engine->describe()},
-                                {"store", ranks_->store().string()}, {"pids", ranks_->pids()}});
+                                {"store", ranks_->store()}, {"pids", ranks_->pids()}});
   spdlog::info("[worker {}] a group of {} ranks: {}", rank_, static_cast<long long>(parallel_.ranks()),
                engine->describe());
   auto job = std::make_unique<GroupInnerJob>(model_, layout_, config_.train, make_schedule(config_), std::move(stream),
@@ -365,7 +380,7 @@ StartPoint Worker::join_group() {
   start.step = resumed_ ? resumed_->step : 0;
   events_.emit("joined", {{"pid", ::getpid()}, {"mode", mode_}, {"world", W_}, {"rank", rank_}, {"slots", slots_},
                           {"generation", options_.generation}, {"from_step", start.step},
-                          {"checkpoint", resumed_ ? resumed_->dir.string() : std::string()}});
+                          {"checkpoint", resumed_ ? resumed_->dir.string() : std::string()}, {"host", host_name()}});
   spdlog::info("[worker {}] {}: joined the Gloo group of {} (slot {}, generation {}, from step {})", rank_,
                to_string(mode_), W_, slot_, static_cast<long long>(options_.generation),
                static_cast<long long>(start.step));
@@ -536,6 +551,7 @@ int Worker::finish() {
   if (outer_ && interrupted) save_worker_state_at(step);  // every worker at the same step: resumable
   events_.emit("stopped", {{"step", step}, {"signal", g_worker_signal.load()}, {"syncs", syncs_}, {"wait_s", wait_s_},
                            {"bytes_sent", group_.bytes_sent()}, {"versions", versions()}});
+  if (options_.by_hand) group_.barrier();  // every worker's "stopped" is written before rank 0's report reads them
   if (rank_ == 0) {
     // also when interrupted; dp: with the AdamW state and every cursor, so a re-formed group continues from here.
     // A resumed group that trained no step leaves its checkpoint alone (the other ranks may still be reading it).

@@ -15,11 +15,14 @@ namespace dloco {
 struct WorkerOptions {
   std::filesystem::path run_dir;     // events/worker_<slot>.jsonl; rank 0 also status.json and checkpoints
   int rank = 0;                      // 0 ≤ rank < world
-  std::filesystem::path store_file;  // c10d FileStore rendezvous file, the same for every rank of the group
-  std::string hostname = "127.0.0.1";  // address Gloo binds (loopback on one machine)
+  std::string store;                 // the group's rendezvous, the same for every rank: a c10d FileStore file, or
+                                     // tcp://HOST:PORT served by rank 0 (collective/process_group.h)
+  std::string hostname = "";         // address Gloo binds; "" = loopback for a file, the route to HOST for tcp://
   // dp with run.recovery = restart | elastic: the group of one generation (the launcher re-forms it after a failure).
   std::vector<int> slots;            // learner slot (data stream) of each rank; world = slots.size(); empty = 0…M−1
   int64_t generation = 0;            // how many times the group was formed before this one
+  bool by_hand = false;              // no launcher (e.g. under srun): every worker meets once more after its
+                                     // "stopped" event, then rank 0 writes run_dir/report.json (write_worker_report)
   std::filesystem::path resume_from; // checkpoint to start from (dp: model, AdamW, every slot's cursor; diloco and
                                      // streaming: Θ, with each worker's own state beside it); empty = Θ0
 };

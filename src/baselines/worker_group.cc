@@ -44,7 +44,7 @@ std::unique_ptr<GroupRanks> spawn_group_ranks(const Config& config, const Worker
   apply_thread_budget(thread_budget(threads));
   GroupOptions o;
   if (config.diloco.mode == Mode::kDp) {
-    o.replica_store = options.store_file;
+    o.replica_store = options.store;
     o.replica_rank = options.rank;
     o.replicas = static_cast<int>(slots.size());
   }

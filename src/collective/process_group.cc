@@ -3,14 +3,20 @@
 
 #include <chrono>
 
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
 #include <functional>
 
 #include "core/check.h"
+#include "core/config.h"
+#include "transport/handshake.h"  // run_secret
+#include "transport/local_address.h"
 
 namespace dloco {
 
@@ -41,32 +47,182 @@ void count(OpTraffic& op, int64_t bytes) {
 }
 }  // namespace
 
+bool is_tcp_rendezvous(const std::string& store) { return store.rfind("tcp://", 0) == 0; }
+
+void apply_run_security(CollectiveOptions& o, const Config& config) {
+  o.secret = run_secret(config);
+  o.trusted_network = config.run.trusted_network;
+}
+
+std::string replica_rendezvous(const std::string& store, int rank) {
+  return store + (is_tcp_rendezvous(store) ? "/rank_" : ".rank_") + std::to_string(rank);
+}
+
+namespace {
+
+constexpr const char* kTcp = "tcp://";
+
+// "tcp://HOST:PORT[/PREFIX]" (HOST a name, an IPv4 address or [v6]). Throws InputError when malformed.
+struct TcpRendezvous {
+  std::string host;
+  uint16_t port = 0;
+  std::string prefix;  // non-empty: a group that meets inside another group's store (that group's rank 0 serves)
+};
+TcpRendezvous parse_tcp(const std::string& store) {
+  const std::string rest = store.substr(std::string(kTcp).size());
+  const auto slash = rest.find('/');
+  const std::string authority = rest.substr(0, slash);
+  const std::string prefix = slash == std::string::npos ? "" : rest.substr(slash + 1);
+  const auto colon = authority.rfind(':');
+  const std::string host = colon == std::string::npos ? "" : authority.substr(0, colon);
+  const std::string port = colon == std::string::npos ? "" : authority.substr(colon + 1);
+  const bool digits = !port.empty() && port.size() <= 5 && std::all_of(port.begin(), port.end(), ::isdigit);
+  if (host.empty() || !digits || std::stoi(port) < 1 || std::stoi(port) > 65535 ||
+      (slash != std::string::npos && prefix.empty())) {
+    throw InputError("rendezvous '" + store.substr(0, 256) +
+                     "' is not tcp://HOST:PORT[/NAME] with a port in [1, 65535]");
+  }
+  return {host, static_cast<uint16_t>(std::stoi(port)), prefix};
+}
+
+// Where Gloo binds: the given address, else loopback for a file store and this machine's address on the route to
+// the TCP store's host (what its peers on other machines can dial).
+std::string gloo_hostname(const CollectiveOptions& o) {
+  if (!o.hostname.empty()) return o.hostname;
+  if (!is_tcp_rendezvous(o.store)) return "127.0.0.1";
+  const auto [host, port, prefix] = parse_tcp(o.store);
+  std::string address = local_address_towards(host + ":" + std::to_string(port));
+  if (address.empty()) {
+    throw CollectiveError("no route from this machine to the rendezvous host '" + host + "' (" + o.store + ")");
+  }
+  return address;
+}
+
+// Gloo has no TLS: a group that reaches off this machine needs the user's word that the network is trusted.
+void check_trusted(const CollectiveOptions& o, const std::string& hostname) {
+  const std::string store_host = is_tcp_rendezvous(o.store) ? parse_tcp(o.store).host : "127.0.0.1";
+  if (o.trusted_network || (is_loopback_host(store_host) && is_loopback_host(hostname))) return;
+  throw InputError("this group's ranks would meet off loopback (rendezvous '" + o.store.substr(0, 256) +
+                   "', Gloo address '" + hostname + "'), and Gloo's traffic is neither authenticated nor encrypted "
+                   "(Gloo 1.13 has no TLS; docs/protocol.md §11): set run.trusted_network = true only on a network "
+                   "that nobody but this run's machines can reach");
+}
+
+std::string hex(const unsigned char* bytes, size_t n) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < n; ++i) {
+    out += digits[bytes[i] >> 4];
+    out += digits[bytes[i] & 15];
+  }
+  return out;
+}
+
+// What rank `rank` stores as its arrival: HMAC-SHA256(secret, nonce, rank, world) in hex, or a fixed marker
+// without a secret. Binding the rank and world keeps one rank's proof from standing in for another's.
+std::string proof(const std::string& secret, const std::string& nonce, int rank, int world) {
+  if (secret.empty()) return "no secret";
+  const std::string message = "dloco rendezvous v1|" + nonce + "|rank " + std::to_string(rank) + "|world " +
+                              std::to_string(world);
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+           reinterpret_cast<const unsigned char*>(message.data()), message.size(), mac, &length) == nullptr) {
+    throw CollectiveError("HMAC-SHA256 failed (OpenSSL)");
+  }
+  return hex(mac, length);
+}
+
+std::string text(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
+std::vector<uint8_t> bytes(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
+
+// Opens the store: a FileStore, or a TCPStore that rank 0 serves. Throws (c10d's errors) when it cannot.
+c10::intrusive_ptr<c10d::Store> open_store(const CollectiveOptions& o, std::chrono::milliseconds rendezvous) {
+  if (!is_tcp_rendezvous(o.store)) {
+    auto store = c10::make_intrusive<c10d::FileStore>(o.store, o.world);
+    store->setTimeout(rendezvous);
+    return store;
+  }
+  const TcpRendezvous tcp = parse_tcp(o.store);
+  c10d::TCPStoreOptions opts;
+  opts.port = tcp.port;
+  opts.isServer = o.rank == 0 && tcp.prefix.empty();  // a group inside another's store: that group's rank 0 serves
+  opts.numWorkers = c10::nullopt;  // the arrival keys below wait for the ranks, with the secret's proofs
+  opts.waitWorkers = false;
+  opts.timeout = rendezvous;  // also how long a rank keeps dialing a rank 0 that is not up yet
+  auto tcp_store = c10::make_intrusive<c10d::TCPStore>(tcp.host, opts);
+  tcp_store->setTimeout(rendezvous);
+  if (tcp.prefix.empty()) return tcp_store;
+  return c10::make_intrusive<c10d::PrefixStore>(tcp.prefix + "/", tcp_store);
+}
+
+// Every rank arrives before Gloo's own rendezvous starts (Gloo waits for its peers' addresses with the
+// collectives' deadline, not the store's, so a longer rendezvous deadline is waited for here), with its proof of
+// the run secret over rank 0's nonce; every rank checks every proof. Throws CollectiveError naming the ranks whose
+// proofs do not match this rank's secret.
+void arrive(c10d::Store& store, const CollectiveOptions& o, std::chrono::milliseconds rendezvous) {
+  if (o.rank == 0) {
+    unsigned char nonce[16];
+    if (RAND_bytes(nonce, sizeof(nonce)) != 1) throw CollectiveError("could not draw a nonce (OpenSSL RAND_bytes)");
+    store.set("dloco/nonce", bytes(hex(nonce, sizeof(nonce))));
+  }
+  const std::string nonce = text(store.get("dloco/nonce"));
+  store.set("dloco/arrived/" + std::to_string(o.rank), bytes(proof(o.secret, nonce, o.rank, o.world)));
+  std::vector<std::string> arrived;
+  for (int r = 0; r < o.world; ++r) arrived.push_back("dloco/arrived/" + std::to_string(r));
+  store.wait(arrived, rendezvous);
+  std::string refused;
+  for (int r = 0; r < o.world; ++r) {
+    if (text(store.get(arrived[static_cast<size_t>(r)])) != proof(o.secret, nonce, r, o.world)) {
+      refused += (refused.empty() ? "" : ", ") + std::to_string(r);
+    }
+  }
+  store.set("dloco/checked/" + std::to_string(o.rank), bytes("1"));
+  if (!refused.empty()) {
+    // The rank serving a TCP store keeps it up until every rank has read the proofs (or 10 s), so each of them
+    // fails with this message rather than a closed connection.
+    if (o.rank == 0 && is_tcp_rendezvous(o.store) && parse_tcp(o.store).prefix.empty()) {
+      std::vector<std::string> checked;
+      for (int r = 0; r < o.world; ++r) checked.push_back("dloco/checked/" + std::to_string(r));
+      try {
+        store.wait(checked, std::min(rendezvous, std::chrono::milliseconds(10000)));
+      } catch (const std::exception&) {  // a rank that never reads them: refused all the same
+      }
+    }
+    throw CollectiveError("refused the group at '" + o.store.substr(0, 256) + "': the proof of the run secret of rank(s) " +
+                          refused + " does not match rank " + std::to_string(o.rank) +
+                          "'s (a process of another run, or a different run.secret / DLOCO_SECRET)");
+  }
+}
+
+}  // namespace
+
 Collective::Collective(const CollectiveOptions& options)
-    : rank_(options.rank), world_(options.world), timeout_(to_ms(options.timeout_s)), hostname_(options.hostname) {
+    : rank_(options.rank), world_(options.world), timeout_(to_ms(options.timeout_s)) {
   if (options.world < 1 || options.rank < 0 || options.rank >= options.world) {
     throw InputError("collective rank " + std::to_string(options.rank) + " is outside [0, world = " +
                      std::to_string(options.world) + ")");
   }
+  if (is_tcp_rendezvous(options.store)) parse_tcp(options.store);  // InputError when malformed
+  hostname_ = gloo_hostname(options);
+  check_trusted(options, hostname_);
   const auto rendezvous = options.rendezvous_timeout_s > 0 ? to_ms(options.rendezvous_timeout_s) : timeout_;
-  c10::intrusive_ptr<c10d::FileStore> file_store;
+  c10::intrusive_ptr<c10d::Store> store;
   try {
-    file_store = c10::make_intrusive<c10d::FileStore>(options.store_file.string(), options.world);
-    file_store->setTimeout(rendezvous);
-    // Every rank arrives before Gloo's own rendezvous starts: Gloo waits for its peers' addresses with the
-    // collectives' deadline, not the store's, so a longer rendezvous deadline is waited for here.
-    file_store->set("dloco/arrived/" + std::to_string(options.rank), std::vector<uint8_t>{1});
-    std::vector<std::string> arrived;
-    for (int r = 0; r < options.world; ++r) arrived.push_back("dloco/arrived/" + std::to_string(r));
-    file_store->wait(arrived, rendezvous);
-    store_ = erase(c10::intrusive_ptr<c10d::Store>(file_store));
+    store = open_store(options, rendezvous);
+    arrive(*store, options, rendezvous);
+  } catch (const CollectiveError& e) {
+    throw CollectiveError("rank " + std::to_string(options.rank) + " of " + std::to_string(options.world) + ": " +
+                          e.what());
   } catch (const std::exception& e) {
     throw CollectiveError("rank " + std::to_string(options.rank) + " of " + std::to_string(options.world) +
-                          " could not open the store '" + options.store_file.string() +
+                          " could not open the store '" + options.store.substr(0, 256) +
                           "' or its peers did not arrive within " + std::to_string(rendezvous.count() / 1000.0) +
                           " s: " + e.what());
   }
-  join("through '" + options.store_file.string() + "'", rendezvous);
-  file_store->setTimeout(timeout_);  // sub-groups rendezvous with the collectives' deadline
+  store_ = erase(store);
+  join("through '" + options.store.substr(0, 256) + "'", rendezvous);
+  store->setTimeout(timeout_);  // sub-groups rendezvous with the collectives' deadline
 }
 
 Collective::Collective(Joined, std::shared_ptr<void> store, int rank, int world, std::chrono::milliseconds timeout,

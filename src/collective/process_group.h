@@ -60,24 +60,48 @@ struct Traffic {
   }
 };
 
-/// How the M workers find each other.
+/// Whether `store` names a TCP rendezvous ("tcp://HOST:PORT") rather than a FileStore path.
+bool is_tcp_rendezvous(const std::string& store);
+
+/// How the M workers find each other (docs/protocol.md §11 "Across hosts").
 struct CollectiveOptions {
-  std::filesystem::path store_file;  // c10d FileStore rendezvous file, the same path for every rank (one machine or
-                                     // a shared filesystem); a fresh path per group
+  std::string store;                 // where the ranks meet: a c10d FileStore path, the same for every rank (one
+                                     // machine or a shared filesystem; a fresh path per group), or "tcp://HOST:PORT":
+                                     // a c10d TCPStore that rank 0 serves on PORT (every interface) and the others
+                                     // dial at HOST (a new group may reuse the port: the store lives in rank 0)
   int rank = 0;                      // 0 … world − 1
   int world = 1;                     // M
-  std::string hostname = "127.0.0.1";  // address Gloo binds and advertises
+  std::string hostname = "";         // address Gloo binds and advertises to its peers; "" = 127.0.0.1 for a file
+                                     // store, this machine's address on the route to HOST for tcp://
   double timeout_s = 120;            // deadline of every collective (and of the rendezvous unless set below), s
   double rendezvous_timeout_s = 0;   // deadline of joining, s; 0 = timeout_s (a learner group's ranks wait
                                      // longer: their leader joins only after its bootstrap from the syncer)
+  std::string secret = "";           // the run secret (run.secret / DLOCO_SECRET): each rank proves it holds it
+                                     // (HMAC-SHA256 of a nonce rank 0 draws) before Gloo joins, and a group with a
+                                     // rank that cannot is refused. "" = no proof (then every rank must have "")
+  bool trusted_network = false;      // run.trusted_network: Gloo's own traffic is neither authenticated nor
+                                     // encrypted (Gloo 1.13 has no TLS), so a group whose store or Gloo address is
+                                     // off loopback is refused unless this is set
 };
+
+struct Config;
+
+/// Fills o.secret (the run secret: env DLOCO_SECRET, else run.secret) and o.trusted_network (run.trusted_network)
+/// from `config`. Throws InputError when DLOCO_SECRET is malformed.
+void apply_run_security(CollectiveOptions& o, const Config& config);
+
+/// The rendezvous of the group that rank `rank` of every learner group forms beside `store` (dp over learner groups):
+/// "<store>.rank_<r>" for a file, "<store>/rank_<r>" for tcp:// (a group inside that store, whose rank 0 serves it).
+std::string replica_rendezvous(const std::string& store, int rank);
 
 /// A Gloo process group of M ranks. Thread-compatible: call from one thread. Tensors must be dense, contiguous,
 /// on the CPU, with the same shape and dtype on every rank.
 class Collective {
  public:
   /// Joins the group (blocks until all M ranks have joined, up to rendezvous_timeout_s, or timeout_s when 0).
-  /// Throws CollectiveError on timeout or a transport failure, InputError on an invalid rank/world.
+  /// Throws CollectiveError on timeout, a transport failure, a port rank 0 cannot listen on, or a rank whose proof
+  /// of the secret does not match (the message names it); InputError on an invalid rank/world, a malformed
+  /// tcp:// address, or a group off loopback without trusted_network.
   explicit Collective(const CollectiveOptions& options);
   ~Collective();
   Collective(const Collective&) = delete;

@@ -91,6 +91,7 @@ void for_each_field(C& c, F&& f) {
   f("run", "tls_ca", c.run.tls_ca);
   f("run", "tls_mutual", c.run.tls_mutual);
   f("run", "insecure", c.run.insecure);
+  f("run", "trusted_network", c.run.trusted_network);
   f("run", "syncer_address", c.run.syncer_address);
   f("run", "peer_host", c.run.peer_host);
   f("run", "peer_advertise", c.run.peer_advertise);

@@ -57,27 +57,30 @@ GroupRanks::GroupRanks(const Config& config, int id, const fs::path& run_dir, Gr
       timeout_s_(group_timeout_s(config, id)) {
   check_replicas(config, options_, /*rank=*/config.diloco.mode == Mode::kDp);
   DLOCO_CHECK_GE(ranks_, 1);
+  apply_run_security(security_, config);
+  const fs::path folder = run_dir / "groups" / ("learner_" + std::to_string(id));
+  fs::create_directories(folder);
   if (options_.store.empty()) {  // ours alone: a fresh rendezvous (a stale file would hold an old group's keys)
-    options_.store = run_dir / "groups" / ("learner_" + std::to_string(id)) / (std::to_string(::getpid()) + ".store");
+    options_.store = (folder / (std::to_string(::getpid()) + ".store")).string();
     owned_store_ = true;
     std::error_code ec;
     fs::remove(options_.store, ec);
   }  // a given store is the user's: ranks started elsewhere may already have arrived in it
-  fs::create_directories(options_.store.parent_path());
+  if (!is_tcp_rendezvous(options_.store)) fs::create_directories(fs::path(options_.store).parent_path());
   if (!options_.spawn) return;
   fs::create_directories(run_dir / "logs");
-  config_file_ = options_.store.string() + ".config.toml";
+  config_file_ = folder / (std::to_string(::getpid()) + ".config.toml");
   const fs::path& config_file = config_file_;
   write_private_file_atomically(config_file, to_toml(config));
   for (int r = 1; r < ranks_; ++r) {
     std::vector<std::string> args{"learner", "--config", config_file.string(), "--id", std::to_string(id), "--rank",
-                                  std::to_string(r), "--group-store", options_.store.string(), "--group-host", options_.host,
-                                  "--leader-pid", std::to_string(::getpid()), "--run-dir", run_dir.string(),
+                                  std::to_string(r), "--group-store", options_.store, "--leader-pid", std::to_string(::getpid()), "--run-dir", run_dir.string(),
                                   "--group-rendezvous-s",
                                   std::to_string(rendezvous_s(options_, bootstrap_timeout_s, timeout_s_)),
                                   "--set", "run.threads=" + std::to_string(threads)};
+    if (!options_.host.empty()) args.insert(args.end(), {"--group-host", options_.host});
     if (options_.replicas > 0) {
-      for (const std::string& a : {std::string("--replica-store"), options_.replica_store.string(),
+      for (const std::string& a : {std::string("--replica-store"), options_.replica_store,
                                    std::string("--replica-rank"), std::to_string(options_.replica_rank),
                                    std::string("--replicas"), std::to_string(options_.replicas)}) {
         args.push_back(a);
@@ -112,8 +115,8 @@ std::string GroupRanks::failed_rank() {
 }
 
 std::unique_ptr<Collective> GroupRanks::join() const {
-  CollectiveOptions o;
-  o.store_file = options_.store;
+  CollectiveOptions o = security_;
+  o.store = options_.store;
   o.rank = 0;
   o.world = ranks_;
   o.hostname = options_.host;
@@ -143,7 +146,8 @@ int run_group_rank(const Config& config, const GroupRankOptions& options) {
   const FragmentLayout layout = model_layout(model, config.diloco);
   try {
     CollectiveOptions o;
-    o.store_file = options.group.store;
+    apply_run_security(o, config);
+    o.store = options.group.store;
     o.rank = options.rank;
     o.world = static_cast<int>(parallel.ranks());
     o.hostname = options.group.host;
@@ -153,8 +157,8 @@ int run_group_rank(const Config& config, const GroupRankOptions& options) {
     auto engine = make_group_engine(model, parallel, config.train, group, options.run_dir / "offload" / who);
     std::unique_ptr<Collective> replicas;  // the dp baseline: this rank of every learner
     if (options.group.replicas > 0) {  // checked above
-      CollectiveOptions ro;
-      ro.store_file = options.group.replica_store.string() + ".rank_" + std::to_string(options.rank);
+      CollectiveOptions ro = o;
+      ro.store = replica_rendezvous(options.group.replica_store, options.rank);
       ro.rank = options.group.replica_rank;
       ro.world = options.group.replicas;
       ro.hostname = options.group.host;

@@ -28,15 +28,17 @@ double group_timeout_s(const Config& config, int id);
 
 /// How a learner's group meets.
 struct GroupOptions {
-  std::filesystem::path store;  // the rendezvous file; empty = run_dir/groups/learner_<id>/<leader pid>.store
-  std::string host = "127.0.0.1";  // address Gloo binds and advertises on this machine
+  std::string store;            // the rendezvous: a file, or tcp://HOST:PORT that the leader (rank 0) serves
+                                // (collective/process_group.h); empty = run_dir/groups/learner_<id>/<leader pid>.store
+  std::string host = "";        // address Gloo binds and advertises on this machine; "" = loopback for a file, the
+                                // address on the route to HOST for tcp://
   bool spawn = true;            // the leader starts ranks 1 … R − 1 on this machine
   double rendezvous_timeout_s = 0;  // how long a rank waits for the others to arrive; 0 = the leader's bootstrap
                                     // deadline + parallel.timeout_s (the leader passes it to the ranks it spawns)
   // The dp baseline over learner groups (parallel/rank_engine.h set_replicas): rank r ≥ 1 also joins
   // "<replica_store>.rank_<r>" with the same rank of every other learner, as rank `replica_rank` of `replicas`
   // (the leaders average over the workers' own group). replicas = 0: not a dp baseline.
-  std::filesystem::path replica_store;
+  std::string replica_store;
   int replica_rank = -1;
   int replicas = 0;
 };
@@ -59,7 +61,7 @@ class GroupRanks {
   /// Joins the group as rank 0 (blocks until every rank arrived, up to the rendezvous deadline). Throws
   /// CollectiveError.
   std::unique_ptr<Collective> join() const;
-  const std::filesystem::path& store() const { return options_.store; }
+  const std::string& store() const { return options_.store; }
   const std::vector<pid_t>& pids() const { return pids_; }
   /// After a collective failed: "rank r was killed by signal 9" (or "… exited with status s") when one of the
   /// spawned ranks died of something other than a failed collective (exit 3) or a clean exit, else empty. Tells a
@@ -72,6 +74,7 @@ class GroupRanks {
   double bootstrap_timeout_s_;
   bool owned_store_ = false;           // the default, pid-named store: removed at the end
   std::filesystem::path config_file_;  // written for the spawned ranks
+  CollectiveOptions security_;         // the run's secret and trusted_network, for join()
   int ranks_;
   double timeout_s_;
   std::vector<pid_t> pids_;

@@ -82,7 +82,7 @@ std::unique_ptr<InnerJob> make_inner_job(const Config& config, int id, const fs:
   auto engine = make_group_engine(GPT(config.model), parallel, config.train, *group,
                                  run_dir / "offload" / ("learner_" + std::to_string(id) + "_rank_0"));
   events.emit("group_formed", {{"ranks", parallel.ranks()}, {"group", engine->describe()},
-                               {"store", ranks->store().string()}, {"pids", ranks->pids()}});
+                               {"store", ranks->store()}, {"pids", ranks->pids()}});
   spdlog::info("[learner {}] a group of {} ranks: {}", id, static_cast<long long>(parallel.ranks()),
                engine->describe());
   return std::make_unique<GroupInnerJob>(model, layout, config.train, make_schedule(config), std::move(stream),

@@ -240,6 +240,10 @@ NodeProcess::NodeProcess(const SkipNodeOptions& o)
   schedules_.push_back(skippipe::load_schedule(o.schedule, setting_));
   N_ = static_cast<int>(setting_.node_count());
   if (o.node < 0 || o.node >= N_) throw InputError("--node " + std::to_string(o.node) + ": out of range");
+  if (o.reroute && is_tcp_rendezvous(o.store)) {
+    throw InputError("--reroute needs the nodes' file stores (<out>/store_<g>): a group re-formed without a dead "
+                     "node 0 has nobody to serve " + o.store);
+  }
   for (int i = 0; i < N_; ++i) rank_of_.push_back(i);
   group_ = join(N_);
   torch::manual_seed(config_.run.seed);
@@ -251,7 +255,10 @@ NodeProcess::NodeProcess(const SkipNodeOptions& o)
 
 std::unique_ptr<Collective> NodeProcess::join(int world) {
   CollectiveOptions copts;
-  copts.store_file = o_.out_dir / (generation_ == 0 ? std::string("store") : "store_" + std::to_string(generation_));
+  copts.store = !o_.store.empty() ? o_.store
+                : (o_.out_dir / (generation_ == 0 ? std::string("store") : "store_" + std::to_string(generation_))).string();
+  copts.hostname = o_.host;
+  apply_run_security(copts, config_);
   copts.rank = rank_of_[static_cast<size_t>(o_.node)];
   copts.world = world;
   copts.timeout_s = o_.timeout_s;
@@ -477,6 +484,7 @@ void run_node(const SkipNodeOptions& o) {
 }  // namespace
 
 int run_skippipe_node(const SkipNodeOptions& o) {
+  fs::create_directories(o.out_dir);  // started by hand on another machine, nobody made it there
   try {
     run_node(o);
   } catch (const CollectiveError& e) {

@@ -20,6 +20,9 @@ struct SkipNodeOptions {
   double link_scale = 0;                  // SkipPipeNode::set_link_time_scale (0 = links not emulated)
   double compute_scale = 0;               // SkipPipeNode::set_compute_time_scale (0 = compute not emulated)
   std::filesystem::path out_dir;          // node_<i>.json goes here; the FileStore is <out_dir>/store
+  std::string store;                      // "" = that FileStore; or tcp://HOST:PORT, which node 0 serves (nodes on
+                                          // several machines; not with reroute: a re-formed group meets in files)
+  std::string host;                       // address this node's Gloo binds ("" = collective/process_group.h's default)
   double timeout_s = 60;                  // deadline of the rendezvous and of every receive, send and collective
   bool reroute = false;                   // re-route around a dead node (the parent's notices), else exit 75
   int64_t die_at_iteration = -1;          // tests only: SIGKILL this process at the start of that iteration,

@@ -3,7 +3,8 @@
 // suggested; `--config` must be a file and `--resume` a run folder, each refused with what was wrong; a config's
 // paths resolve against the config file's folder, so a run starts from any working directory and its folder stores
 // them absolute; a run folder carries its tokenizer, so a copy of it can be sampled after the corpus is gone; and
-// `--temperature 0` is greedy (the same text whatever the seed).
+// `--temperature 0` is greedy (the same text whatever the seed); `dloco config` prints the resolved config or one
+// field (what scripts/slurm/dloco.sbatch reads), hides the secret, and refuses a field that does not exist.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -89,6 +90,26 @@ TEST_F(CliTest, AnUnknownFlagOrAMissingValueIsAUsageErrorExitingTwo) {
   EXPECT_NE(flag.output.find("dloco train --help"), std::string::npos) << "say where the options are: " << flag.output;
   const Result help = run(kDloco + " train --help");
   EXPECT_EQ(help.exit, 0) << help.output;
+}
+
+TEST_F(CliTest, ConfigPrintsTheResolvedConfigOrOneFieldAndHidesTheSecret) {
+  const std::string demo = std::string(DLOCO_SOURCE_DIR) + "/configs/demo.toml";
+  const Result mode = run(kDloco + " config --config " + demo + " diloco.mode");
+  EXPECT_EQ(mode.exit, 0) << mode.output;
+  EXPECT_EQ(mode.output, "decoupled\n");
+  const Result set = run(kDloco + " config --config " + demo + " --set 'diloco.mode=\"dp\"' --set train.lr=0.5 train.lr");
+  EXPECT_EQ(set.output, "0.5\n");
+  EXPECT_EQ(run(kDloco + " config --config " + demo + " --set 'diloco.mode=\"dp\"' diloco.mode").output, "dp\n");
+  const Result whole = run(kDloco + " config --config " + demo + " --set 'run.secret=\"hush-42\"'");
+  EXPECT_EQ(whole.exit, 0) << whole.output;
+  EXPECT_NE(whole.output.find("[model]"), std::string::npos) << whole.output;
+  EXPECT_NE(whole.output.find("<set>"), std::string::npos) << whole.output;
+  EXPECT_EQ(whole.output.find("hush-42"), std::string::npos) << "the secret was printed";
+  for (const char* field : {"diloco.nope", "diloco", "nope.mode"}) {
+    const Result bad = run(kDloco + " config --config " + demo + " " + field);
+    EXPECT_EQ(bad.exit, 2) << field;
+    EXPECT_NE(bad.output.find("no config field '" + std::string(field) + "'"), std::string::npos) << bad.output;
+  }
 }
 
 TEST_F(CliTest, AFolderAsConfigAndAMissingRunFolderAreRefusedWithWhatWasWrong) {

@@ -21,44 +21,28 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "FAILED: $*"; for f in "$dir"/*.log "$dir"/job.out; do [ -f "$f" ] && { echo "== $f"; tail -n 30 "$f"; }; done; exit 1; }
 
-# munge: its own key, socket and files (it refuses to run as root without --force)
-mungekey --create --keyfile="$dir/munge.key" --force > /dev/null 2>&1 || fail "mungekey"
-chmod 600 "$dir/munge.key"
-munged --force --socket="$dir/munge.sock" --key-file="$dir/munge.key" --pid-file="$dir/munged.pid" \
-  --seed-file="$dir/munge.seed" --log-file="$dir/munged.log" || fail "munged did not start"
+source "$SRC/tests/slurm/common.sh"
+start_munge
 pids+=("$(cat "$dir/munged.pid")")
 
-# slurm: one node (this host), 2 CPUs, no cgroups (a container may have none)
+# slurm: one node (this host), 2 CPUs
 host=$(hostname -s)
 port=$(( 20000 + $$ % 20000 ))
 mkdir -p "$dir/state" "$dir/spool"
-cat > "$dir/slurm.conf" <<CONF
+{
+  slurm_conf_common
+  cat <<CONF
 ClusterName=dloco-test
 SlurmctldHost=$host
-SlurmUser=root
-SlurmdUser=root
 SlurmctldPort=$port
 SlurmdPort=$((port + 1))
-AuthType=auth/munge
-AuthInfo=socket=$dir/munge.sock
-CryptoType=crypto/munge
-StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool
-SlurmctldPidFile=$dir/slurmctld.pid
 SlurmdPidFile=$dir/slurmd.pid
-SlurmctldLogFile=$dir/slurmctld.log
 SlurmdLogFile=$dir/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-MpiDefault=none
-ReturnToService=2
-JobCompType=jobcomp/none
-AccountingStorageType=accounting_storage/none
 NodeName=$host CPUs=2 RealMemory=1000 State=UNKNOWN
 PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
 CONF
+} > "$dir/slurm.conf"
 export SLURM_CONF="$dir/slurm.conf"
 slurmctld -i || fail "slurmctld did not start"
 for _ in $(seq 50); do [ -s "$dir/slurmctld.pid" ] && break; sleep 0.2; done
@@ -73,36 +57,8 @@ for _ in $(seq 150); do
 done
 [ "$state" = idle ] || fail "the node never became idle (state '$state')"
 
-# a tiny corpus and a tiny decoupled run with M = 2, blocking (learners wait for each round's pull and merge): the
-# tiny model's steps (~5 ms) are shorter than a merge's round trip, so without it how much of the learners' work
-# reached Θ depended on timing (final loss 0.3–5.1 over runs, 1 in 5 above the unigram; CI failed on it once).
-# With it the run ends at the same loss every time (0.3146 here); the asynchronous modes have tests of their own.
-for i in $(seq 3000); do echo "And it came to pass on day $((i % 97)) that the word was spoken."; done > "$dir/corpus.txt"
-"$BUILD/bin/dloco-data" prepare "$dir/corpus.txt" --out "$dir/data" --vocab-size 400 --threads 1 > "$dir/data.log" 2>&1 \
-  || fail "dloco-data prepare"
-cat > "$dir/tiny.toml" <<TOML
-[model]
-preset = "tiny"
-vocab_size = 400
-[data]
-dir = "data"
-[train]
-batch_size = 8
-total_tokens = $((2 * 150 * 8 * 32))
-eval_interval = 50
-eval_tokens = 4096
-checkpoint_interval = 0
-[diloco]
-mode = "decoupled"
-inner_steps = 4
-fragments = 4
-overlap = 1
-quorum = 2
-blocking = true
-[run]
-out_dir = "runs"
-report_interval_s = 1.0
-TOML
+# a tiny corpus and a tiny decoupled run with M = 2 (150 steps each; ends at 0.3146 every time here)
+write_tiny_job 2 150
 
 # 2 learners as 2 Slurm tasks; the batch script runs the syncer and the evaluator beside them
 sbatch --wait --ntasks=2 --cpus-per-task=1 --time=10 --chdir="$dir" --output="$dir/job.out" \
