@@ -82,6 +82,7 @@ FIELDS = [
     ("run", "tls_ca", "str", ""),
     ("run", "tls_mutual", "bool", False),
     ("run", "insecure", "bool", False),
+    ("run", "trusted_network", "bool", False),  # Gloo groups only: read for the mirror, unused here
     ("run", "syncer_address", "str", "127.0.0.1:0"),
     ("run", "peer_host", "str", ""),
     ("run", "peer_advertise", "str", ""),

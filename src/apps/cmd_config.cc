@@ -22,7 +22,7 @@ void add_config_command(CLI::App& app) {
   cmd->add_option("--set", overrides, "Override a config field, e.g. --set train.lr=1e-3 (repeatable)")
       ->allow_extra_args(false);  // one value per --set: the field after them stays positional
   cmd->add_option("field", field, "section.key to print alone (a string without quotes); default: the whole config "
-                                  "as TOML, run.secret shown as \"<set>\" when set");
+                                  "as TOML; run.secret shows as \"<set>\" when set");
   cmd->callback([] {
     Config c = load_config(path, overrides);
     if (field.empty()) {
@@ -33,8 +33,14 @@ void add_config_command(CLI::App& app) {
     const auto dot = field.find('.');
     const nlohmann::json all = to_json(c);
     const std::string section = field.substr(0, dot), key = dot == std::string::npos ? "" : field.substr(dot + 1);
-    if (dot == std::string::npos || !all.contains(section) || !all[section].is_object() || !all[section].contains(key)) {
+    const bool known = dot != std::string::npos && all.contains(section) && all[section].is_object() &&
+                       all[section].contains(key);
+    if (!known) {
       throw InputError("no config field '" + field + "' (give section.key, e.g. diloco.mode)");
+    }
+    if (field == "run.secret" && !c.run.secret.empty()) {  // a secret does not go to a terminal or a log
+      std::printf("<set>\n");
+      return;
     }
     const nlohmann::json& value = all[section][key];
     std::printf("%s\n", value.is_string() ? value.get<std::string>().c_str() : value.dump().c_str());

@@ -304,7 +304,8 @@ void add_learner_and_evaluator_commands(CLI::App& app, RoleFlags& r) {
       const GroupOptions group{r.group_store, r.group_host, !r.no_spawn_ranks, r.group_rendezvous_s,
                                r.replica_store, r.replica_rank, r.replicas};
       if (is_learner && r.no_spawn_ranks && r.group_store.empty()) {
-        throw InputError("--no-spawn-ranks needs --group-store FILE: the ranks started elsewhere meet the leader there");
+        throw InputError("--no-spawn-ranks needs --group-store FILE|tcp://HOST:PORT: the ranks started elsewhere meet "
+                         "the leader there");
       }
       if (is_learner && r.rank >= 0) {  // one rank of a learner group: no syncer, no transport
         g_exit_code = run_group_rank(c, GroupRankOptions{r.id, r.rank, run_dir, group, r.leader_pid});

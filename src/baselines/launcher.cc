@@ -554,17 +554,32 @@ void check_collective_run(const Config& config, bool resume, const FaultPlan* pl
 }  // namespace
 
 nlohmann::json write_worker_report(const Config& config, const fs::path& run_dir, int world, double wall_s, int cores) {
-  Config c = config;  // the final evaluation reads the newest checkpoint of c.run_dir()
-  c.run.out_dir = run_dir.parent_path().string();
-  c.run.name = run_dir.filename().string();
-  const nlohmann::json status = read_worker_status(run_dir / "status.json");
-  nlohmann::json report = common_report(c, run_dir, world, status, "", wall_s, cores, "");
-  report["run"] = config.run.name;
-  report["written_by"] = "worker 0";
-  report["recovery"] = "none (started by hand)";
-  report["generations"] = 1;
-  write_file_atomically(run_dir / "report.json", report.dump(2) + "\n");
-  return report;
+  try {
+    Config c = config;  // the final evaluation reads the newest checkpoint of c.run_dir()
+    c.run.out_dir = run_dir.parent_path().string();
+    c.run.name = run_dir.filename().string();
+    const nlohmann::json status = read_worker_status(run_dir / "status.json");
+    nlohmann::json report = common_report(c, run_dir, world, status, "", wall_s, cores, "");
+    report["run"] = config.run.name;
+    report["written_by"] = "worker 0";
+    report["recovery"] = "none (started by hand)";
+    report["generations"] = 1;
+    nlohmann::json unreported = nlohmann::json::array();  // workers whose "stopped" rank 0 cannot read
+    for (const auto& w : report["workers"]) {
+      if (!w.contains("steps")) unreported.push_back(w["rank"]);
+    }
+    if (!unreported.empty()) {
+      report["workers_unreported"] = unreported;
+      spdlog::warn("[worker 0] the report lacks workers {}: no \"stopped\" record in {} (each worker writes its events "
+                   "into its own run folder: put run.out_dir on a filesystem every machine sees)",
+                   unreported.dump(), (run_dir / "events").string());
+    }
+    write_file_atomically(run_dir / "report.json", report.dump(2) + "\n");
+    return report;
+  } catch (const std::exception& e) {
+    throw InputError("training finished and rank 0 saved its checkpoint, but the report could not be written: " +
+                     std::string(e.what()));
+  }
 }
 
 nlohmann::json run_collective_launcher(const Config& config, bool resume, const FaultPlan* plan) {

@@ -28,8 +28,10 @@ nlohmann::json run_collective_launcher(const Config& config, bool resume, const 
 /// The report of a baseline run whose `world` workers were started by hand (`dloco worker`, e.g. under srun; no
 /// launcher), written by its rank 0 once every worker has stopped: the launcher's report fields from rank 0's
 /// status.json and the workers' event logs in `run_dir`, the newest checkpoint there evaluated on `cores` threads,
-/// `wall_s` the run's seconds, "written_by": "worker 0". Writes run_dir/report.json and returns it. Throws
-/// InputError for a status.json of another version (no valid checkpoint: the evaluation is skipped, with the reason).
+/// `wall_s` the run's seconds, "written_by": "worker 0", and "workers_unreported" (warned) for workers whose events
+/// it cannot read. Writes run_dir/report.json and returns it. Throws InputError, saying training finished, when the
+/// report cannot be made (a status.json of another version, a write error); no valid checkpoint: the evaluation is
+/// skipped, with the reason.
 nlohmann::json write_worker_report(const Config& config, const std::filesystem::path& run_dir, int world,
                                    double wall_s, int cores);
 

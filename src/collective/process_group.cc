@@ -64,7 +64,7 @@ constexpr const char* kTcp = "tcp://";
 
 // "tcp://HOST:PORT[/PREFIX]" (HOST a name, an IPv4 address or [v6]). Throws InputError when malformed.
 struct TcpRendezvous {
-  std::string host;
+  std::string host;    // as written ("[::1]" keeps its brackets: host:port strings need them)
   uint16_t port = 0;
   std::string prefix;  // non-empty: a group that meets inside another group's store (that group's rank 0 serves)
 };
@@ -85,27 +85,40 @@ TcpRendezvous parse_tcp(const std::string& store) {
   return {host, static_cast<uint16_t>(std::stoi(port)), prefix};
 }
 
+// A host as c10d and Gloo take it: "[::1]" -> "::1".
+std::string bare(const std::string& host) {
+  return host.size() > 2 && host.front() == '[' && host.back() == ']' ? host.substr(1, host.size() - 2) : host;
+}
+
 // Where Gloo binds: the given address, else loopback for a file store and this machine's address on the route to
 // the TCP store's host (what its peers on other machines can dial).
 std::string gloo_hostname(const CollectiveOptions& o) {
   if (!o.hostname.empty()) return o.hostname;
   if (!is_tcp_rendezvous(o.store)) return "127.0.0.1";
   const auto [host, port, prefix] = parse_tcp(o.store);
-  std::string address = local_address_towards(host + ":" + std::to_string(port));
+  const std::string address = bare(local_address_towards(host + ":" + std::to_string(port)));
   if (address.empty()) {
-    throw CollectiveError("no route from this machine to the rendezvous host '" + host + "' (" + o.store + ")");
+    throw InputError("no route from this machine to the rendezvous host '" + host + "' (" + o.store + ")");
+  }
+  // A name that resolves to this machine's loopback (Debian's /etc/hosts maps the own hostname to 127.0.1.1) would
+  // have Gloo advertise an address no other machine reaches.
+  if (is_loopback_host(address) && !is_loopback_host(bare(host))) {
+    throw InputError("the rendezvous host '" + host + "' resolves to this machine's loopback here, so its peers could "
+                     "not reach this rank's Gloo: give the address to bind (--host / --group-host), or name the "
+                     "host by an address its peers dial");
   }
   return address;
 }
 
-// Gloo has no TLS: a group that reaches off this machine needs the user's word that the network is trusted.
+// Gloo has no TLS: a group that others can reach needs the user's word that the network is trusted. A TCP store
+// is reachable whatever its HOST: LibTorch 1.13's TCPStore listens on every interface (it takes no bind address).
 void check_trusted(const CollectiveOptions& o, const std::string& hostname) {
-  const std::string store_host = is_tcp_rendezvous(o.store) ? parse_tcp(o.store).host : "127.0.0.1";
-  if (o.trusted_network || (is_loopback_host(store_host) && is_loopback_host(hostname))) return;
-  throw InputError("this group's ranks would meet off loopback (rendezvous '" + o.store.substr(0, 256) +
-                   "', Gloo address '" + hostname + "'), and Gloo's traffic is neither authenticated nor encrypted "
-                   "(Gloo 1.13 has no TLS; docs/protocol.md §11): set run.trusted_network = true only on a network "
-                   "that nobody but this run's machines can reach");
+  if (o.trusted_network || (!is_tcp_rendezvous(o.store) && is_loopback_host(hostname))) return;
+  throw InputError("this group's ranks would meet where other machines reach them (rendezvous '" +
+                   o.store.substr(0, 256) + "': a TCP store listens on every interface; Gloo address '" + hostname +
+                   "'), and neither the store nor Gloo's traffic is authenticated or encrypted (Gloo 1.13 has no TLS; "
+                   "docs/protocol.md §11): set run.trusted_network = true only on a network that nobody but this "
+                   "run's machines can reach");
 }
 
 std::string hex(const unsigned char* bytes, size_t n) {
@@ -118,11 +131,12 @@ std::string hex(const unsigned char* bytes, size_t n) {
   return out;
 }
 
-// What rank `rank` stores as its arrival: HMAC-SHA256(secret, nonce, rank, world) in hex, or a fixed marker
-// without a secret. Binding the rank and world keeps one rank's proof from standing in for another's.
+// The proof rank `rank` stores with its arrival: HMAC-SHA256(secret, nonce, rank, world) in hex, or a fixed marker
+// without a secret. The nonce (rank 0's, then the arriving process's token) makes it new at every rendezvous;
+// binding the rank and world keeps one rank's proof from standing in for another's.
 std::string proof(const std::string& secret, const std::string& nonce, int rank, int world) {
   if (secret.empty()) return "no secret";
-  const std::string message = "dloco rendezvous v1|" + nonce + "|rank " + std::to_string(rank) + "|world " +
+  const std::string message = "dloco rendezvous v2|" + nonce + "|rank " + std::to_string(rank) + "|world " +
                               std::to_string(world);
   unsigned char mac[EVP_MAX_MD_SIZE];
   unsigned int length = 0;
@@ -150,49 +164,81 @@ c10::intrusive_ptr<c10d::Store> open_store(const CollectiveOptions& o, std::chro
   opts.numWorkers = c10::nullopt;  // the arrival keys below wait for the ranks, with the secret's proofs
   opts.waitWorkers = false;
   opts.timeout = rendezvous;  // also how long a rank keeps dialing a rank 0 that is not up yet
-  auto tcp_store = c10::make_intrusive<c10d::TCPStore>(tcp.host, opts);
+  auto tcp_store = c10::make_intrusive<c10d::TCPStore>(bare(tcp.host), opts);
   tcp_store->setTimeout(rendezvous);
   if (tcp.prefix.empty()) return tcp_store;
   return c10::make_intrusive<c10d::PrefixStore>(tcp.prefix + "/", tcp_store);
 }
 
+// Sets `key` to `value` unless it exists; returns what the key holds afterwards (another writer's value if it came
+// first). FileStore and TCPStore both implement compareSet with "expected empty = the key is absent".
+std::string set_once(c10d::Store& store, const std::string& key, const std::string& value) {
+  return text(store.compareSet(key, {}, bytes(value)));
+}
+
+// A random hex token of 16 bytes. Throws CollectiveError when OpenSSL cannot draw one.
+std::string random_token() {
+  unsigned char raw[16];
+  if (RAND_bytes(raw, sizeof(raw)) != 1) throw CollectiveError("could not draw random bytes (OpenSSL RAND_bytes)");
+  return hex(raw, sizeof(raw));
+}
+
 // Every rank arrives before Gloo's own rendezvous starts (Gloo waits for its peers' addresses with the
 // collectives' deadline, not the store's, so a longer rendezvous deadline is waited for here), with its proof of
-// the run secret over rank 0's nonce; every rank checks every proof. Throws CollectiveError naming the ranks whose
-// proofs do not match this rank's secret.
+// the run secret; every rank checks every proof, and rank 0's verdict is the group's (docs/protocol.md §11 "Across
+// hosts"). Throws CollectiveError naming the ranks whose proofs do not match, or a rank claimed twice.
 void arrive(c10d::Store& store, const CollectiveOptions& o, std::chrono::milliseconds rendezvous) {
+  const std::string where = "'" + o.store.substr(0, 256) + "'";
   if (o.rank == 0) {
-    unsigned char nonce[16];
-    if (RAND_bytes(nonce, sizeof(nonce)) != 1) throw CollectiveError("could not draw a nonce (OpenSSL RAND_bytes)");
-    store.set("dloco/nonce", bytes(hex(nonce, sizeof(nonce))));
+    const std::string drawn = random_token();
+    if (set_once(store, "dloco/nonce", drawn) != drawn) {
+      throw CollectiveError("refused the group at " + where + ": its store already held a nonce (a store used "
+                            "before, or another process wrote it)");
+    }
   }
   const std::string nonce = text(store.get("dloco/nonce"));
-  store.set("dloco/arrived/" + std::to_string(o.rank), bytes(proof(o.secret, nonce, o.rank, o.world)));
+  // Arrival: "<token>:<proof over the token>", claimed once; a token of this process tells a second process that
+  // claims the same rank (or an outsider that came first) from this one.
+  const std::string token = random_token();
+  const std::string mine = token + ":" + proof(o.secret, nonce + "|" + token, o.rank, o.world);
+  const std::string key = "dloco/arrived/" + std::to_string(o.rank);
+  if (set_once(store, key, mine) != mine) {
+    throw CollectiveError("refused the group at " + where + ": rank " + std::to_string(o.rank) +
+                          " was already claimed by another process (a rank started twice, or a process of another "
+                          "run at the same rendezvous)");
+  }
   std::vector<std::string> arrived;
   for (int r = 0; r < o.world; ++r) arrived.push_back("dloco/arrived/" + std::to_string(r));
   store.wait(arrived, rendezvous);
   std::string refused;
   for (int r = 0; r < o.world; ++r) {
-    if (text(store.get(arrived[static_cast<size_t>(r)])) != proof(o.secret, nonce, r, o.world)) {
+    const std::string value = text(store.get(arrived[static_cast<size_t>(r)]));
+    const auto colon = value.find(':');
+    const std::string their_token = colon == std::string::npos ? "" : value.substr(0, colon);
+    if (colon == std::string::npos ||
+        value.substr(colon + 1) != proof(o.secret, nonce + "|" + their_token, r, o.world)) {
       refused += (refused.empty() ? "" : ", ") + std::to_string(r);
     }
   }
+  const std::string verdict = refused.empty() ? "ok" : "rank(s) " + refused;
+  if (o.rank == 0) store.set("dloco/verdict", bytes(verdict));
+  const std::string group_verdict = o.rank == 0 ? verdict : text(store.get("dloco/verdict"));
   store.set("dloco/checked/" + std::to_string(o.rank), bytes("1"));
-  if (!refused.empty()) {
-    // The rank serving a TCP store keeps it up until every rank has read the proofs (or 10 s), so each of them
-    // fails with this message rather than a closed connection.
-    if (o.rank == 0 && is_tcp_rendezvous(o.store) && parse_tcp(o.store).prefix.empty()) {
-      std::vector<std::string> checked;
-      for (int r = 0; r < o.world; ++r) checked.push_back("dloco/checked/" + std::to_string(r));
-      try {
-        store.wait(checked, std::min(rendezvous, std::chrono::milliseconds(10000)));
-      } catch (const std::exception&) {  // a rank that never reads them: refused all the same
-      }
+  if (refused.empty() && group_verdict == "ok") return;
+  // The rank serving a TCP store keeps it up until every rank has read the verdict (or 10 s), so each of them
+  // fails with this message rather than a closed connection.
+  if (o.rank == 0 && is_tcp_rendezvous(o.store) && parse_tcp(o.store).prefix.empty()) {
+    std::vector<std::string> checked;
+    for (int r = 0; r < o.world; ++r) checked.push_back("dloco/checked/" + std::to_string(r));
+    try {
+      store.wait(checked, std::min(rendezvous, std::chrono::milliseconds(10000)));
+    } catch (const std::exception&) {  // a rank that never reads it: refused all the same
     }
-    throw CollectiveError("refused the group at '" + o.store.substr(0, 256) + "': the proof of the run secret of rank(s) " +
-                          refused + " does not match rank " + std::to_string(o.rank) +
-                          "'s (a process of another run, or a different run.secret / DLOCO_SECRET)");
   }
+  throw CollectiveError("refused the group at " + where + ": the proof of the run secret of " +
+                        (refused.empty() ? group_verdict + " (rank 0's verdict)" : "rank(s) " + refused) +
+                        " does not match rank " + std::to_string(o.rank) +
+                        "'s (a process of another run, or a different run.secret / DLOCO_SECRET)");
 }
 
 }  // namespace

@@ -77,11 +77,14 @@ struct CollectiveOptions {
   double rendezvous_timeout_s = 0;   // deadline of joining, s; 0 = timeout_s (a learner group's ranks wait
                                      // longer: their leader joins only after its bootstrap from the syncer)
   std::string secret = "";           // the run secret (run.secret / DLOCO_SECRET): each rank proves it holds it
-                                     // (HMAC-SHA256 of a nonce rank 0 draws) before Gloo joins, and a group with a
-                                     // rank that cannot is refused. "" = no proof (then every rank must have "")
+                                     // (HMAC-SHA256 over a nonce rank 0 draws) before Gloo joins, and a group with
+                                     // a rank that cannot is refused. "" = no proof (then every rank must have "").
+                                     // It keeps out a rank of another run or secret, not an attacker on the
+                                     // network (docs/protocol.md §11)
   bool trusted_network = false;      // run.trusted_network: Gloo's own traffic is neither authenticated nor
-                                     // encrypted (Gloo 1.13 has no TLS), so a group whose store or Gloo address is
-                                     // off loopback is refused unless this is set
+                                     // encrypted (Gloo 1.13 has no TLS) and a TCP store listens on every interface,
+                                     // so a group with a tcp:// store or a Gloo address off loopback is refused
+                                     // unless this is set
 };
 
 struct Config;
@@ -99,9 +102,10 @@ std::string replica_rendezvous(const std::string& store, int rank);
 class Collective {
  public:
   /// Joins the group (blocks until all M ranks have joined, up to rendezvous_timeout_s, or timeout_s when 0).
-  /// Throws CollectiveError on timeout, a transport failure, a port rank 0 cannot listen on, or a rank whose proof
-  /// of the secret does not match (the message names it); InputError on an invalid rank/world, a malformed
-  /// tcp:// address, or a group off loopback without trusted_network.
+  /// Throws CollectiveError on timeout, a transport failure, a port rank 0 cannot listen on, a rank claimed by two
+  /// processes, or a rank whose proof of the secret does not match (the message names it); InputError on an invalid
+  /// rank/world, a malformed tcp:// address, no route to its host (or one through loopback only), or a TCP store or
+  /// Gloo address off loopback without trusted_network.
   explicit Collective(const CollectiveOptions& options);
   ~Collective();
   Collective(const Collective&) = delete;

@@ -219,8 +219,8 @@ struct RunSettings {
   std::string tls_ca = "";         // the run's CA certificate (PEM file) that signed every process's certificate
   bool tls_mutual = false;         // servers also require and verify the caller's certificate (its name is logged)
   bool insecure = false;           // allow servers off loopback without TLS and a secret (warned); CLI --insecure
-  bool trusted_network = false;    // allow Gloo groups (learner groups, baseline workers, SkipPipe nodes) whose ranks
-                                   // meet off loopback: Gloo's traffic is neither authenticated nor encrypted (Gloo
+  bool trusted_network = false;    // allow Gloo groups (learner groups, baseline workers, SkipPipe nodes) that meet
+                                   // over a TCP store or off loopback: neither is authenticated or encrypted (Gloo
                                    // 1.13 has no TLS; docs/protocol.md §11), so only on a network nobody else reaches
   std::string syncer_address = "127.0.0.1:0";  // syncer listen address; port 0 = pick a free one
   std::string peer_host = "";      // diloco.bootstrap = "peers": where each learner's peer server listens (a free

@@ -132,7 +132,7 @@ int run_group_rank(const Config& config, const GroupRankOptions& options) {
                      std::to_string(parallel.ranks()) + ") for learner " + std::to_string(options.id));
   }
   check_replicas(config, options.group, /*rank=*/true);
-  if (options.group.store.empty()) throw InputError("--rank needs --group-store (the leader's rendezvous file)");
+  if (options.group.store.empty()) throw InputError("--rank needs --group-store (the leader's rendezvous: a file or tcp://HOST:PORT)");
   if (options.leader > 0) {  // spawned by its leader: die with it
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != options.leader) return 3;  // the leader is already gone

@@ -1,14 +1,18 @@
 // How a group's ranks meet (collective/process_group.h, docs/protocol.md §11 "Across hosts"): over a TCP store
 // that rank 0 serves (tcp://HOST:PORT) as well as through a file; each rank proves it holds the run secret before
 // Gloo joins, and a group with a rank that cannot is refused on every rank, naming it; a group off loopback is
-// refused without run.trusted_network (Gloo's traffic has no TLS); a group may meet inside another group's TCP store
-// (dp over learner groups) and a re-formed group may reuse the port. Ranks are threads of this process.
+// refused without run.trusted_network (Gloo's traffic has no TLS; a TCP store listens on every interface, so
+// on loopback too); a group may meet inside another group's TCP store
+// (dp over learner groups) and a re-formed group may reuse the port; a rank claimed twice is refused to the second
+// process; IPv6 addresses work. Ranks are threads of this process.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,12 +26,13 @@ namespace {
 
 using testing_support::expect_no_errors;
 
-// A TCP port nothing on this machine listens on right now (bound to port 0, read back, closed).
+// A TCP port nothing on this machine listens on right now, on any interface (bound to port 0, read back, closed): a
+// TCP store listens on every interface.
 int free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
   socklen_t length = sizeof(a);
   EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
   EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &length), 0);
@@ -35,21 +40,27 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
-// Runs body on `world` ranks (threads) joined at `store`; secrets[r] is rank r's secret. Each rank's error, "" if none.
+// Runs body on `world` ranks (threads) joined at `store` (run.trusted_network set: a TCP store listens on every
+// interface); secrets[i] is thread i's secret, ranks[i] its rank (default: i). Each thread's error, "" if none.
 std::vector<std::string> on_ranks(const std::string& store, const std::vector<std::string>& secrets,
-                                  const std::function<void(Collective&)>& body) {
-  const int world = static_cast<int>(secrets.size());
-  std::vector<std::string> errors(world);
+                                  const std::function<void(Collective&)>& body, std::vector<int> ranks_of = {}) {
+  const int world = ranks_of.empty() ? static_cast<int>(secrets.size()) : static_cast<int>(secrets.size()) - 1;
+  if (ranks_of.empty()) {
+    for (int r = 0; r < world; ++r) ranks_of.push_back(r);
+  }
+  const int threads = static_cast<int>(secrets.size());
+  std::vector<std::string> errors(threads);
   std::vector<std::thread> ranks;
-  for (int r = 0; r < world; ++r) {
-    ranks.emplace_back([&, r] {
+  for (int i = 0; i < threads; ++i) {
+    ranks.emplace_back([&, i] {
       try {
-        CollectiveOptions o{store, r, world, "", 20};
-        o.secret = secrets[r];
+        CollectiveOptions o{store, ranks_of[static_cast<size_t>(i)], world, "", 20};
+        o.secret = secrets[i];
+        o.trusted_network = true;
         Collective group(o);
         body(group);
       } catch (const std::exception& e) {
-        errors[r] = e.what();
+        errors[i] = e.what();
       }
     });
   }
@@ -99,10 +110,22 @@ TEST(Rendezvous, ARankWithAnotherSecretIsRefusedOnEveryRankAndNamed) {
   }
 }
 
+TEST(Rendezvous, ARankClaimedTwiceIsRefusedToTheSecondProcess) {
+  const std::string store = "tcp://127.0.0.1:" + std::to_string(free_port());
+  // Threads 1 and 2 both claim rank 1 of 2: whichever comes second is refused, naming the claim.
+  const auto errors = on_ranks(store, {"s", "s", "s"}, [](Collective& group) { group.barrier(); }, {0, 1, 1});
+  int claimed = 0;
+  for (const auto& e : errors) claimed += e.find("rank 1 was already claimed by another process") != std::string::npos;
+  EXPECT_EQ(claimed, 1) << errors[0] << " | " << errors[1] << " | " << errors[2];
+}
+
 TEST(Rendezvous, AGroupOffLoopbackIsRefusedWithoutTrustedNetworkBeforeItDialsAnything) {
-  // 192.0.2.1 is TEST-NET-1: nothing answers there, so a refusal that came from dialing would take the deadline.
+  // 192.0.2.1 is TEST-NET-1: nothing answers there, so a refusal that came from dialing would take the deadline. A
+  // TCP store on loopback is refused too: the store listens on every interface.
   for (const auto& [store, host] : std::vector<std::pair<std::string, std::string>>{
-           {"tcp://192.0.2.1:29500", "127.0.0.1"}, {testing_support::fresh_store("rendezvous").string(), "192.0.2.1"}}) {
+           {"tcp://192.0.2.1:29500", "127.0.0.1"},
+           {"tcp://127.0.0.1:" + std::to_string(free_port()), "127.0.0.1"},
+           {testing_support::fresh_store("rendezvous").string(), "192.0.2.1"}}) {
     CollectiveOptions o{store, 0, 2, host, 20};
     try {
       Collective group(o);
@@ -123,18 +146,30 @@ TEST(Rendezvous, MalformedTcpAddressesAreInputErrors) {
 
 TEST(Rendezvous, AGroupMeetsInsideAnotherGroupsStoreAndAReformedGroupReusesThePort) {
   const std::string store = "tcp://127.0.0.1:" + std::to_string(free_port());
-  // The outer group (its rank 0 serves the store) and, inside it, the group of dp's rank-1 replicas.
-  std::vector<std::string> inner_errors(2);
-  const auto errors = on_ranks(store, {"", ""}, [&](Collective& outer) {
+  // The outer group (its rank 0 serves the store) and, inside it, the group of dp's rank-1 replicas; then a second
+  // inner group whose rank 1 holds another secret, refused there too.
+  std::vector<std::string> inner_errors(2), refused(2);
+  const auto errors = on_ranks(store, {"s", "s"}, [&](Collective& outer) {
     std::thread inner([&, r = outer.rank()] {
+      auto join = [&](const std::string& at, const std::string& secret) {
+        CollectiveOptions o{at, r, 2, "", 20};
+        o.secret = secret;
+        o.trusted_network = true;
+        return std::make_unique<Collective>(o);
+      };
       try {
-        Collective replicas(CollectiveOptions{replica_rendezvous(store, 1), r, 2, "", 20});
+        auto replicas = join(replica_rendezvous(store, 1), "s");
         auto t = torch::full({5}, 3.0f);
-        replicas.allreduce_sum(t);
+        replicas->allreduce_sum(t);
         EXPECT_TRUE(torch::equal(t, torch::full({5}, 6.0f)));
-        replicas.barrier();
+        replicas->barrier();
       } catch (const std::exception& e) {
         inner_errors[r] = e.what();
+      }
+      try {
+        join(replica_rendezvous(store, 2), r == 0 ? "s" : "not s");
+      } catch (const CollectiveError& e) {
+        refused[r] = e.what();
       }
     });
     inner.join();  // the outer rank 0, which serves the store, lives until its inner rank is done
@@ -142,10 +177,16 @@ TEST(Rendezvous, AGroupMeetsInsideAnotherGroupsStoreAndAReformedGroupReusesThePo
   });
   expect_no_errors(errors);
   expect_no_errors(inner_errors);
+  for (const auto& e : refused) EXPECT_NE(e.find("proof of the run secret"), std::string::npos) << e;
   EXPECT_EQ(replica_rendezvous(store, 1), store + "/rank_1");
   EXPECT_EQ(replica_rendezvous("/tmp/x.store", 1), "/tmp/x.store.rank_1");
   // The first group is gone with its store: the next generation meets on the same port, from fresh keys.
   expect_no_errors(on_ranks(store, {"a", "a", "a"}, sum_ranks));
+}
+
+TEST(Rendezvous, RanksMeetOverIpv6Loopback) {
+  const std::string store = "tcp://[::1]:" + std::to_string(free_port());
+  expect_no_errors(on_ranks(store, {"s", "s", "s"}, sum_ranks));
 }
 
 }  // namespace

@@ -134,6 +134,7 @@ class AcrossMachines : public ::testing::Test {
  protected:
   void SetUp() override {
     if (::geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
+    ::unsetenv("DLOCO_SECRET");  // the configs' run.secret is what the tests mean (the variable would win)
     const std::string why = hosts_.make();
     ASSERT_EQ(why, "") << why;
     root_ = testing_support::make_tiny_corpus("dloco_netns", kDataTool);
