@@ -171,9 +171,12 @@ c10::intrusive_ptr<c10d::Store> open_store(const CollectiveOptions& o, std::chro
 }
 
 // Sets `key` to `value` unless it exists; returns what the key holds afterwards (another writer's value if it came
-// first). FileStore and TCPStore both implement compareSet with "expected empty = the key is absent".
+// first). FileStore and TCPStore both implement compareSet with "expected empty = the key is absent"; TCPStore's
+// compareSet does not wake the ranks waiting for the key (measured: they time out), so a won claim is set again.
 std::string set_once(c10d::Store& store, const std::string& key, const std::string& value) {
-  return text(store.compareSet(key, {}, bytes(value)));
+  const std::string held = text(store.compareSet(key, {}, bytes(value)));
+  if (held == value) store.set(key, bytes(value));
+  return held;
 }
 
 // A random hex token of 16 bytes. Throws CollectiveError when OpenSSL cannot draw one.
