@@ -484,24 +484,15 @@ nlohmann::json common_report(const Config& config, const fs::path& run_dir, int 
   }
   const int64_t tokens = last.value("tokens_trained", int64_t{0});
   nlohmann::json report = {
-      {"run", config.run.name},
-      {"mode", config.diloco.mode},
+      {"run", config.run.name}, {"mode", config.diloco.mode},
       {"status", run_status(config, !finished, failure, tokens)},
-      {"final_val_loss", final_eval["val_loss"]},
-      {"final_val_perplexity", final_eval["val_perplexity"]},
-      {"global_step", last.value("global_step", 0)},
-      {"steps", last.value("global_step", 0)},
-      {"syncs", last.value("syncs", 0)},
-      {"wait_seconds_rank0", last.value("wait_s", 0.0)},
-      {"eval_seconds", last.value("eval_s", 0.0)},
-      {"tokens_trained", tokens},
-      {"tokens_budget", config.train.total_tokens},
-      {"tokens_complete", config.complete_tokens()},
-      {"wall_seconds", wall},
-      {"tokens_per_second", tokens / std::max(wall, 1e-9)},
-      {"workers", workers},
-      {"checkpoint", final_eval["checkpoint"]},
-      {"sample", final_eval["sample"]},
+      {"final_val_loss", final_eval["val_loss"]}, {"final_val_perplexity", final_eval["val_perplexity"]},
+      {"global_step", last.value("global_step", 0)}, {"steps", last.value("global_step", 0)},
+      {"syncs", last.value("syncs", 0)}, {"wait_seconds_rank0", last.value("wait_s", 0.0)},
+      {"eval_seconds", last.value("eval_s", 0.0)}, {"tokens_trained", tokens},
+      {"tokens_budget", config.train.total_tokens}, {"tokens_complete", config.complete_tokens()},
+      {"wall_seconds", wall}, {"tokens_per_second", tokens / std::max(wall, 1e-9)},
+      {"workers", workers}, {"checkpoint", final_eval["checkpoint"]}, {"sample", final_eval["sample"]},
       {"bytes", bytes},
       {"signal", finished ? 0 : StopSignals::first()},  // a signal after the last step stopped nothing
   };
