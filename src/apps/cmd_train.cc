@@ -209,6 +209,15 @@ void add_syncer_command(CLI::App& app, RoleFlags& r) {
   });
 }
 
+// `overrides` with run.threads = SLURM_CPUS_PER_TASK first when Slurm gave this task its cores (an explicit --set
+// run.threads still wins, coming later).
+std::vector<std::string> with_slurm_threads(std::vector<std::string> overrides) {
+  if (const char* cpus = std::getenv("SLURM_CPUS_PER_TASK"); cpus && *cpus) {
+    overrides.insert(overrides.begin(), std::string("run.threads=") + cpus);
+  }
+  return overrides;
+}
+
 // A role's rank under srun when its flag (--id, --rank) is not given: its Slurm task rank (SLURM_PROCID), as
 // torchrun-style launchers take RANK from it. Throws InputError outside Slurm.
 int slurm_task_rank(const char* flag) {
@@ -241,11 +250,7 @@ void add_worker_command(CLI::App& app, RoleFlags& r) {
   worker->add_option("--resume-from", r.resume_from, "dp: checkpoint folder (or run folder) to start from");
   worker->callback([&r, worker] {
     if (worker->count("--rank") == 0) r.id = slurm_task_rank("--rank");
-    std::vector<std::string> overrides = r.overrides;
-    if (const char* cpus = std::getenv("SLURM_CPUS_PER_TASK"); cpus && *cpus) {  // Slurm gave this task its cores
-      overrides.insert(overrides.begin(), std::string("run.threads=") + cpus);   // (an explicit --set still wins)
-    }
-    const Config c = load_config(r.config, overrides);
+    const Config c = load_config(r.config, with_slurm_threads(r.overrides));
     WorkerOptions o;
     o.run_dir = r.run_dir.empty() ? c.run_dir() : std::filesystem::path(r.run_dir);
     o.rank = r.id;
@@ -294,11 +299,8 @@ void add_learner_and_evaluator_commands(CLI::App& app, RoleFlags& r) {
     add_insecure_flag(cmd, r.insecure);
     cmd->callback([is_learner, &r, cmd] {
       if (is_learner && cmd->count("--id") == 0) r.id = slurm_task_rank("--id");
-      std::vector<std::string> overrides = r.overrides;
+      std::vector<std::string> overrides = with_slurm_threads(r.overrides);
       if (r.insecure) overrides.push_back("run.insecure=true");
-      if (const char* cpus = std::getenv("SLURM_CPUS_PER_TASK"); cpus && *cpus) {  // Slurm gave this task its cores
-        overrides.insert(overrides.begin(), std::string("run.threads=") + cpus);   // (an explicit --set still wins)
-      }
       const Config c = load_config(r.config, overrides);
       const auto run_dir = r.run_dir.empty() ? c.run_dir() : std::filesystem::path(r.run_dir);
       const GroupOptions group{r.group_store, r.group_host, !r.no_spawn_ranks, r.group_rendezvous_s,
