@@ -10,6 +10,7 @@
 #include "core/check.h"
 #include "launcher/launcher.h"
 #include "launcher/run_report.h"
+#include "learner/group_ranks.h"
 #include "learner/learner.h"
 #include "model/stages.h"
 #include "process/children.h"
@@ -19,6 +20,7 @@
 #include "train/run.h"
 #include "transport/grpc/grpc_transport.h"
 #include "transport/handshake.h"
+#include "transport/local_address.h"
 
 namespace dloco::apps {
 
@@ -101,6 +103,8 @@ struct RoleFlags {
   bool insecure = false;
   std::string replica_store;  // a rank of a dp baseline's learner group: its replicas' rendezvous
   int replica_rank = -1, replicas = 0;
+  std::vector<std::string> task_hosts;  // learner under srun: the node of every task of the job, in task order
+  int group_port = 0;                   // … and the port of learner 0's group store (learner i: + i)
 };
 
 // The config of --config, or (--resume) the run folder's saved one, named after the folder given.
@@ -232,6 +236,50 @@ int slurm_task_rank(const char* flag) {
   }
 }
 
+// A learner started by srun as one task of a job whose tasks are the learners' ranks in order
+// (scripts/slurm/dloco.sbatch, group_task): its learner id and rank from SLURM_PROCID; a group of R > 1 ranks
+// meets over a TCP store that its leader serves on the leader task's node. Checks that Slurm placed this task on the
+// node the script expected (SLURMD_NODENAME), as block distribution does. Throws InputError.
+void place_slurm_task(const Config& c, RoleFlags& r) {
+  const char* procid = std::getenv("SLURM_PROCID");
+  if (procid == nullptr || *procid == '\0') throw InputError("--task-hosts needs SLURM_PROCID: start it with srun");
+  const int task = slurm_task_rank("--task-hosts");
+  const int tasks = static_cast<int>(r.task_hosts.size());
+  if (task < 0 || task >= tasks) {
+    throw InputError("SLURM_PROCID = " + std::to_string(task) + " is not one of the " + std::to_string(tasks) +
+                     " tasks --task-hosts names");
+  }
+  for (const auto& h : r.task_hosts) {
+    if (h.empty()) throw InputError("--task-hosts names an empty host (one name per task, comma-separated)");
+  }
+  if (const char* node = std::getenv("SLURMD_NODENAME"); node && *node && r.task_hosts[task] != node) {
+    throw InputError("Slurm placed task " + std::to_string(task) + " on " + node + ", not on " + r.task_hosts[task] +
+                     " as --task-hosts says: start the tasks with srun --distribution=block");
+  }
+  const GroupTask t = group_task(c, task);
+  r.id = t.id;
+  if (t.ranks == 1) return;
+  if (r.group_port < 1 || r.group_port + t.id > 65535) {
+    throw InputError("--group-port " + std::to_string(r.group_port) + ": learner " + std::to_string(t.id) +
+                     "'s group store needs a port in [1, 65535]");
+  }
+  const std::string port = std::to_string(r.group_port + t.id);
+  r.group_store = "tcp://" + r.task_hosts[t.leader_task] + ":" + port;
+  r.rank = t.rank == 0 ? -1 : t.rank;
+  r.no_spawn_ranks = true;  // every rank is a task of its own
+  if (!r.group_host.empty()) return;
+  // Gloo binds this node's address on the route to a node of the group other than this one: the route to the
+  // leader's name may lead through loopback on the leader's own node (Debian maps a host's own name to 127.0.1.1).
+  // A group all on this node stays on loopback.
+  r.group_host = "127.0.0.1";
+  for (int k = t.leader_task; k < t.leader_task + t.ranks; ++k) {
+    if (r.task_hosts[k] == r.task_hosts[task]) continue;
+    const std::string address = local_address_towards(r.task_hosts[k] + ":" + port);
+    r.group_host = address.empty() || is_loopback_host(address) ? "" : address;  // "": the store's route decides
+    break;
+  }
+}
+
 void add_worker_command(CLI::App& app, RoleFlags& r) {
   auto* worker = app.add_subcommand("worker", "Run one worker of a baseline (diloco.mode = dp, diloco, streaming)");
   worker->group(kRoleGroup);
@@ -293,15 +341,30 @@ void add_learner_and_evaluator_commands(CLI::App& app, RoleFlags& r) {
                       "spawns this rank): the rendezvous of this rank of every learner, suffixed .rank_<r>");
       cmd->add_option("--replica-rank", r.replica_rank, "dp baseline over learner groups: this learner's rank there");
       cmd->add_option("--replicas", r.replicas, "dp baseline over learner groups: the learners (0: not a dp baseline)");
+      cmd->add_option("--task-hosts", r.task_hosts, "Under srun: the node of each task of the job, in task order "
+                      "(scripts/slurm/dloco.sbatch); the tasks are the learners' ranks in order, so this task's "
+                      "learner and rank come from SLURM_PROCID")->delimiter(',');
+      cmd->add_option("--group-port", r.group_port, "With --task-hosts: the port of learner 0's group store on its "
+                      "leader's node (learner i: + i)");
     }
     cmd->add_option("--run-dir", r.run_dir, "Folder for this role's events (default: run.out_dir/run.name)");
     cmd->add_option("--set", r.overrides, "Override a config field (repeatable)");
     add_insecure_flag(cmd, r.insecure);
     cmd->callback([is_learner, &r, cmd] {
-      if (is_learner && cmd->count("--id") == 0) r.id = slurm_task_rank("--id");
+      const bool by_slurm_task = is_learner && cmd->count("--task-hosts") > 0;
+      if (is_learner && cmd->count("--id") == 0 && !by_slurm_task) r.id = slurm_task_rank("--id");
       std::vector<std::string> overrides = with_slurm_threads(r.overrides);
       if (r.insecure) overrides.push_back("run.insecure=true");
       const Config c = load_config(r.config, overrides);
+      if (by_slurm_task) {
+        if (cmd->count("--id") + cmd->count("--rank") + cmd->count("--group-store") + cmd->count("--no-spawn-ranks")) {
+          throw InputError("--task-hosts places this task itself: not with --id, --rank, --group-store or "
+                           "--no-spawn-ranks");
+        }
+        place_slurm_task(c, r);
+      } else if (is_learner && cmd->count("--group-port") > 0) {
+        throw InputError("--group-port goes with --task-hosts (a learner task under srun)");
+      }
       const auto run_dir = r.run_dir.empty() ? c.run_dir() : std::filesystem::path(r.run_dir);
       const GroupOptions group{r.group_store, r.group_host, !r.no_spawn_ranks, r.group_rendezvous_s,
                                r.replica_store, r.replica_rank, r.replicas};

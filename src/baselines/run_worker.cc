@@ -43,6 +43,7 @@
 #include "process/atomic_file.h"
 #include "process/control_file.h"
 #include "process/events.h"
+#include "process/host.h"
 #include "train/checkpoint.h"
 #include "train/fragment_io.h"
 #include "train/run.h"
@@ -60,7 +61,6 @@ std::atomic<int> g_worker_signal{0};
 extern "C" void on_worker_signal(int sig) { g_worker_signal.store(sig); }
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-std::string host_name() { char b[256] = {}; ::gethostname(b, sizeof(b) - 1); return b; }
 
 int run_worker_group(const Config& config, const WorkerOptions& options);
 
@@ -380,7 +380,7 @@ StartPoint Worker::join_group() {
   start.step = resumed_ ? resumed_->step : 0;
   events_.emit("joined", {{"pid", ::getpid()}, {"mode", mode_}, {"world", W_}, {"rank", rank_}, {"slots", slots_},
                           {"generation", options_.generation}, {"from_step", start.step},
-                          {"checkpoint", resumed_ ? resumed_->dir.string() : std::string()}, {"host", host_name()}});
+                          {"checkpoint", resumed_ ? resumed_->dir.string() : std::string()}, {"host", hostname()}});
   spdlog::info("[worker {}] {}: joined the Gloo group of {} (slot {}, generation {}, from step {})", rank_,
                to_string(mode_), W_, slot_, static_cast<long long>(options_.generation),
                static_cast<long long>(start.step));

@@ -101,11 +101,13 @@ std::string gloo_hostname(const CollectiveOptions& o) {
     throw InputError("no route from this machine to the rendezvous host '" + host + "' (" + o.store + ")");
   }
   // A name that resolves to this machine's loopback (Debian's /etc/hosts maps the own hostname to 127.0.1.1) would
-  // have Gloo advertise an address no other machine reaches.
+  // have Gloo advertise an address no other machine reaches: the host is this machine, so its one address off
+  // loopback is the one to bind, if it has only one.
   if (is_loopback_host(address) && !is_loopback_host(bare(host))) {
-    throw InputError("the rendezvous host '" + host + "' resolves to this machine's loopback here, so its peers could "
-                     "not reach this rank's Gloo: give the address to bind (--host / --group-host), or name the "
-                     "host by an address its peers dial");
+    if (const std::string sole = sole_machine_address(); !sole.empty()) return sole;
+    throw InputError("the rendezvous host '" + host + "' resolves to this machine's loopback here, and this machine "
+                     "has no single address off loopback, so its peers could not reach this rank's Gloo: give the "
+                     "address to bind (--host / --group-host), or name the host by an address its peers dial");
   }
   return address;
 }

@@ -17,6 +17,7 @@
 #include "process/atomic_file.h"
 #include "process/children.h"
 #include "process/events.h"
+#include "process/host.h"
 #include "process/private_file.h"
 #include "train/fragment_io.h"
 #include "train/threads.h"
@@ -167,8 +168,8 @@ int run_group_rank(const Config& config, const GroupRankOptions& options) {
       replicas = std::make_unique<Collective>(ro);
       engine->set_replicas(replicas.get());
     }
-    events.emit("rank_joined", {{"pid", ::getpid()}, {"rank", options.rank}, {"group", engine->describe()},
-                                {"replicas", options.group.replicas}});
+    events.emit("rank_joined", {{"pid", ::getpid()}, {"host", hostname()}, {"rank", options.rank},
+                                {"group", engine->describe()}, {"replicas", options.group.replicas}});
     const int64_t steps = serve_group_rank(*engine, group, layout, config.train, config.model);
     events.emit("rank_stopped", {{"steps", steps}, {"bytes_sent", group.bytes_sent()},
                                  {"replica_bytes_sent", replicas ? replicas->bytes_sent() : 0}});
@@ -178,6 +179,34 @@ int run_group_rank(const Config& config, const GroupRankOptions& options) {
     spdlog::warn("[{}] the group failed: {}", who, e.what());
     return 3;
   }
+}
+
+GroupTask group_task(const Config& config, int task) {
+  if (task < 0) throw InputError("task " + std::to_string(task) + " is negative");
+  int first = 0;
+  for (int id = 0; id < config.diloco.learners; ++id) {
+    const int ranks = static_cast<int>(config.parallel_for(id).ranks());
+    if (task < first + ranks) return GroupTask{id, task - first, ranks, first};
+    first += ranks;
+  }
+  throw InputError("task " + std::to_string(task) + " is beyond the ranks of the " +
+                   std::to_string(config.diloco.learners) + " learners (" + std::to_string(first) +
+                   " tasks in all): give the job as many tasks as the learners have ranks");
+}
+
+int learners_for_tasks(const Config& config, int tasks) {
+  if (tasks < 1) throw InputError("a job of " + std::to_string(tasks) + " tasks has no learner");
+  int used = 0, last = 0;
+  std::string counted;
+  for (int id = 0; used < tasks; ++id) {
+    last = static_cast<int>(config.parallel_for(id).ranks());
+    used += last;
+    counted += (counted.empty() ? "" : " + ") + std::to_string(last);
+    if (used == tasks) return id + 1;
+  }
+  throw InputError("the job's " + std::to_string(tasks) + " tasks do not end on a learner's last rank: its learners' "
+                   "ranks are " + counted + " = " + std::to_string(used) + " (give the job " +
+                   (used > last ? std::to_string(used - last) + " or " : "") + std::to_string(used) + " tasks)");
 }
 
 }  // namespace dloco

@@ -95,4 +95,21 @@ struct GroupRankOptions {
 /// a deadline passed). Throws InputError on a bad rank or config.
 int run_group_rank(const Config& config, const GroupRankOptions& options);
 
+/// Where task `task` of a job whose tasks are the learners' ranks in order sits (scripts/slurm/dloco.sbatch):
+/// learner 0's R_0 = config.parallel_for(0).ranks() ranks are tasks 0 … R_0 − 1, learner 1's the next R_1, and so
+/// on over M = config.diloco.learners. rank 0 is the learner's leader; leader_task its task.
+struct GroupTask {
+  int id = 0;           // the learner
+  int rank = 0;         // its rank in the learner's group, 0 … ranks − 1
+  int ranks = 1;        // R of that learner
+  int leader_task = 0;  // the task of its rank 0
+};
+/// Throws InputError when `task` is negative or beyond the M learners' ranks.
+GroupTask group_task(const Config& config, int task);
+
+/// The M whose learners' ranks fill exactly `tasks` tasks in group_task's order (learner i's ranks from
+/// config.parallel_for(i), whatever config.diloco.learners says). Throws InputError when no M does (a group would
+/// straddle the end), naming the ranks of each learner counted.
+int learners_for_tasks(const Config& config, int tasks);
+
 }  // namespace dloco

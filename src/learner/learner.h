@@ -42,7 +42,9 @@ struct LearnerOptions {
 int run_learner(const Config& config, const LearnerOptions& options, wire::Transport& transport);
 
 /// Runs the evaluator: evaluates consistent snapshots of the global model every train.eval_interval global
-/// steps at low priority and reports them to the syncer, until the run is finished.
+/// steps at low priority and reports them to the syncer, until the run is finished. Returns 0 then, or after the
+/// syncer did not answer for options.bootstrap_timeout_s when its report is in options.run_dir (it finished and
+/// exited between two polls); 1 when it did not answer for that long and left no report.
 int run_evaluator(const Config& config, const LearnerOptions& options, wire::Transport& transport);
 
 }  // namespace dloco

@@ -26,12 +26,6 @@ namespace dloco {
 
 namespace fs = std::filesystem;
 
-std::string hostname() {
-  char buf[256] = {};
-  ::gethostname(buf, sizeof(buf) - 1);
-  return buf;
-}
-
 DataStream resume_stream(const Config& config, const wire::JoinReply& joined, const StreamLog& log, bool* from_log) {
   StreamCursor cursor{joined.stream_index, 0, 0, 0};
   if (!joined.stream_cursor_json.empty()) cursor = StreamCursor::from_json(parse_json(joined.stream_cursor_json, "the syncer's stream cursor"));

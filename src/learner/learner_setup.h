@@ -31,9 +31,6 @@ namespace dloco {
 
 class GroupRanks;
 
-/// This host's name, for the syncer's logs.
-std::string hostname();
-
 /// Where the stream resumes (exact data): the stream's own log is at least as new as the syncer's copy of the
 /// cursor (which lags by up to a second, or more after a syncer restart). One step's batches after the last record
 /// are skipped: they were trained, or lost when the previous incarnation died, but never retrained. `from_log` says

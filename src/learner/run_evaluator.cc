@@ -42,10 +42,21 @@ int run_evaluator(const Config& config, const LearnerOptions& options, wire::Tra
                static_cast<long long>(config.train.eval_tokens));
 
   int64_t next_eval = config.train.eval_interval;
+  auto heard = std::chrono::steady_clock::now();
   for (;;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     const auto status = link.status();
-    if (!status) continue;  // the syncer is away: try again
+    if (!status) {  // the syncer is away: try again, as long as a joiner would wait for it
+      const double away = std::chrono::duration<double>(std::chrono::steady_clock::now() - heard).count();
+      if (away < options.bootstrap_timeout_s) continue;
+      // A syncer that finished and exited between two polls leaves its report: then nothing was missed.
+      const bool finished = fs::exists(options.run_dir / "report.json");
+      events.emit("syncer_lost", {{"away_s", away}, {"report", finished}});
+      spdlog::warn("[evaluator] the syncer at {} has not answered for {:.0f} s: stopping ({})", options.syncer, away,
+                   finished ? "the run finished, its report is written" : "no report: the syncer is gone");
+      return finished ? 0 : 1;
+    }
+    heard = std::chrono::steady_clock::now();
     if (status->finished) break;
     if (config.train.eval_interval <= 0 || status->global_step < next_eval) continue;
     const auto t0 = std::chrono::steady_clock::now();

@@ -26,6 +26,7 @@
 #include "monitor/prometheus_text.h"
 #include "process/control_file.h"
 #include "process/events.h"
+#include "process/host.h"
 #include "train/fragment_io.h"
 #include "train/run.h"
 #include "train/threads.h"

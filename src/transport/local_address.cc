@@ -5,6 +5,8 @@
 #include "transport/transport.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -43,6 +45,27 @@ std::string local_address_towards(const std::string& host_port) {
   }
   ::freeaddrinfo(found);
   return out;
+}
+
+std::string sole_machine_address() {
+  ifaddrs* all = nullptr;
+  if (::getifaddrs(&all) != 0) return "";
+  std::string found;
+  int count = 0;
+  for (ifaddrs* a = all; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET || !(a->ifa_flags & IFF_UP) ||
+        (a->ifa_flags & IFF_LOOPBACK)) {
+      continue;
+    }
+    char text[INET_ADDRSTRLEN] = {};
+    if (::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof(text)) == nullptr) {
+      continue;
+    }
+    if (text != found) ++count;
+    found = text;
+  }
+  ::freeifaddrs(all);
+  return count == 1 ? found : "";
 }
 
 bool is_wildcard_host(const std::string& host) {

@@ -12,6 +12,11 @@ namespace dloco {
 /// route leads there.
 std::string local_address_towards(const std::string& host_port);
 
+/// This machine's one IPv4 address off loopback on an interface that is up (e.g. "10.0.0.2"), or "" when it has
+/// none or several (then only the user knows which one its peers reach). For a rendezvous host that resolves to
+/// loopback here, as Debian maps a machine's own name to 127.0.1.1.
+std::string sole_machine_address();
+
 /// Whether `host` is a wildcard ("", "0.0.0.0", "::", "[::]"): listen on every interface.
 bool is_wildcard_host(const std::string& host);
 

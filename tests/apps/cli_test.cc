@@ -4,7 +4,8 @@
 // paths resolve against the config file's folder, so a run starts from any working directory and its folder stores
 // them absolute; a run folder carries its tokenizer, so a copy of it can be sampled after the corpus is gone; and
 // `--temperature 0` is greedy (the same text whatever the seed); `dloco config` prints the resolved config or one
-// field (what scripts/slurm/dloco.sbatch reads), hides the secret, and refuses a field that does not exist.
+// field (what scripts/slurm/dloco.sbatch reads), hides the secret, and refuses a field that does not exist; a Slurm
+// job's tasks map to learners and ranks, and a misplaced task is refused.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -14,6 +15,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <vector>
 
 #include "support/tiny_corpus.h"
 
@@ -110,6 +112,52 @@ TEST_F(CliTest, ConfigPrintsTheResolvedConfigOrOneFieldAndHidesTheSecret) {
     EXPECT_EQ(bad.exit, 2) << field;
     EXPECT_NE(bad.output.find("no config field '" + std::string(field) + "'"), std::string::npos) << bad.output;
   }
+}
+
+// A Slurm job's tasks (scripts/slurm/dloco.sbatch): `dloco config --learners-for-tasks N` resolves M for N tasks (the
+// learners whose ranks fill them; a baseline: N workers) and refuses a count that splits a group; `dloco learner
+// --task-hosts` refuses a task Slurm placed elsewhere, a SLURM_PROCID outside the list, a missing SLURM_PROCID, a
+// port out of range, and --group-port alone.
+TEST_F(CliTest, ASlurmJobsTasksAreTheLearnersRanksAndAMisplacedTaskIsRefused) {
+  const std::string demo = std::string(DLOCO_SOURCE_DIR) + "/configs/demo.toml";
+  // demo.toml's K = 4 needs M ≥ 4: 8 tasks of 2-rank learners pass, 6 are checked with M = 3 and refused.
+  const std::string config = kDloco + " config --config " + demo + " --set parallel.data=2 --learners-for-tasks ";
+  EXPECT_EQ(run(config + "8").output, "4\n");
+  const Result small = run(config + "6");
+  EXPECT_EQ(small.exit, 2) << small.output;
+  EXPECT_NE(small.output.find("diloco.quorum"), std::string::npos) << small.output;
+  EXPECT_NE(small.output.find("M = 3"), std::string::npos) << small.output;
+  const std::string k1 = kDloco + " config --config " + demo + " --set parallel.data=2 --set diloco.quorum=1 "
+                         "--learners-for-tasks ";
+  EXPECT_EQ(run(k1 + "6").output, "3\n");
+  EXPECT_EQ(run(k1 + "6 diloco.learners").output, "3\n");
+  EXPECT_EQ(run(k1 + "4 diloco.mode").output, "decoupled\n");
+  const Result split = run(k1 + "5");
+  EXPECT_EQ(split.exit, 2) << split.output;
+  EXPECT_NE(split.output.find("ranks are 2 + 2 + 2 = 6 (give the job 4 or 6 tasks)"), std::string::npos)
+      << split.output;
+  EXPECT_EQ(run(config + "5 --set 'diloco.mode=\"dp\"'").output, "5\n") << "a baseline: one worker per task";
+  const std::string learner = "env -u SLURM_CPUS_PER_TASK " + kDloco + " learner --config " + demo +
+                              " --set parallel.data=2 --set diloco.quorum=1 --syncer 127.0.0.1:1"
+                              " --task-hosts nodeA,nodeB";
+  struct Case {
+    std::string env, flags, says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"SLURM_PROCID=1 SLURMD_NODENAME=nodeC", " --group-port 40000",
+            "Slurm placed task 1 on nodeC, not on nodeB"},
+           {"SLURM_PROCID=2", " --group-port 40000", "SLURM_PROCID = 2 is not one of the 2 tasks"},
+           {"SLURM_PROCID=-1", " --group-port 40000", "SLURM_PROCID = -1 is not one of the 2 tasks"},
+           {"", " --group-port 40000", "--task-hosts needs SLURM_PROCID"},
+           {"SLURM_PROCID=1", " --group-port 40000 --id 3", "--task-hosts places this task itself"},
+           {"SLURM_PROCID=1", " --group-port 0", "needs a port in [1, 65535]"}}) {
+    const Result r = run("env -u SLURM_PROCID " + c.env + " " + learner + c.flags);
+    EXPECT_EQ(r.exit, 2) << c.env << c.flags << ": " << r.output;
+    EXPECT_NE(r.output.find(c.says), std::string::npos) << c.env << c.flags << ": " << r.output;
+  }
+  const Result port = run(kDloco + " learner --config " + demo + " --syncer 127.0.0.1:1 --id 0 --group-port 40000");
+  EXPECT_EQ(port.exit, 2) << port.output;
+  EXPECT_NE(port.output.find("--group-port goes with --task-hosts"), std::string::npos) << port.output;
 }
 
 TEST_F(CliTest, AFolderAsConfigAndAMissingRunFolderAreRefusedWithWhatWasWrong) {

@@ -11,6 +11,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -41,9 +43,11 @@ int free_port() {
 }
 
 // Runs body on `world` ranks (threads) joined at `store` (run.trusted_network set: a TCP store listens on every
-// interface); secrets[i] is thread i's secret, ranks[i] its rank (default: i). Each thread's error, "" if none.
+// interface); secrets[i] is thread i's secret, ranks[i] its rank (default: i). Each thread's error, "" if none;
+// `failures`, when given, counts the threads that failed as they fail.
 std::vector<std::string> on_ranks(const std::string& store, const std::vector<std::string>& secrets,
-                                  const std::function<void(Collective&)>& body, std::vector<int> ranks_of = {}) {
+                                  const std::function<void(Collective&)>& body, std::vector<int> ranks_of = {},
+                                  std::atomic<int>* failures = nullptr) {
   const int world = ranks_of.empty() ? static_cast<int>(secrets.size()) : static_cast<int>(secrets.size()) - 1;
   if (ranks_of.empty()) {
     for (int r = 0; r < world; ++r) ranks_of.push_back(r);
@@ -61,6 +65,7 @@ std::vector<std::string> on_ranks(const std::string& store, const std::vector<st
         body(group);
       } catch (const std::exception& e) {
         errors[i] = e.what();
+        if (failures != nullptr) ++*failures;
       }
     });
   }
@@ -112,8 +117,14 @@ TEST(Rendezvous, ARankWithAnotherSecretIsRefusedOnEveryRankAndNamed) {
 
 TEST(Rendezvous, ARankClaimedTwiceIsRefusedToTheSecondProcess) {
   const std::string store = "tcp://127.0.0.1:" + std::to_string(free_port());
-  // Threads 1 and 2 both claim rank 1 of 2: whichever comes second is refused, naming the claim.
-  const auto errors = on_ranks(store, {"s", "s", "s"}, [](Collective& group) { group.barrier(); }, {0, 1, 1});
+  // Threads 1 and 2 both claim rank 1 of 2: whichever comes second is refused, naming the claim. The group that
+  // formed keeps rank 0's store up until then (else the second claimant could only find it gone).
+  std::atomic<int> failures{0};
+  const auto keep_store = [&failures](Collective& group) {
+    group.barrier();
+    for (int i = 0; i < 6000 && failures.load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  };
+  const auto errors = on_ranks(store, {"s", "s", "s"}, keep_store, {0, 1, 1}, &failures);
   int claimed = 0;
   for (const auto& e : errors) claimed += e.find("rank 1 was already claimed by another process") != std::string::npos;
   EXPECT_EQ(claimed, 1) << errors[0] << " | " << errors[1] << " | " << errors[2];

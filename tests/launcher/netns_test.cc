@@ -12,7 +12,8 @@
 // refused by the group on both hosts. A learner that is a TP2 group with its two ranks in two namespaces (leader
 // serving the group's TCP rendezvous, rank 1 dialing it) trains beside a plain learner, and every copy ends equal
 // to Θ. A SkipPipe pipeline of 5 nodes over 3 namespaces (nodes meeting over node 0's TCP rendezvous) trains to the
-// same losses and parameters as the same pipeline on one host.
+// same losses and parameters as the same pipeline on one host. A host cut off mid-run (its link down) fails the
+// group with a rank there by its deadline, and the run finishes without that learner.
 // Needs root and iproute2 (`ip netns`): skipped otherwise, with the reason.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -94,6 +95,8 @@ class Hosts {
   }
   std::string exec(const char* host) const { return "ip netns exec " + p_ + host + " "; }
   std::string address(int n) const { return net_ + "." + std::to_string(n); }
+  // Takes `host`'s link down in its namespace: the host is cut off, as when its network fails. 0 when done.
+  int cut(const char* host) const { return sh("ip -n " + p_ + host + " link set " + p_ + host + "0 down"); }
 
  private:
   std::string p_, net_;
@@ -359,6 +362,88 @@ TEST_F(AcrossMachines, ALearnerGroupWhoseTwoRanksSitOnTwoHostsTrainsAndEndsEqual
     EXPECT_EQ(stopped["hashes"], final_state["hashes"]) << "learner " << id;
     EXPECT_GT(stopped.value("step", 0), 0) << "learner " << id;
   }
+}
+
+TEST_F(AcrossMachines, AHostCutOffMidRunFailsItsGroupAndTheRunFinishesWithoutIt) {
+  // Learner 0: a TP2 group, its leader on host a, its rank 1 on host b; learner 1: one process on host a, started
+  // once the group failed, so that everything after the failure is its work whatever the machine's speed. The
+  // learners share the budget (train.shared_budget), so the run can end without learner 0. Nothing restarts a rank
+  // on another host here (as under Slurm): the cut learner is dropped. The group's deadline, 3 s, is 10 of its steps.
+  const fs::path cfg = write_tls_run(root_, hosts_, "cut", "",
+                                     slowdown_line(2) + "trusted_network = true\n[parallel]\ntimeout_s = 3\n"
+                                     "[[parallel.learner]]\nid = 0\ntensor = 2\n");
+  ASSERT_FALSE(cfg.empty()) << "scripts/make-certs.sh failed";
+  const fs::path run = root_ / "cut";
+  fs::create_directories(run);
+  auto start = [&](const char* host, const std::string& args, const std::string& log) {
+    return "(" + hosts_.exec(host) + kDloco + " " + args + " --set train.shared_budget=true > " +
+           (run / log).string() + " 2>&1; echo $? > " + (run / (log + ".rc")).string() + ") &";
+  };
+  const std::string group_store = " --group-store tcp://" + hosts_.address(2) + ":29519";
+  const std::string learner = "learner --config " + cfg.string() + " --run-dir " + run.string();
+  const std::string syncer = " --syncer " + hosts_.address(1) + ":7070" + own_certificate(root_, "learner0");
+  ASSERT_EQ(std::system(start("s", "syncer --config " + cfg.string() + " --run-dir " + run.string() + " --listen " +
+                                       hosts_.address(1) + ":7070", "syncer.log").c_str()), 0);
+  ASSERT_EQ(std::system(start("b", learner + " --id 0 --rank 1" + group_store, "rank_1.log").c_str()), 0);
+  ASSERT_EQ(std::system(start("a", learner + syncer + " --id 0 --no-spawn-ranks" + group_store,
+                              "learner_0.log").c_str()), 0);
+  auto events_of = [&](const std::string& who, const std::string& event) {
+    std::vector<json> found;
+    for (const auto& e : read_events(run / "events" / (who + ".jsonl"))) {
+      if (e["event"] == event) found.push_back(e);
+    }
+    return found;
+  };
+  // Cut host b once the group trained 3 steps (of its 200-step share).
+  bool trained = false;
+  for (int i = 0; i < 3000 && !trained; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    trained = events_of("learner_0", "step").size() >= 3;
+  }
+  ASSERT_TRUE(trained) << "learner 0's group never trained 3 steps: " << file_bytes(run / "learner_0.log");
+  const double cut_at = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  ASSERT_EQ(hosts_.cut("b"), 0) << "cannot take host b's link down";
+  const size_t steps_at_cut = events_of("learner_0", "step").size();
+  std::vector<json> failed;
+  for (int i = 0; i < 1200 && failed.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    failed = events_of("learner_0", "group_failed");
+  }
+  ASSERT_FALSE(failed.empty()) << "learner 0 logged no group_failed within 60 s of the cut";
+  // The group failed by its collective deadline (parallel.timeout_s = 3), not at once: a cut link gives no sign
+  // before then (failing at once on a peer's death is issue 30's).
+  const double after = failed[0]["t"].get<double>() - cut_at;
+  EXPECT_GE(after, 0.9 * 3.0) << "the group failed before its deadline: " << failed[0].dump();
+  EXPECT_LT(after, 3.0 + 20.0) << "the group failed " << after << " s after the cut";
+  EXPECT_NE(failed[0].value("error", "").find("timed out"), std::string::npos) << failed[0].dump();
+  std::printf("[host cut] learner 0's group failed %.1f s after host b was cut (at its step %zu): %s\n", after,
+              steps_at_cut, failed[0].value("error", "").c_str());
+  ASSERT_EQ(std::system(start("a", learner + syncer + " --id 1", "learner_1.log").c_str()), 0);
+  const std::vector<std::string> logs = {"syncer.log", "rank_1.log", "learner_0.log", "learner_1.log"};
+  bool done = false;
+  for (int i = 0; i < 6000 && !done; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    done = std::all_of(logs.begin(), logs.end(), [&](const std::string& l) { return fs::exists(run / (l + ".rc")); });
+  }
+  ASSERT_TRUE(done) << "the run did not end after the cut";
+  auto rc = [&](const std::string& l) {
+    int code = -1;
+    std::ifstream(run / (l + ".rc")) >> code;
+    return code;
+  };
+  EXPECT_EQ(rc("syncer.log"), 0) << file_bytes(run / "syncer.log").substr(0, 4000);
+  EXPECT_EQ(rc("learner_1.log"), 0) << file_bytes(run / "learner_1.log").substr(0, 4000);
+  EXPECT_NE(rc("learner_0.log"), 0) << "the cut group's leader went on: " << file_bytes(run / "learner_0.log");
+  EXPECT_EQ(rc("rank_1.log"), 3) << "the cut rank's group did not fail: " << file_bytes(run / "rank_1.log");
+  // The run finished without learner 0: learner 1 trained past its own 200-step share, and holds Θ.
+  const json report = json::parse(std::ifstream(run / "report.json"));
+  EXPECT_EQ(report.value("status", ""), "finished") << report.dump();
+  EXPECT_GT(events_of("learner_1", "step").size(), 200u) << "learner 1 did not take on the cut learner's share";
+  const auto final_state = events_of("syncer", "final_state");
+  const auto stopped = events_of("learner_1", "stopped");
+  ASSERT_FALSE(final_state.empty() || stopped.empty()) << "no final_state or no stopped";
+  EXPECT_EQ(stopped.back()["versions"], final_state.back()["versions"]);
+  EXPECT_EQ(stopped.back()["hashes"], final_state.back()["hashes"]);
 }
 
 TEST_F(AcrossMachines, ASkipPipePipelineOfFiveNodesOverThreeHostsTrainsAsOnOneHost) {

@@ -9,6 +9,7 @@
 // state saves and restores, and a rank that is gone fails the leader's next command without hanging it.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <atomic>
 #include <filesystem>
 #include <functional>
@@ -19,6 +20,7 @@
 #include "data/shards.h"
 #include "learner/gpt_inner_job.h"
 #include "learner/group_inner_job.h"
+#include "learner/group_ranks.h"
 #include "train/fragment_io.h"
 
 namespace dloco {
@@ -375,6 +377,43 @@ TEST(GroupInnerJob, Bf16LearnersTrackTheFp32LearnerOver50Steps) {
     EXPECT_LT(diff, 0.05);
     EXPECT_NEAR(bf16[0], fp32[0], 0.02) << "the first loss is the initial model's, in bf16";
   }
+}
+
+// A Slurm job's tasks are the learners' ranks in order (scripts/slurm/dloco.sbatch): learner 0 plain, learner 1 a
+// TP2 group, learner 2 three data-parallel ranks take tasks 0 | 1 2 | 3 4 5.
+TEST(GroupTasks, TheTasksAreTheLearnersRanksInOrder) {
+  Config c;
+  c.diloco.learners = 3;
+  ParallelConfig tp2, dp3;
+  tp2.tensor = 2;
+  dp3.data = 3;
+  c.parallel_learners = {{1, tp2}, {2, dp3}};
+  const std::vector<std::array<int, 4>> expected = {{0, 0, 1, 0}, {1, 0, 2, 1}, {1, 1, 2, 1},
+                                                    {2, 0, 3, 3}, {2, 1, 3, 3}, {2, 2, 3, 3}};
+  for (int task = 0; task < 6; ++task) {
+    const GroupTask t = group_task(c, task);
+    EXPECT_EQ((std::array<int, 4>{t.id, t.rank, t.ranks, t.leader_task}), expected[task]) << "task " << task;
+  }
+  EXPECT_THROW(group_task(c, 6), InputError);
+  EXPECT_THROW(group_task(c, -1), InputError);
+  EXPECT_EQ(learners_for_tasks(c, 1), 1);
+  EXPECT_EQ(learners_for_tasks(c, 3), 2);
+  EXPECT_EQ(learners_for_tasks(c, 6), 3);
+  EXPECT_EQ(learners_for_tasks(c, 8), 5) << "learners 3 and 4 have one rank each";
+  try {
+    learners_for_tasks(c, 4);
+    ADD_FAILURE() << "4 tasks split learner 2's group";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("1 + 2 + 3 = 6 (give the job 3 or 6 tasks)"), std::string::npos) << e.what();
+  }
+  c.parallel_learners = {{0, tp2}};
+  try {
+    learners_for_tasks(c, 1);
+    ADD_FAILURE() << "1 task split learner 0's group";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("ranks are 2 = 2 (give the job 2 tasks)"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(learners_for_tasks(c, 0), InputError);
 }
 
 }  // namespace
