@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <set>
 #include <string>
@@ -157,6 +158,42 @@ std::string slowdown_line(int n) {
   const std::string factor = std::to_string(testing_support::test_slowdown());
   for (int id = 0; id < n; ++id) each += (id ? "," : "") + std::to_string(id) + ":" + factor;
   return "slowdown = \"" + each + "\"\n";
+}
+
+// A decoupled run in root/<name> (write_tls_run, every learner slowed under DLOCO_TEST_SLOWDOWN) whose learner 0 is a
+// TP2 group split over two hosts with collective deadline `timeout_s`: the syncer on host s, rank 1 on host b (first:
+// it keeps dialing the leader's rendezvous until the leader serves it), the leader on host a serving the group's TCP
+// store on `port`. `extra` goes on every command line; an empty run folder when the certificates failed. start(host, args, log) starts one
+// more command there, its console in run/<log> and its exit status in run/<log>.rc; learner(id, certificate) the
+// arguments of a learner dialing the syncer with that certificate.
+struct SplitGroupRun {
+  fs::path run;
+  std::function<int(const char*, const std::string&, const std::string&)> start;
+  std::function<std::string(int, const std::string&)> learner;
+};
+SplitGroupRun start_split_group(const fs::path& root, const Hosts& hosts, const std::string& name, int timeout_s,
+                                int port, const std::string& extra) {
+  SplitGroupRun r;
+  const fs::path cfg = write_tls_run(root, hosts, name, "",
+                                     slowdown_line(2) + "trusted_network = true\n[parallel]\ntimeout_s = " +
+                                     std::to_string(timeout_s) + "\n[[parallel.learner]]\nid = 0\ntensor = 2\n");
+  if (cfg.empty()) return r;
+  r.run = root / name;
+  fs::create_directories(r.run);
+  r.start = [&hosts, run = r.run, extra](const char* host, const std::string& args, const std::string& log) {
+    return std::system(("(" + hosts.exec(host) + kDloco + " " + args + extra + " > " + (run / log).string() +
+                        " 2>&1; echo $? > " + (run / (log + ".rc")).string() + ") &").c_str());
+  };
+  const std::string base = "learner --config " + cfg.string() + " --run-dir " + r.run.string();
+  r.learner = [base, root, syncer = hosts.address(1) + ":7070"](int id, const std::string& certificate) {
+    return base + " --syncer " + syncer + own_certificate(root, certificate) + " --id " + std::to_string(id);
+  };
+  const std::string group_store = " --group-store tcp://" + hosts.address(2) + ":" + std::to_string(port);
+  EXPECT_EQ(r.start("s", "syncer --config " + cfg.string() + " --run-dir " + r.run.string() + " --listen " +
+                             hosts.address(1) + ":7070", "syncer.log"), 0);
+  EXPECT_EQ(r.start("b", base + " --id 0 --rank 1" + group_store, "rank_1.log"), 0);
+  EXPECT_EQ(r.start("a", r.learner(0, "learner0") + " --no-spawn-ranks" + group_store, "learner_0.log"), 0);
+  return r;
 }
 
 TEST_F(AcrossMachines, AJoinerBootstrapsFromAPeerInAnotherNamespace) {
@@ -302,27 +339,10 @@ TEST_F(AcrossMachines, DpOverTwoHostsMeetsOverTcpAndEndsBitIdenticalToOneHost) {
 
 TEST_F(AcrossMachines, ALearnerGroupWhoseTwoRanksSitOnTwoHostsTrainsAndEndsEqualToTheta) {
   // Learner 0: a TP2 group, its leader on host a, its rank 1 on host b; learner 1: one process on host b.
-  const fs::path cfg = write_tls_run(root_, hosts_, "group", "",
-                                     slowdown_line(2) + "trusted_network = true\n[parallel]\ntimeout_s = 30\n"
-                                     "[[parallel.learner]]\nid = 0\ntensor = 2\n");
-  ASSERT_FALSE(cfg.empty()) << "scripts/make-certs.sh failed";
-  const fs::path run = root_ / "group";
-  fs::create_directories(run);
-  auto start = [&](const char* host, const std::string& args, const std::string& log) {
-    return "(" + hosts_.exec(host) + kDloco + " " + args + " > " + (run / log).string() + " 2>&1; echo $? > " +
-           (run / (log + ".rc")).string() + ") &";
-  };
-  const std::string group_store = " --group-store tcp://" + hosts_.address(2) + ":29518";
-  const std::string learner = "learner --config " + cfg.string() + " --run-dir " + run.string();
-  const std::string syncer = " --syncer " + hosts_.address(1) + ":7070";
-  ASSERT_EQ(std::system(start("s", "syncer --config " + cfg.string() + " --run-dir " + run.string() + " --listen " +
-                                       hosts_.address(1) + ":7070", "syncer.log").c_str()), 0);
-  // Rank 1 first: it keeps dialing the leader's rendezvous until the leader serves it.
-  ASSERT_EQ(std::system(start("b", learner + " --id 0 --rank 1" + group_store, "rank_1.log").c_str()), 0);
-  ASSERT_EQ(std::system(start("a", learner + syncer + own_certificate(root_, "learner0") + " --id 0 --no-spawn-ranks" +
-                                       group_store, "learner_0.log").c_str()), 0);
-  ASSERT_EQ(std::system(start("b", learner + syncer + own_certificate(root_, "learner1") + " --id 1",
-                              "learner_1.log").c_str()), 0);
+  const SplitGroupRun g = start_split_group(root_, hosts_, "group", 30, 29518, "");
+  const fs::path& run = g.run;
+  ASSERT_FALSE(run.empty()) << "scripts/make-certs.sh failed";
+  ASSERT_EQ(g.start("b", g.learner(1, "learner1"), "learner_1.log"), 0);
   const std::vector<std::string> logs = {"syncer.log", "rank_1.log", "learner_0.log", "learner_1.log"};
   bool done = false;
   for (int i = 0; i < 6000 && !done; ++i) {
@@ -369,24 +389,9 @@ TEST_F(AcrossMachines, AHostCutOffMidRunFailsItsGroupAndTheRunFinishesWithoutIt)
   // once the group failed, so that everything after the failure is its work whatever the machine's speed. The
   // learners share the budget (train.shared_budget), so the run can end without learner 0. Nothing restarts a rank
   // on another host here (as under Slurm): the cut learner is dropped. The group's deadline, 3 s, is 10 of its steps.
-  const fs::path cfg = write_tls_run(root_, hosts_, "cut", "",
-                                     slowdown_line(2) + "trusted_network = true\n[parallel]\ntimeout_s = 3\n"
-                                     "[[parallel.learner]]\nid = 0\ntensor = 2\n");
-  ASSERT_FALSE(cfg.empty()) << "scripts/make-certs.sh failed";
-  const fs::path run = root_ / "cut";
-  fs::create_directories(run);
-  auto start = [&](const char* host, const std::string& args, const std::string& log) {
-    return "(" + hosts_.exec(host) + kDloco + " " + args + " --set train.shared_budget=true > " +
-           (run / log).string() + " 2>&1; echo $? > " + (run / (log + ".rc")).string() + ") &";
-  };
-  const std::string group_store = " --group-store tcp://" + hosts_.address(2) + ":29519";
-  const std::string learner = "learner --config " + cfg.string() + " --run-dir " + run.string();
-  const std::string syncer = " --syncer " + hosts_.address(1) + ":7070" + own_certificate(root_, "learner0");
-  ASSERT_EQ(std::system(start("s", "syncer --config " + cfg.string() + " --run-dir " + run.string() + " --listen " +
-                                       hosts_.address(1) + ":7070", "syncer.log").c_str()), 0);
-  ASSERT_EQ(std::system(start("b", learner + " --id 0 --rank 1" + group_store, "rank_1.log").c_str()), 0);
-  ASSERT_EQ(std::system(start("a", learner + syncer + " --id 0 --no-spawn-ranks" + group_store,
-                              "learner_0.log").c_str()), 0);
+  const SplitGroupRun g = start_split_group(root_, hosts_, "cut", 3, 29519, " --set train.shared_budget=true");
+  const fs::path& run = g.run;
+  ASSERT_FALSE(run.empty()) << "scripts/make-certs.sh failed";
   auto events_of = [&](const std::string& who, const std::string& event) {
     std::vector<json> found;
     for (const auto& e : read_events(run / "events" / (who + ".jsonl"))) {
@@ -418,7 +423,7 @@ TEST_F(AcrossMachines, AHostCutOffMidRunFailsItsGroupAndTheRunFinishesWithoutIt)
   EXPECT_NE(failed[0].value("error", "").find("timed out"), std::string::npos) << failed[0].dump();
   std::printf("[host cut] learner 0's group failed %.1f s after host b was cut (at its step %zu): %s\n", after,
               steps_at_cut, failed[0].value("error", "").c_str());
-  ASSERT_EQ(std::system(start("a", learner + syncer + " --id 1", "learner_1.log").c_str()), 0);
+  ASSERT_EQ(g.start("a", g.learner(1, "learner0"), "learner_1.log"), 0);
   const std::vector<std::string> logs = {"syncer.log", "rank_1.log", "learner_0.log", "learner_1.log"};
   bool done = false;
   for (int i = 0; i < 6000 && !done; ++i) {
