@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# Utilisation over constrained links, on real processes (issue 32 items 1–2, first stage): every learner (decoupled)
+# or worker (dp) sits in its own network namespace — a "site" — whose link to the others is shaped with tc netem
+# (RATE Mbit/s each way, RTT ms round trip, on both ends of the site's veth); the syncer sits on an unshaped link.
+# For each rate, each method trains a fixed number of steps and its utilisation is its training throughput over
+# the same processes' throughput with every link unshaped:
+#   throughput = Σ over learners (or workers) of (steps − 1) · B · T / (last step's time − first step's time)
+# from the step events (start-up, bootstrap and the final evaluation are outside the window). Beside it, each run's
+# syncs (dp: gradient all-reduces; decoupled: the syncer's merges of fragments) and final validation loss: a
+# decoupled learner never waits on its link, so a link too slow for its fragments shows as fewer or staler merges
+# and a worse loss, not as lower throughput.
+# Model: the horizon study's (d_model 64, 4 layers, 0.48M parameters, 1.9 MB in fp32), B = 8 sequences of 128
+# tokens, M = 2, one BLAS thread each; decoupled with configs/demo.toml's H = 12, P = 12, τ = 2, K = M, fp32 both ways.
+# Usage (root; repository root, after scripts/build.sh and `dloco data prepare --kjv --out data/kjv`):
+#   [RATES="0 300 100 30 10 0"] [RTT_MS=10] [METHODS="dp decoupled"] [DP_STEPS=40] [DEC_STEPS=96] \
+#     bench/wan/utilisation.sh
+#   RATES: Mbit/s, 0 = unshaped (the reference: the mean of a method's unshaped runs). Prints a table (Markdown) and
+#   writes it with every run's folder under runs/wan-<date>/.
+# Tears every namespace down on any exit.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+[ "$(id -u)" -eq 0 ] || { echo "bench/wan/utilisation.sh: network namespaces and tc need root" >&2; exit 2; }
+RATES=${RATES:-0 300 100 30 10 0}
+RTT_MS=${RTT_MS:-10}
+METHODS=${METHODS:-dp decoupled}
+DP_STEPS=${DP_STEPS:-40}
+DEC_STEPS=${DEC_STEPS:-96}
+M=2 B=8 T=128
+DLOCO=$PWD/build/bin/dloco
+PY=/usr/bin/python3
+out=$PWD/runs/wan-$(date +%Y%m%d-%H%M%S)
+mkdir -p "$out"
+p="dw$(( $$ % 10000 ))"
+net="10.76.$(( $$ % 250 + 1 ))"
+hosts=(s $(seq 1 $M))  # s: the syncer (and nothing for dp); 1 … M: the sites
+cleanup() {
+  for h in "${hosts[@]}" w; do
+    ip netns pids "$p$h" 2> /dev/null | xargs -r kill -9 2> /dev/null || true
+    ip netns del "$p$h" 2> /dev/null || true
+  done
+}
+trap cleanup EXIT
+ip netns add "${p}w"
+ip -n "${p}w" link add br0 type bridge
+ip -n "${p}w" link set br0 up
+n=1
+for h in "${hosts[@]}"; do
+  ip netns add "$p$h"
+  ip link add "$p${h}a" type veth peer name "$p${h}b"
+  ip link set "$p${h}a" netns "$p$h"
+  ip link set "$p${h}b" netns "${p}w"
+  ip -n "${p}w" link set "$p${h}b" master br0 up
+  ip -n "$p$h" addr add "$net.$n/24" dev "$p${h}a"
+  ip -n "$p$h" link set "$p${h}a" up
+  ip -n "$p$h" link set lo up
+  n=$((n + 1))
+done
+addr() { [ "$1" = s ] && echo "$net.1" || echo "$net.$(($1 + 1))"; }
+
+# Kernels without sch_netem (this machine's 6.18 has none: "Specified qdisc kind is unknown") get TBF: the rate
+# without the added delay. Its bucket holds 128 KiB, above a veth's largest GSO packet (a smaller one drops them).
+if ip netns exec "${p}1" tc qdisc add dev "${p}1a" root netem delay 1ms 2> /dev/null; then
+  ip netns exec "${p}1" tc qdisc del dev "${p}1a" root
+  qdisc=netem
+else
+  qdisc=tbf
+  echo "[wan] no sch_netem in this kernel ($(uname -r)): links shaped by TBF, rate only, no added delay" >&2
+  RTT_MS=0
+fi
+
+# shape RATE: every site's link RATE Mbit/s each way (both ends of its veth), with RTT_MS round trip under netem
+# (half on each end); 0 = unshaped
+shape() {
+  for h in $(seq 1 $M); do
+    for end in "$p$h ${p}${h}a" "${p}w ${p}${h}b"; do
+      set -- $end
+      ip netns exec "$1" tc qdisc del dev "$2" root 2> /dev/null || true
+      [ "$RATE" = 0 ] && continue
+      if [ "$qdisc" = netem ]; then
+        ip netns exec "$1" tc qdisc add dev "$2" root netem delay "$((RTT_MS / 2))ms" rate "${RATE}mbit" limit 100000
+      else
+        ip netns exec "$1" tc qdisc add dev "$2" root tbf rate "${RATE}mbit" burst 131072 latency 200ms
+      fi
+    done
+  done
+}
+
+common=(--set model.d_model=64 --set model.n_layer=4 --set model.n_head=4 --set train.batch_size=$B
+        --set train.eval_interval=0 --set train.checkpoint_interval=0 --set train.log_interval=1000
+        --set run.threads=1 --set run.report_interval_s=5 --set run.out_dir="\"$out\"" --set diloco.learners=$M
+        --set diloco.quorum=$M --set 'run.secret="wan-bench"')
+
+# throughput RUN_DIR PREFIX: tokens/s of the step events of RUN_DIR/events/PREFIX*.jsonl (see the header)
+throughput() {
+  "$PY" - "$1" "$2" $((B * T)) <<'PY'
+import glob, json, sys
+run, prefix, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
+total = 0.0
+for path in sorted(glob.glob(f"{run}/events/{prefix}*.jsonl")):
+    if "_rank_" in path:
+        continue
+    t = [json.loads(l)["t"] for l in open(path) if '"event":"step"' in l]
+    if len(t) < 3:
+        sys.exit(f"{path}: only {len(t)} steps")
+    total += (len(t) - 1) * tokens / (t[-1] - t[0])
+print(f"{total:.1f}")
+PY
+}
+
+run_dp() {  # name → its folder; the workers meet over worker 0's TCP store
+  local name=$1 pids=()
+  for r in $(seq 0 $((M - 1))); do
+    ip netns exec "$p$((r + 1))" "$DLOCO" worker --config configs/demo.toml "${common[@]}" --set 'diloco.mode="dp"' \
+      --set run.trusted_network=true --set "run.name=\"$name\"" --set train.total_tokens=$((M * DP_STEPS * B * T)) \
+      --rank "$r" --store "tcp://$(addr 1):29461" > "$out/$name.worker_$r.log" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || { echo "dp worker failed: see $out/$name.worker_*.log" >&2; exit 1; }; done
+}
+
+run_decoupled() {  # name → its folder; the syncer on its unshaped link, the learners at the sites
+  local name=$1 pids=()
+  local sets=("${common[@]}" --set 'diloco.mode="decoupled"' --set "run.name=\"$name\""
+              --set train.total_tokens=$((M * DEC_STEPS * B * T)) --insecure)
+  ip netns exec "${p}s" "$DLOCO" syncer --config configs/demo.toml "${sets[@]}" --listen "$(addr s):7070" \
+    > "$out/$name.syncer.log" 2>&1 &
+  local syncer=$!
+  for id in $(seq 0 $((M - 1))); do
+    ip netns exec "$p$((id + 1))" "$DLOCO" learner --config configs/demo.toml "${sets[@]}" --id "$id" \
+      --syncer "$(addr s):7070" > "$out/$name.learner_$id.log" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || { echo "a learner failed: see $out/$name.learner_*.log" >&2; exit 1; }; done
+  wait "$syncer" || { echo "the syncer failed: see $out/$name.syncer.log" >&2; exit 1; }
+}
+
+# Every run's throughput, then the table: utilisation against the mean of the method's unshaped runs (RATES starts
+# and ends with 0 by default, so a drift of the machine over the sweep shows as two different references).
+results=()
+for RATE in $RATES; do
+  shape
+  for method in $METHODS; do
+    name="$method-r$RATE-$(( ${#results[@]} ))"
+    echo "[wan] $method at $([ "$RATE" = 0 ] && echo "unshaped links" || echo "$RATE Mbit/s, RTT $RTT_MS ms")"
+    "run_$method" "$name"
+    tps=$(throughput "$out/$name" "$([ "$method" = dp ] && echo worker_ || echo learner_)")
+    echo "[wan] $method at $RATE: $tps tokens/s"
+    results+=("$method $RATE $tps")
+  done
+done
+printf '%s\n' "${results[@]}" > "$out/results.txt"
+"$PY" - "$out/results.txt" "$RTT_MS" "$out" <<'PY' | tee "$out/table.md"
+import collections, json, sys
+rows = [line.split() for line in open(sys.argv[1])]
+base = collections.defaultdict(list)
+for method, rate, tps in rows:
+    if rate == "0":
+        base[method].append(float(tps))
+if any(not base[m] for m, _, _ in rows):
+    sys.exit("RATES needs a 0 (unshaped) run of each method: the reference")
+print(f"| method | link, Mbit/s each way (RTT {sys.argv[2]} ms) | tokens/s | utilisation | syncs | final val loss |")
+print("|---|---|---|---|---|---|")
+for i, (method, rate, tps) in enumerate(rows):
+    ref = sum(base[method]) / len(base[method])
+    report = json.load(open(f"{sys.argv[3]}/{method}-r{rate}-{i}/report.json"))
+    syncs = report.get("merges", report.get("syncs", ""))  # decoupled: merges of fragments; dp: all-reduces
+    print(f"| {method} | {'unshaped' if rate == '0' else rate} | {float(tps):.0f} | {float(tps) / ref:.3f} | "
+          f"{syncs} | {report['final_val_loss']:.4f} |")
+PY
+echo "[wan] runs and table in $out ($(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))"
