@@ -40,21 +40,8 @@ cleanup() {
   done
 }
 trap cleanup EXIT
-ip netns add "${p}w"
-ip -n "${p}w" link add br0 type bridge
-ip -n "${p}w" link set br0 up
-n=1
-for h in "${hosts[@]}"; do
-  ip netns add "$p$h"
-  ip link add "$p${h}a" type veth peer name "$p${h}b"
-  ip link set "$p${h}a" netns "$p$h"
-  ip link set "$p${h}b" netns "${p}w"
-  ip -n "${p}w" link set "$p${h}b" master br0 up
-  ip -n "$p$h" addr add "$net.$n/24" dev "$p${h}a"
-  ip -n "$p$h" link set "$p${h}a" up
-  ip -n "$p$h" link set lo up
-  n=$((n + 1))
-done
+source scripts/netns.sh
+bridge_hosts "$p" "$net" "${hosts[@]}"
 addr() { [ "$1" = s ] && echo "$net.1" || echo "$net.$(($1 + 1))"; }
 
 # Kernels without sch_netem (this machine's 6.18 has none: "Specified qdisc kind is unknown") get TBF: the rate

@@ -48,18 +48,8 @@ in_node_named() {
 }
 
 # three hosts on one bridge: namespace <p>i is node dlocon<i> at $net.<i>
-ip netns add "${p}w" || fail "cannot add a network namespace"
-ip -n "${p}w" link add br0 type bridge && ip -n "${p}w" link set br0 up || fail "cannot make the bridge"
-for i in 1 2 3; do
-  ip netns add "$p$i"
-  ip link add "$p${i}a" type veth peer name "$p${i}b"
-  ip link set "$p${i}a" netns "$p$i"
-  ip link set "$p${i}b" netns "${p}w"
-  ip -n "${p}w" link set "$p${i}b" master br0 up
-  ip -n "$p$i" addr add "$net.$i/24" dev "$p${i}a"
-  ip -n "$p$i" link set "$p${i}a" up
-  ip -n "$p$i" link set lo up
-done
+source "$SRC/scripts/netns.sh"
+bridge_hosts "$p" "$net" 1 2 3 || fail "cannot make the 3 hosts (network namespaces on a bridge)"
 # Each node's hosts file maps its own name to 127.0.1.1 first, as Debian's does: a group's rank on its leader's node
 # must still bind an address the others reach (dloco learner --task-hosts picks the route to another node of it).
 for i in 1 2 3; do
