@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <set>
 
 namespace dloco {
 
@@ -50,8 +51,7 @@ std::string local_address_towards(const std::string& host_port) {
 std::string sole_machine_address() {
   ifaddrs* all = nullptr;
   if (::getifaddrs(&all) != 0) return "";
-  std::string found;
-  int count = 0;
+  std::set<std::string> found;
   for (ifaddrs* a = all; a != nullptr; a = a->ifa_next) {
     if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET || !(a->ifa_flags & IFF_UP) ||
         (a->ifa_flags & IFF_LOOPBACK)) {
@@ -61,11 +61,10 @@ std::string sole_machine_address() {
     if (::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof(text)) == nullptr) {
       continue;
     }
-    if (text != found) ++count;
-    found = text;
+    found.insert(text);
   }
   ::freeifaddrs(all);
-  return count == 1 ? found : "";
+  return found.size() == 1 ? *found.begin() : "";
 }
 
 bool is_wildcard_host(const std::string& host) {
