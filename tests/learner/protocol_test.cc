@@ -327,24 +327,43 @@ TEST_F(ProtocolTest, AMergeIsAppliedTauStepsAfterTheCaptureOfTheAnswerItTook) {
 }
 
 TEST_F(ProtocolTest, ALearnerCutOffReattachesAndIsMergedAgain) {
-  // Learner 1's link is cut from its step 60 to its step 160; it keeps training. Once re-attached it trains until
-  // it has applied three more versions of every fragment (the rounds that waited their answer window for its lost
-  // answers, then rounds that pulled it again), and the others train until it is done: sized in versions and
-  // steps, so they are all still training when it comes back, on any machine.
+  // Learner 1's link is cut at its step 60 and stays cut, for at least 100 of its steps, until the syncer has
+  // merged a round without it (rounds that waited their answer window for its lost answers, or rounds it had not
+  // reached); it keeps training, slowed to 10 ms a step past its step 160 so it does not run far ahead. Once
+  // re-attached it trains until the syncer has merged a round with it again; the others train until it is done,
+  // slowed to 10 ms a step past kSteps so a learner 1 that lagged catches up and reaches a round among the first
+  // K. Sized in steps and the syncer's own events, with a budget nobody reaches first: on any machine, loaded or
+  // not, the cut outlasts a round and every learner is still training when learner 1 is merged again.
+  config_.train.total_tokens = 1'000'000'000;
   start_syncer();
   std::atomic<bool> learner_1_done{false};
   std::atomic<double> back_at{0};
-  const StepHook learner_1 = [&](int64_t step, const OuterSync& sync, const LearnerLink& link) {
-    if (step == 60) net_.cut("learner 1");
-    if (step == 160) net_.cut("learner 1", false);
-    static thread_local std::vector<int64_t> at_reattach;
-    if (at_reattach.empty() && link.reconnects() >= 1) {
+  // The syncer's merges of training rounds (not the final flush) since `after_t` (event time, s): with learner 1
+  // among the participants when `with_1`, without it otherwise.
+  const auto merged = [&](bool with_1, double after_t) {
+    std::ifstream in(dir_ / "events" / "syncer_1.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      if (line.find("\"merged\"") == std::string::npos) continue;
+      const json e = json::parse(line, nullptr, /*allow_exceptions=*/false);  // the last line may be half written
+      if (e.is_discarded() || e["event"] != "merged" || e["round"] == -1 || e["t"].get<double>() <= after_t) continue;
+      const auto& who = e["participants"];
+      if ((std::find(who.begin(), who.end(), 1) != who.end()) == with_1) return true;
+    }
+    return false;
+  };
+  const StepHook learner_1 = [&](int64_t step, const OuterSync&, const LearnerLink& link) {
+    static thread_local bool cut = false;
+    if (step == 60) net_.cut("learner 1", cut = true);
+    if (cut && step >= 160 && merged(false, 0)) net_.cut("learner 1", cut = false);
+    if (cut && step >= 160) std::this_thread::sleep_for(10ms);
+    if (back_at.load() == 0 && link.reconnects() >= 1) {
       back_at = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     }
-    learner_1_done = applied_since_reattach(sync, link, 3, at_reattach);
+    if (back_at.load() > 0 && step % 5 == 0) learner_1_done = merged(true, back_at.load());
     return learner_1_done.load();
   };
   const StepHook others = [&](int64_t step, const OuterSync&, const LearnerLink&) {
+    if (step >= kSteps && !learner_1_done.load()) std::this_thread::sleep_for(10ms);
     return step >= kSteps && learner_1_done.load();
   };
   const auto results = run_all({{0, others}, {1, learner_1}, {2, others}}, {{0, 1'000'000}, {1, 1'000'000}, {2, 1'000'000}});
