@@ -15,7 +15,10 @@
 #   [RATES="0 300 100 30 10 0"] [RTT_MS=10] [METHODS="dp decoupled"] [DP_STEPS=40] [DEC_STEPS=96] \
 #     bench/wan/utilisation.sh
 #   RATES: Mbit/s, 0 = unshaped (the reference: the mean of a method's unshaped runs). Prints a table (Markdown) and
-#   writes it with every run's folder under runs/wan-<date>/.
+#   writes it with every run's folder under runs/wan-<date>/ (OUT=DIR: there instead), and the raw rows as
+#   results.txt ("method rate tokens/s utilisation"). DATA=DIR trains on another prepared corpus, SETS="--set K=V …"
+#   adds config overrides after the bench's own (a smaller model), SLOWDOWN=F slows every learner/worker F× (run.slowdown).
+#   tests/wan/utilisation_test.sh is the short version ctest runs.
 # Tears every namespace down on any exit.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,9 +29,9 @@ METHODS=${METHODS:-dp decoupled}
 DP_STEPS=${DP_STEPS:-40}
 DEC_STEPS=${DEC_STEPS:-96}
 M=2 B=8 T=128
-DLOCO=$PWD/build/bin/dloco
+DLOCO=${DLOCO:-$PWD/build/bin/dloco}
 PY=/usr/bin/python3
-out=$PWD/runs/wan-$(date +%Y%m%d-%H%M%S)
+out=${OUT:-$PWD/runs/wan-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$out"
 p="dw$(( $$ % 10000 ))"
 net="10.76.$(( $$ % 250 + 1 ))"
@@ -76,6 +79,13 @@ common=(--set model.d_model=64 --set model.n_layer=4 --set model.n_head=4 --set 
         --set train.eval_interval=0 --set train.checkpoint_interval=0 --set train.log_interval=1000
         --set run.threads=1 --set run.report_interval_s=5 --set run.out_dir="\"$out\"" --set diloco.learners=$M
         --set diloco.quorum=$M --set 'run.secret="wan-bench"')
+[ -n "${DATA:-}" ] && common+=(--set "data.dir=\"$DATA\"")
+if [ -n "${SLOWDOWN:-}" ]; then
+  slow=$(seq -s, 0 $((M - 1)) | sed "s/\([0-9]*\)/\1:$SLOWDOWN/g")
+  common+=(--set "run.slowdown=\"$slow\"")
+fi
+# shellcheck disable=SC2206  # SETS is a list of words by design
+common+=(${SETS:-})
 
 # throughput RUN_DIR PREFIX: tokens/s of the step events of RUN_DIR/events/PREFIX*.jsonl (see the header)
 throughput() {
@@ -135,8 +145,8 @@ for RATE in $RATES; do
     results+=("$method $RATE $tps")
   done
 done
-printf '%s\n' "${results[@]}" > "$out/results.txt"
-"$PY" - "$out/results.txt" "$RTT_MS" "$out" <<'PY' | tee "$out/table.md"
+printf '%s\n' "${results[@]}" > "$out/runs.txt"
+"$PY" - "$out/runs.txt" "$RTT_MS" "$out" <<'PY' | tee "$out/table.md"
 import collections, json, sys
 rows = [line.split() for line in open(sys.argv[1])]
 base = collections.defaultdict(list)
@@ -153,5 +163,7 @@ for i, (method, rate, tps) in enumerate(rows):
     syncs = report.get("merges", report.get("syncs", ""))  # decoupled: merges of fragments; dp: all-reduces
     print(f"| {method} | {'unshaped' if rate == '0' else rate} | {float(tps):.0f} | {float(tps) / ref:.3f} | "
           f"{syncs} | {report['final_val_loss']:.4f} |")
+    with open(f"{sys.argv[3]}/results.txt", "a") as f:
+        f.write(f"{method} {rate} {float(tps):.1f} {float(tps) / ref:.4f}\n")
 PY
 echo "[wan] runs and table in $out ($(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))"

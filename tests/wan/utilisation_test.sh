@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The short version of bench/wan/utilisation.sh (issue 32): dp and decoupled, M = 2, every worker or learner in its
+# own network namespace, the tiny model on a tiny corpus, each method unshaped (twice: the reference is their mean)
+# and with every site's link shaped to RATE Mbit/s each way. Asserts only what holds on a machine of any speed:
+#   - unshaped, both methods are at utilisation ≥ 0.9 (each unshaped run against the mean of the two: the
+#     measurement's own noise);
+#   - at RATE (5 Mbit/s), decoupled learners are still at ≥ 0.85: they never wait on their link (a learner that
+#     waited for its merges, diloco.blocking = true, measured 0.38 here, 0.90 at 20 Mbit/s);
+#   - at RATE, dp's utilisation is at least 0.3 below decoupled's: dp all-reduces the whole gradient (0.53 MB in fp32)
+#     every step, ~0.85 s at 5 Mbit/s, many times a step's compute here even on a machine 3× slower.
+# Usage: tests/wan/utilisation_test.sh BUILD_DIR (ctest passes it). Exit 77 (skipped) when not root.
+# DLOCO_TEST_SLOWDOWN=F slows every worker and learner F× (run.slowdown).
+set -euo pipefail
+BUILD=$(cd "${1:?usage: utilisation_test.sh BUILD_DIR}" && pwd)
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+[ "$(id -u)" -eq 0 ] || { echo "skipped: network namespaces and tc need root"; exit 77; }
+for tool in ip tc; do command -v "$tool" > /dev/null || { echo "FAILED: $tool missing (scripts/setup.sh installs it)"; exit 1; }; done
+RATE=${RATE:-5}
+dir=$(mktemp -d /tmp/dloco_wan.XXXXXX)
+cleanup() { [ -n "${DLOCO_KEEP_TEST_RUNS:-}" ] || rm -rf "$dir"; }
+trap cleanup EXIT
+fail() {
+  echo "FAILED: $*"
+  for f in "$dir"/out/*.log; do [ -f "$f" ] && { echo "== $f"; tail -n 20 "$f"; }; done
+  exit 1
+}
+
+# the tiny corpus of the process tests (tests/support/tiny_corpus.h)
+for i in $(seq 0 5999); do echo "And it came to pass on day $((i % 97)) that the word was spoken."; done > "$dir/corpus.txt"
+"$BUILD/bin/dloco-data" prepare "$dir/corpus.txt" --out "$dir/data" --vocab-size 400 --threads 1 > "$dir/prepare.log" 2>&1 ||
+  fail "dloco-data prepare: $(tail -n 3 "$dir/prepare.log")"
+
+DLOCO="$BUILD/bin/dloco" OUT="$dir/out" DATA="$dir/data" RATES="0 $RATE 0" METHODS="dp decoupled" \
+  DP_STEPS=40 DEC_STEPS=96 SLOWDOWN="${DLOCO_TEST_SLOWDOWN:-}" \
+  SETS="--set model.vocab_size=400 --set model.n_layer=2 --set train.eval_tokens=4096" \
+  bash "$SRC/bench/wan/utilisation.sh" > "$dir/bench.log" 2>&1 || { tail -n 30 "$dir/bench.log"; fail "the bench failed"; }
+cat "$dir/out/table.md"
+
+/usr/bin/python3 - "$dir/out/results.txt" "$RATE" <<'PY' || fail "utilisation checks (table above)"
+import collections, sys
+rows = [line.split() for line in open(sys.argv[1])]
+util = collections.defaultdict(list)
+for method, rate, _, u in rows:
+    util[(method, rate)].append(float(u))
+ok = True
+for method in ("dp", "decoupled"):
+    for u in util[(method, "0")]:
+        if u < 0.9:
+            print(f"{method} unshaped at utilisation {u:.3f} < 0.9 of its own mean: the measurement is too noisy")
+            ok = False
+dp, dec = util[("dp", sys.argv[2])][0], util[("decoupled", sys.argv[2])][0]
+print(f"at {sys.argv[2]} Mbit/s: dp {dp:.3f}, decoupled {dec:.3f}")
+if dec < 0.85:
+    print(f"decoupled learners at utilisation {dec:.3f} < 0.85 at {sys.argv[2]} Mbit/s: they waited on their link")
+    ok = False
+if not dp + 0.3 <= dec:
+    print(f"dp's utilisation is not at least 0.3 below decoupled's at {sys.argv[2]} Mbit/s")
+    ok = False
+sys.exit(0 if ok else 1)
+PY
+echo "wan utilisation: ok"
