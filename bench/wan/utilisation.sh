@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# Utilisation over constrained links, on real processes (issue 32 items 1–2, first stage): every learner (decoupled)
-# or worker (dp) sits in its own network namespace — a "site" — whose link to the others is shaped with tc netem
-# (RATE Mbit/s each way, RTT ms round trip, on both ends of the site's veth); the syncer sits on an unshaped link.
+# Utilisation over constrained links, on real processes (issue 32 items 1–2): every learner (decoupled) or worker
+# (dp, diloco, streaming) sits in its own network namespace — a "site" — whose link to the others is shaped with tc
+# netem (RATE Mbit/s each way, RTT ms round trip, on both ends of the site's veth); the syncer's link is unshaped.
 # For each rate, each method trains a fixed number of steps and its utilisation is its training throughput over
 # the same processes' throughput with every link unshaped:
 #   throughput = Σ over learners (or workers) of (steps − 1) · B · T / (last step's time − first step's time)
 # from the step events (start-up, bootstrap and the final evaluation are outside the window). Beside it, each run's
-# syncs (dp: gradient all-reduces; decoupled: the syncer's merges of fragments) and final validation loss: a
-# decoupled learner never waits on its link, so a link too slow for its fragments shows as fewer or staler merges
-# and a worse loss, not as lower throughput.
+# syncs (dp: gradient all-reduces; diloco, streaming: outer all-reduces; decoupled: the syncer's merges of fragments)
+# and final validation loss: a decoupled learner never waits on its link, so a link too slow for its fragments shows
+# as fewer or staler merges and a worse loss, not as lower throughput.
 # Model: the horizon study's (d_model 64, 4 layers, 0.48M parameters, 1.9 MB in fp32), B = 8 sequences of 128
 # tokens, M = 2, one BLAS thread each; decoupled with configs/demo.toml's H = 12, P = 12, τ = 2, K = M, fp32 both ways.
 # Usage (root; repository root, after scripts/build.sh and `dloco data prepare --kjv --out data/kjv`):
 #   [RATES="0 300 100 30 10 0"] [RTT_MS=10] [METHODS="dp decoupled"] [DP_STEPS=40] [DEC_STEPS=96] \
-#     bench/wan/utilisation.sh
+#     [OUTER_STEPS=96] bench/wan/utilisation.sh
+#   METHODS: any of dp, diloco (H = 12), diloco-hH (H = 30, say), streaming (H = P = 12, τ = 2) — the baselines, each
+#   worker at a site, OUTER_STEPS steps (diloco and streaming) — and decoupled.
 #   RATES: Mbit/s, 0 = unshaped (the reference: the mean of a method's unshaped runs). Prints a table (Markdown) and
 #   writes it with every run's folder under runs/wan-<date>/ (OUT=DIR: there instead), and the raw rows as
 #   results.txt ("method rate tokens/s utilisation"). DATA=DIR trains on another prepared corpus, SETS="--set K=V …"
@@ -28,6 +30,7 @@ RTT_MS=${RTT_MS:-10}
 METHODS=${METHODS:-dp decoupled}
 DP_STEPS=${DP_STEPS:-40}
 DEC_STEPS=${DEC_STEPS:-96}
+OUTER_STEPS=${OUTER_STEPS:-96}
 M=2 B=8 T=128
 DLOCO=${DLOCO:-$PWD/build/bin/dloco}
 PY=/usr/bin/python3
@@ -104,16 +107,23 @@ print(f"{total:.1f}")
 PY
 }
 
-run_dp() {  # name → its folder; the workers meet over worker 0's TCP store
-  local name=$1 pids=()
+# run_workers NAME MODE STEPS [--set …]: a baseline's M workers, one per site, meeting over worker 0's TCP store
+run_workers() {
+  local name=$1 mode=$2 steps=$3 pids=()
+  shift 3
   for r in $(seq 0 $((M - 1))); do
-    ip netns exec "$p$((r + 1))" "$DLOCO" worker --config configs/demo.toml "${common[@]}" --set 'diloco.mode="dp"' \
-      --set run.trusted_network=true --set "run.name=\"$name\"" --set train.total_tokens=$((M * DP_STEPS * B * T)) \
+    ip netns exec "$p$((r + 1))" "$DLOCO" worker --config configs/demo.toml "${common[@]}" --set "diloco.mode=\"$mode\"" \
+      --set run.trusted_network=true --set "run.name=\"$name\"" --set train.total_tokens=$((M * steps * B * T)) "$@" \
       --rank "$r" --store "tcp://$(addr 1):29461" > "$out/$name.worker_$r.log" 2>&1 &
     pids+=($!)
   done
-  for pid in "${pids[@]}"; do wait "$pid" || { echo "dp worker failed: see $out/$name.worker_*.log" >&2; exit 1; }; done
+  for pid in "${pids[@]}"; do wait "$pid" || { echo "$mode worker failed: see $out/$name.worker_*.log" >&2; exit 1; }; done
 }
+run_dp() { run_workers "$1" dp "$DP_STEPS"; }
+# diloco-hH: DiLoCo syncing the whole model every H steps, blocking (H = 12 unless named)
+run_diloco() { run_workers "$1" diloco "$OUTER_STEPS" --set "diloco.inner_steps=${2:-12}"; }
+# streaming: Streaming DiLoCo with the demo's H = 12, P = 12, τ = 2 (every worker waits for every fragment's merge)
+run_streaming() { run_workers "$1" streaming "$OUTER_STEPS"; }
 
 run_decoupled() {  # name → its folder; the syncer on its unshaped link, the learners at the sites
   local name=$1 pids=()
@@ -139,31 +149,86 @@ for RATE in $RATES; do
   for method in $METHODS; do
     name="$method-r$RATE-$(( ${#results[@]} ))"
     echo "[wan] $method at $([ "$RATE" = 0 ] && echo "unshaped links" || echo "$RATE Mbit/s, RTT $RTT_MS ms")"
-    "run_$method" "$name"
-    tps=$(throughput "$out/$name" "$([ "$method" = dp ] && echo worker_ || echo learner_)")
+    case $method in
+      diloco-h*) run_diloco "$name" "${method#diloco-h}" ;;
+      dp | diloco | streaming | decoupled) "run_$method" "$name" ;;
+      *) echo "unknown method '$method' (dp, diloco, diloco-hH, streaming, decoupled)" >&2; exit 2 ;;
+    esac
+    tps=$(throughput "$out/$name" "$([ "$method" = decoupled ] && echo learner_ || echo worker_)")
     echo "[wan] $method at $RATE: $tps tokens/s"
     results+=("$method $RATE $tps")
   done
 done
 printf '%s\n' "${results[@]}" > "$out/runs.txt"
-"$PY" - "$out/runs.txt" "$RTT_MS" "$out" <<'PY' | tee "$out/table.md"
-import collections, json, sys
-rows = [line.split() for line in open(sys.argv[1])]
+"$PY" - "$out/runs.txt" "$RTT_MS" "$out" "$DLOCO" "$M" $((B * T)) <<'PY' | tee "$out/table.md"
+# The table, each shaped point beside `dloco sim bandwidth` for the same model (N from a log), step time (the
+# method's unshaped mean: M·B·T / tokens/s), M, H, P, τ and fp32; and the plot (gnuplot), if gnuplot is there.
+# The simulator's dp all-reduces bf16 gradients layer by layer behind the backward (the paper's model), dloco's dp
+# fp32 after it: expect the measured dp at about half the "sim" column (docs/measurements.md).
+import collections, glob, json, re, shutil, subprocess, sys
+runs_txt, rtt, out, dloco, M, tokens_per_step = sys.argv[1:7]
+rows = [line.split() for line in open(runs_txt)]
 base = collections.defaultdict(list)
 for method, rate, tps in rows:
     if rate == "0":
         base[method].append(float(tps))
 if any(not base[m] for m, _, _ in rows):
     sys.exit("RATES needs a 0 (unshaped) run of each method: the reference")
-print(f"| method | link, Mbit/s each way (RTT {sys.argv[2]} ms) | tokens/s | utilisation | syncs | final val loss |")
-print("|---|---|---|---|---|---|")
+
+def parameters():  # N, as a syncer or learner log prints it (every run trains the same model; none without decoupled)
+    for log in sorted(glob.glob(f"{out}/*.log")):
+        found = re.search(r"(\d+) parameters", open(log, errors="replace").read())
+        if found:
+            return int(found.group(1))
+    return None
+
+def predicted(method, rate, step_s, n):  # the simulator's compute utilisation, or "" where it has no model
+    if rate == "0" or method == "decoupled" or n is None:
+        return ""  # decoupled: a learner never waits, the simulator's "streaming" is the blocking bound
+    if method.startswith("diloco"):
+        how = ["--method", "diloco", "--inner-steps", method[len("diloco-h"):] if "-h" in method else "12"]
+    elif method == "streaming":
+        how = ["--method", "streaming", "--inner-steps", "12", "--fragments", "12", "--overlap-steps", "2"]
+    else:
+        how = ["--method", "dp"]
+    r = subprocess.run([dloco, "sim", "bandwidth", *how, "--params", str(n), "--step-s", f"{step_s:.5f}", "--workers",
+                        M, "--precision", "fp32", "--link-gbps", str(float(rate) / 1000)], capture_output=True, text=True)
+    try:
+        return f"{json.loads(r.stdout.strip().splitlines()[-1])['cu']:.3f}"
+    except (ValueError, IndexError, KeyError):
+        return "?"
+
+print(f"| method | link, Mbit/s each way (RTT {rtt} ms) | tokens/s | utilisation | sim | syncs | final val loss |")
+print("|---|---|---|---|---|---|---|")
+series = collections.defaultdict(list)
 for i, (method, rate, tps) in enumerate(rows):
     ref = sum(base[method]) / len(base[method])
-    report = json.load(open(f"{sys.argv[3]}/{method}-r{rate}-{i}/report.json"))
-    syncs = report.get("merges", report.get("syncs", ""))  # decoupled: merges of fragments; dp: all-reduces
-    print(f"| {method} | {'unshaped' if rate == '0' else rate} | {float(tps):.0f} | {float(tps) / ref:.3f} | "
-          f"{syncs} | {report['final_val_loss']:.4f} |")
-    with open(f"{sys.argv[3]}/results.txt", "a") as f:
-        f.write(f"{method} {rate} {float(tps):.1f} {float(tps) / ref:.4f}\n")
+    run = f"{method}-r{rate}-{i}"
+    report = json.load(open(f"{out}/{run}/report.json"))
+    syncs = report.get("merges", report.get("syncs", ""))  # decoupled: merges of fragments; else all-reduces
+    util = float(tps) / ref
+    sim = predicted(method, rate, int(M) * int(tokens_per_step) / ref, parameters())
+    print(f"| {method} | {'unshaped' if rate == '0' else rate} | {float(tps):.0f} | {util:.3f} | {sim} | {syncs} | "
+          f"{report['final_val_loss']:.4f} |")
+    with open(f"{out}/results.txt", "a") as f:
+        f.write(f"{method} {rate} {float(tps):.1f} {util:.4f}\n")
+    if rate != "0":
+        series[method].append((float(rate), util, sim))
+
+if shutil.which("gnuplot") and series:
+    plots = []
+    for k, (method, points) in enumerate(sorted(series.items())):
+        with open(f"{out}/plot-{method}.dat", "w") as f:
+            for rate, util, sim in sorted(points):
+                f.write(f"{rate} {util} {sim if sim not in ('', '?') else 'NaN'}\n")
+        plots.append(f"'{out}/plot-{method}.dat' using 1:2 with linespoints lw 2 lc {k + 1} title '{method}'")
+        if any(sim not in ("", "?") for _, _, sim in points):
+            plots.append(f"'{out}/plot-{method}.dat' using 1:3 with lines dt 2 lc {k + 1} title '{method} (sim)'")
+    with open(f"{out}/utilisation.gp", "w") as g:
+        g.write(f"set terminal pngcairo size 960,600 font 'Sans,11'\nset output '{out}/utilisation.png'\n"
+                f"set title 'Utilisation vs link rate, M = {M} sites, fp32 (unshaped = 1)'\n"
+                "set xlabel 'link, Mbit/s each way'\nset ylabel 'tokens/s over unshaped'\nset logscale x\n"
+                "set yrange [0:1.15]\nset grid\nset key outside right\nplot " + ", \\\n  ".join(plots) + "\n")
+    subprocess.run(["gnuplot", f"{out}/utilisation.gp"], check=False)
 PY
 echo "[wan] runs and table in $out ($(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))"
