@@ -19,7 +19,8 @@
 #   RATES: Mbit/s, 0 = unshaped (the reference: the mean of a method's unshaped runs). Prints a table (Markdown) and
 #   writes it with every run's folder under runs/wan-<date>/ (OUT=DIR: there instead), and the raw rows as
 #   results.txt ("method rate tokens/s utilisation"). DATA=DIR trains on another prepared corpus, SETS="--set K=V …"
-#   adds config overrides after the bench's own (a smaller model), SLOWDOWN=F slows every learner/worker F× (run.slowdown).
+#   adds config overrides after the bench's own (a smaller model; not train.batch_size or model.seq_len: B = 8 and
+#   T = 128 are the bench's), SLOWDOWN=F slows every learner/worker F× (run.slowdown).
 #   tests/wan/utilisation_test.sh is the short version ctest runs.
 # Tears every namespace down on any exit.
 set -euo pipefail
@@ -87,8 +88,8 @@ if [ -n "${SLOWDOWN:-}" ]; then
   slow=$(seq -s, 0 $((M - 1)) | sed "s/\([0-9]*\)/\1:$SLOWDOWN/g")
   common+=(--set "run.slowdown=\"$slow\"")
 fi
-# shellcheck disable=SC2206  # SETS is a list of words by design
-common+=(${SETS:-})
+read -ra extra <<< "${SETS:-}"  # words, as the shell splits them, without globbing
+common+=("${extra[@]}")
 
 # throughput RUN_DIR PREFIX: tokens/s of the step events of RUN_DIR/events/PREFIX*.jsonl (see the header)
 throughput() {
@@ -122,7 +123,8 @@ run_workers() {
 run_dp() { run_workers "$1" dp "$DP_STEPS"; }
 # diloco-hH: DiLoCo syncing the whole model every H steps, blocking (H = 12 unless named)
 run_diloco() { run_workers "$1" diloco "$OUTER_STEPS" --set "diloco.inner_steps=${2:-12}"; }
-# streaming: Streaming DiLoCo with the demo's H = 12, P = 12, τ = 2 (every worker waits for every fragment's merge)
+# streaming: Streaming DiLoCo with the demo's H = 12, P = 12, τ = 2 (each worker waits for each fragment's
+# all-reduce at u + τ)
 run_streaming() { run_workers "$1" streaming "$OUTER_STEPS"; }
 
 run_decoupled() {  # name → its folder; the syncer on its unshaped link, the learners at the sites
@@ -160,13 +162,16 @@ for RATE in $RATES; do
   done
 done
 printf '%s\n' "${results[@]}" > "$out/runs.txt"
-"$PY" - "$out/runs.txt" "$RTT_MS" "$out" "$DLOCO" "$M" $((B * T)) <<'PY' | tee "$out/table.md"
+: > "$out/results.txt"
+layers=$("$DLOCO" config --config configs/demo.toml "${common[@]}" model.n_layer)
+"$PY" - "$out/runs.txt" "$RTT_MS" "$out" "$DLOCO" "$M" $((B * T)) "$layers" <<'PY' | tee "$out/table.md"
 # The table, each shaped point beside `dloco sim bandwidth` for the same model (N from a log), step time (the
 # method's unshaped mean: M·B·T / tokens/s), M, H, P, τ and fp32; and the plot (gnuplot), if gnuplot is there.
 # The simulator's dp all-reduces bf16 gradients layer by layer behind the backward (the paper's model), dloco's dp
-# fp32 after it: expect the measured dp at about half the "sim" column (docs/measurements.md).
+# fp32 after it: expect the measured dp well under the "sim" column (docs/measurements.md). Without a decoupled
+# run in METHODS no log names N and the column stays empty (said on stderr).
 import collections, glob, json, re, shutil, subprocess, sys
-runs_txt, rtt, out, dloco, M, tokens_per_step = sys.argv[1:7]
+runs_txt, rtt, out, dloco, M, tokens_per_step, layers = sys.argv[1:8]
 rows = [line.split() for line in open(runs_txt)]
 base = collections.defaultdict(list)
 for method, rate, tps in rows:
@@ -186,11 +191,12 @@ def predicted(method, rate, step_s, n):  # the simulator's compute utilisation, 
     if rate == "0" or method == "decoupled" or n is None:
         return ""  # decoupled: a learner never waits, the simulator's "streaming" is the blocking bound
     if method.startswith("diloco"):
-        how = ["--method", "diloco", "--inner-steps", method[len("diloco-h"):] if "-h" in method else "12"]
+        how = ["--method", "diloco", "--inner-steps", method[len("diloco-h"):] if "-h" in method else "12",
+               "--fragments", "1", "--overlap-steps", "0"]
     elif method == "streaming":
         how = ["--method", "streaming", "--inner-steps", "12", "--fragments", "12", "--overlap-steps", "2"]
     else:
-        how = ["--method", "dp"]
+        how = ["--method", "dp", "--layers", layers]  # bf16 gradients whatever --precision says
     r = subprocess.run([dloco, "sim", "bandwidth", *how, "--params", str(n), "--step-s", f"{step_s:.5f}", "--workers",
                         M, "--precision", "fp32", "--link-gbps", str(float(rate) / 1000)], capture_output=True, text=True)
     try:
@@ -198,6 +204,8 @@ def predicted(method, rate, step_s, n):  # the simulator's compute utilisation, 
     except (ValueError, IndexError, KeyError):
         return "?"
 
+if parameters() is None:
+    print("[wan] no log names the parameter count (it takes a decoupled run): no sim column", file=sys.stderr)
 print(f"| method | link, Mbit/s each way (RTT {rtt} ms) | tokens/s | utilisation | sim | syncs | final val loss |")
 print("|---|---|---|---|---|---|---|")
 series = collections.defaultdict(list)

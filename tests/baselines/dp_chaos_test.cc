@@ -58,15 +58,18 @@ class DpRecoveryTest : public ::testing::Test {
                                       " --set train.checkpoint_interval=5");
   }
   static fs::path root_;
-  // What went wrong, printed when a run did not fail as planned: the launcher's events but its progress rows, and
-  // the end of every worker's log (an unplanned failure names its exit there).
+  // What went wrong, printed when a run did not fail as planned: the launcher's events except its progress rows,
+  // its console (root/<name>.log) and the end of every worker's log (an unplanned failure names its exit there).
   static void print_run(const std::string& name) {
     for (const auto& e : read_events(root_ / name / "events" / "launcher.jsonl")) {
       if (e["event"] != "progress") std::printf("%s\n", e.dump().c_str());
     }
-    for (const auto& log : fs::directory_iterator(root_ / name / "logs")) {
-      const std::string text = testing_support::slurp(log.path());
-      std::printf("== %s (end)\n%s\n", log.path().c_str(), text.substr(text.size() > 3000 ? text.size() - 3000 : 0).c_str());
+    std::vector<fs::path> logs{root_ / (name + ".log")};
+    std::error_code ec;
+    for (const auto& log : fs::directory_iterator(root_ / name / "logs", ec)) logs.push_back(log.path());
+    for (const auto& log : logs) {
+      const std::string text = testing_support::slurp(log);
+      std::printf("== %s (end)\n%s\n", log.c_str(), text.substr(text.size() > 3000 ? text.size() - 3000 : 0).c_str());
     }
   }
   // The launcher's group formations: {generation, world, from_step}.
@@ -92,7 +95,7 @@ TEST_F(DpRecoveryTest, ElasticShrinksAtOnceAndGrowsBackWithoutLosingTheVotedStep
   EXPECT_LE(tokens, kBudget);
   EXPECT_GT(tokens, kBudget - 3 * 32 * 32);
   const auto groups = formations("elastic");
-  if (report["worker_failures"] != 1 || groups.size() != 3u) print_run("elastic");
+  if (report["status"] != "finished" || report["worker_failures"] != 1 || groups.size() != 3u) print_run("elastic");
   ASSERT_EQ(groups.size(), 3u);
   EXPECT_EQ(groups[1]["slots"], json::array({0, 2}));  // the survivors, at once
   EXPECT_EQ(groups[2]["slots"], json::array({0, 1, 2}));  // grown back

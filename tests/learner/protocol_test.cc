@@ -328,8 +328,8 @@ TEST_F(ProtocolTest, AMergeIsAppliedTauStepsAfterTheCaptureOfTheAnswerItTook) {
 
 TEST_F(ProtocolTest, ALearnerCutOffReattachesAndIsMergedAgain) {
   // Learner 1's link is cut at its step 60 and stays cut, for at least 100 of its steps, until the syncer has
-  // merged a round without it (rounds that waited their answer window for its lost answers, or rounds it had not
-  // reached); it keeps training, slowed to 10 ms a step past its step 160 so it does not run far ahead. Once
+  // merged a round without it since the cut (a round that waited its answer window for its lost answer, or one it
+  // had not reached); it keeps training, slowed to 10 ms a step past its step 160 so it does not run far ahead. Once
   // re-attached it trains until the syncer has merged a round with it again; the others train until it is done,
   // slowed to 10 ms a step past kSteps so a learner 1 that lagged catches up and reaches a round among the first
   // K. Sized in steps and the syncer's own events, with a budget nobody reaches first: on any machine, loaded or
@@ -337,9 +337,14 @@ TEST_F(ProtocolTest, ALearnerCutOffReattachesAndIsMergedAgain) {
   config_.train.total_tokens = 1'000'000'000;
   start_syncer();
   std::atomic<bool> learner_1_done{false};
-  std::atomic<double> back_at{0};
-  // The syncer's merges of training rounds (not the final flush) since `after_t` (event time, s): with learner 1
-  // among the participants when `with_1`, without it otherwise.
+  std::atomic<double> cut_at{0}, back_at{0};  // event clock (system clock, s)
+  const auto now_s = [] {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  };
+  // Whether the syncer merged a training round (not the final flush) after `after_t` (event time, s): with learner
+  // 1 among the participants when `with_1`, without it otherwise. K = 2 of 3 without a grace window leaves the last
+  // learner to reach a round out of it, so merges without learner 1 also happen before the cut: only those after
+  // it count.
   const auto merged = [&](bool with_1, double after_t) {
     std::ifstream in(dir_ / "events" / "syncer_1.jsonl");
     for (std::string line; std::getline(in, line);) {
@@ -353,12 +358,13 @@ TEST_F(ProtocolTest, ALearnerCutOffReattachesAndIsMergedAgain) {
   };
   const StepHook learner_1 = [&](int64_t step, const OuterSync&, const LearnerLink& link) {
     static thread_local bool cut = false;
-    if (step == 60) net_.cut("learner 1", cut = true);
-    if (cut && step >= 160 && merged(false, 0)) net_.cut("learner 1", cut = false);
-    if (cut && step >= 160) std::this_thread::sleep_for(10ms);
-    if (back_at.load() == 0 && link.reconnects() >= 1) {
-      back_at = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    if (step == 60) {
+      cut_at = now_s();
+      net_.cut("learner 1", cut = true);
     }
+    if (cut && step >= 160 && merged(false, cut_at.load())) net_.cut("learner 1", cut = false);
+    if (cut && step >= 160) std::this_thread::sleep_for(10ms);
+    if (back_at.load() == 0 && link.reconnects() >= 1) back_at = now_s();
     if (back_at.load() > 0 && step % 5 == 0) learner_1_done = merged(true, back_at.load());
     return learner_1_done.load();
   };
@@ -368,13 +374,15 @@ TEST_F(ProtocolTest, ALearnerCutOffReattachesAndIsMergedAgain) {
   };
   const auto results = run_all({{0, others}, {1, learner_1}, {2, others}}, {{0, 1'000'000}, {1, 1'000'000}, {2, 1'000'000}});
   EXPECT_GE(results[1].reconnects, 1);
-  // Merges without learner 1 while it was away, and with it again after it came back (before the final flush).
+  // Merges of training rounds without learner 1 while it was away, and with it again after it came back.
   int without_1 = 0, with_1_after = 0;
   for (const auto& m : named(events_of("syncer_1.jsonl"), "merged")) {
+    if (m["round"] == -1) continue;  // the final flush
     bool has_1 = false;
     for (int who : m["participants"]) has_1 |= who == 1;
-    without_1 += has_1 ? 0 : 1;
-    with_1_after += has_1 && m["round"] != -1 && m["t"].get<double>() > back_at.load() ? 1 : 0;
+    const double t = m["t"];
+    without_1 += !has_1 && t > cut_at.load() && t <= back_at.load() ? 1 : 0;
+    with_1_after += has_1 && t > back_at.load() ? 1 : 0;
   }
   EXPECT_GT(without_1, 0) << "no merge went ahead without the cut learner";
   EXPECT_GT(with_1_after, 0) << "learner 1 was never merged again during training after it came back";
