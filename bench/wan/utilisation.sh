@@ -21,7 +21,8 @@
 #   results.txt ("method rate tokens/s utilisation"). DATA=DIR trains on another prepared corpus, SETS="--set K=V …"
 #   adds config overrides after the bench's own (a smaller model; not train.batch_size or model.seq_len: B = 8 and
 #   T = 128 are the bench's), SLOWDOWN=F slows every learner/worker F× (run.slowdown).
-#   tests/wan/utilisation_test.sh is the short version ctest runs.
+#   Also there: runs.txt (method, rate, tokens/s per run), utilisation.png and its plot-*.dat and utilisation.gp
+#   (gnuplot). tests/wan/utilisation_test.sh is the short version ctest runs.
 # Tears every namespace down on any exit.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -33,6 +34,18 @@ DP_STEPS=${DP_STEPS:-40}
 DEC_STEPS=${DEC_STEPS:-96}
 OUTER_STEPS=${OUTER_STEPS:-96}
 M=2 B=8 T=128
+# The inputs, checked before anything is set up: rates are whole Mbit/s ≥ 0 with at least one 0 (the reference),
+# methods are known, step counts are whole numbers ≥ 3.
+bad() { echo "bench/wan/utilisation.sh: $*" >&2; exit 2; }
+[ -n "${RATES// }" ] || bad "RATES is empty (give Mbit/s values, 0 = unshaped)"
+for r in $RATES; do [[ $r =~ ^[0-9]+$ ]] || bad "RATES: '$r' is not a whole number of Mbit/s ≥ 0"; done
+[[ " $RATES " == *" 0 "* ]] || bad "RATES needs a 0: each method's unshaped run is its reference"
+[ -n "${METHODS// }" ] || bad "METHODS is empty (dp, diloco, diloco-hH, streaming, decoupled)"
+for m in $METHODS; do
+  [[ $m =~ ^(dp|diloco|diloco-h[1-9][0-9]*|streaming|decoupled)$ ]] ||
+    bad "unknown method '$m' (dp, diloco, diloco-hH, streaming, decoupled)"
+done
+for n in DP_STEPS DEC_STEPS OUTER_STEPS; do [[ ${!n} =~ ^[0-9]+$ ]] && [ "${!n}" -ge 3 ] || bad "$n must be ≥ 3"; done
 DLOCO=${DLOCO:-$PWD/build/bin/dloco}
 PY=/usr/bin/python3
 out=${OUT:-$PWD/runs/wan-$(date +%Y%m%d-%H%M%S)}
