@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The short version of bench/wan/utilisation.sh (issue 32): dp and decoupled, M = 2, every worker or learner in its
-# own network namespace, the tiny model on a tiny corpus, each method unshaped (twice: the reference is their mean)
+# own network namespace, the tiny model on a tiny corpus, each method unshaped (three times: the reference is their mean)
 # and with every site's link shaped to 5 Mbit/s each way. Asserts what holds on an otherwise idle machine of any
 # speed (ctest runs it alone, RUN_SERIAL; another load during the run would move the unshaped references):
-#   - unshaped, both methods are at utilisation ≥ 0.9 (each unshaped run against the mean of the two: the
-#     measurement's own noise; with 40 dp steps six unshaped runs were within ±3.5%, with 20 they were not);
+#   - unshaped, both methods are at utilisation ≥ 0.9: at least two of the three unshaped runs against the mean of
+#     the three (the measurement's own noise; with 40 dp steps six unshaped runs were within ±3.5%, but in a CI run
+#     the first dp run after the other process tests was 25% slower than the last);
 #   - at RATE (5 Mbit/s), decoupled learners are still at ≥ 0.85: they never wait on their link (a learner that
 #     waited for its merges, diloco.blocking = true, measured 0.38 here, 0.90 at 20 Mbit/s);
 #   - at RATE, dp's utilisation is at least 0.3 below decoupled's: dp all-reduces the whole gradient (0.53 MB in fp32)
@@ -40,7 +41,7 @@ for i in $(seq 0 5999); do echo "And it came to pass on day $((i % 97)) that the
 "$BUILD/bin/dloco-data" prepare "$dir/corpus.txt" --out "$dir/data" --vocab-size 400 --threads 1 > "$dir/prepare.log" 2>&1 ||
   fail "dloco-data prepare: $(tail -n 3 "$dir/prepare.log")"
 
-DLOCO="$BUILD/bin/dloco" OUT="$dir/out" DATA="$dir/data" RATES="0 $RATE 0" METHODS="dp decoupled" \
+DLOCO="$BUILD/bin/dloco" OUT="$dir/out" DATA="$dir/data" RATES="0 $RATE 0 0" METHODS="dp decoupled" \
   DP_STEPS=40 DEC_STEPS=96 SLOWDOWN="${DLOCO_TEST_SLOWDOWN:-}" \
   SETS="--set model.vocab_size=400 --set model.n_layer=2 --set train.eval_tokens=4096" \
   bash "$SRC/bench/wan/utilisation.sh" > "$dir/bench.log" 2>&1 || { tail -n 30 "$dir/bench.log"; fail "the bench failed"; }
@@ -54,10 +55,10 @@ for method, rate, _, u in rows:
     util[(method, rate)].append(float(u))
 ok = True
 for method in ("dp", "decoupled"):
-    for u in util[(method, "0")]:
-        if u < 0.9:
-            print(f"{method} unshaped at utilisation {u:.3f} < 0.9 of its own mean: the measurement is too noisy")
-            ok = False
+    unshaped = util[(method, "0")]
+    if sum(u >= 0.9 for u in unshaped) < 2:
+        print(f"{method} unshaped at utilisation {unshaped} of their mean: fewer than 2 of 3 at ≥ 0.9, too noisy")
+        ok = False
 dp, dec = util[("dp", sys.argv[2])][0], util[("decoupled", sys.argv[2])][0]
 print(f"at {sys.argv[2]} Mbit/s: dp {dp:.3f}, decoupled {dec:.3f}")
 if dec < 0.85:
