@@ -217,7 +217,8 @@ def predicted(method, rate, step_s, n):  # the simulator's compute utilisation, 
     except (ValueError, IndexError, KeyError):
         return "?"
 
-if parameters() is None:
+N = parameters()
+if N is None:
     print("[wan] no log names the parameter count (it takes a decoupled run): no sim column", file=sys.stderr)
 print(f"| method | link, Mbit/s each way (RTT {rtt} ms) | tokens/s | utilisation | sim | syncs | final val loss |")
 print("|---|---|---|---|---|---|---|")
@@ -228,7 +229,7 @@ for i, (method, rate, tps) in enumerate(rows):
     report = json.load(open(f"{out}/{run}/report.json"))
     syncs = report.get("merges", report.get("syncs", ""))  # decoupled: merges of fragments; else all-reduces
     util = float(tps) / ref
-    sim = predicted(method, rate, int(M) * int(tokens_per_step) / ref, parameters())
+    sim = predicted(method, rate, int(M) * int(tokens_per_step) / ref, N)
     print(f"| {method} | {'unshaped' if rate == '0' else rate} | {float(tps):.0f} | {util:.3f} | {sim} | {syncs} | "
           f"{report['final_val_loss']:.4f} |")
     with open(f"{out}/results.txt", "a") as f:
