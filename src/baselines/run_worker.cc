@@ -34,6 +34,7 @@
 #include "collective/flat_model.h"
 #include "collective/process_group.h"
 #include "core/json_read.h"
+#include "core/slowdown.h"
 #include "data/stream.h"
 #include "data/tokenizer.h"
 #include "learner/gpt_inner_job.h"
@@ -178,7 +179,7 @@ class Worker {
   JobReplica replica_;
   int64_t tokens_total_;  // dp: tokens trained by the whole group since the run began (every generation)
   const int64_t tokens_per_step_, budget_;
-  const double slowdown_;
+  StepSlowdown slowdown_;  // run.slowdown: this worker's step-time multipliers
   ControlFile control_;
   double wait_s_ = 0;  // time this rank spent blocked in collectives
   int64_t syncs_ = 0;
@@ -229,7 +230,7 @@ Worker::Worker(const Config& config, const WorkerOptions& options, std::vector<i
       tokens_total_(start_.tokens_total),
       tokens_per_step_(config.train.tokens_per_step(config.model)),
       budget_(config.train.total_tokens / M_),
-      slowdown_(slowdown_factor(config.run, slot_, M_)),
+      slowdown_(slowdown_spec(config.run, slot_, M_), config.run.seed, slot_),
       control_(options.run_dir / "control" / ("learner_" + std::to_string(slot_) + ".json")) {
   if (resumed_ && !outer_) restore_optimizer();
   if (mode_ == Mode::kDp && gpt_job_) {
@@ -480,10 +481,11 @@ void Worker::train_step() {
   const InnerStep r = job_step();  // dp: the all-reduce runs inside (the hook, or the group's engines)
   const double step_s = seconds_since(t0);
   // heterogeneous hardware (run.slowdown) or a fault plan's slow_learner: this worker is `factor` times slower
-  if (const double factor = std::max(slowdown_, control_.slowdown()); factor > 1.0) {
+  double sleep_s = 0;  // the emulated slower chip's extra time
+  if (const double factor = std::max(slowdown_.next(), control_.slowdown()); factor > 1.0) {
     // in slices with a keep-alive between them: a learner group's ranks wait for commands with a deadline
-    const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
-                                          (factor - 1.0) * (step_s - (wait_s_ - wait_before))));
+    sleep_s = (factor - 1.0) * (step_s - (wait_s_ - wait_before));
+    const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(sleep_s));
     while (Clock::now() < until) {
       std::this_thread::sleep_for(std::min<Clock::duration>(until - Clock::now(), std::chrono::milliseconds(250)));
       job_->idle();
@@ -497,6 +499,7 @@ void Worker::train_step() {
   if (std::isfinite(r.loss)) loss_ema_ = std::isnan(loss_ema_) ? r.loss : 0.9 * loss_ema_ + 0.1 * r.loss;
   if (outer_) outer_sync_->after_step(step_, r.tokens, g_worker_signal.load() != 0);
   events_.emit("step", {{"step", step_}, {"loss", r.loss}, {"step_s", step_s}, {"wait_s", wait_s_ - wait_before},
+                        {"sleep_s", sleep_s},
                         {"skipped", r.skipped}, {"tokens", job_->cursor().tokens_served}});
 }
 

@@ -15,6 +15,7 @@
 
 #include "core/check.h"
 #include "core/config_fields.h"
+#include "core/slowdown.h"
 
 namespace dloco {
 
@@ -336,30 +337,62 @@ const ParallelConfig& Config::parallel_for(int64_t id) const {
 
 bool is_collective_mode(Mode mode) { return mode == Mode::kDp || mode == Mode::kDiloco || mode == Mode::kStreaming; }
 
-double slowdown_factor(const RunSettings& run, int id, int64_t learners) {
-  double factor = 1.0;
+SlowdownSpec slowdown_spec(const RunSettings& run, int id, int64_t learners) {
+  SlowdownSpec spec, every;
+  bool listed = false;
   std::stringstream list(run.slowdown);
   std::string entry;
   while (std::getline(list, entry, ',')) {
     if (entry.find_first_not_of(" \t") == std::string::npos) continue;
     const auto colon = entry.find(':');
-    size_t used_id = 0, used_factor = 0;
+    const auto tilde = entry.find('~');
     long long who = -1;
-    double f = 0;
+    double f = 0, sd = 0;
     try {
-      if (colon == std::string::npos) throw std::invalid_argument("no colon");
-      who = std::stoll(entry.substr(0, colon), &used_id);
-      f = std::stod(entry.substr(colon + 1), &used_factor);
+      if (colon == std::string::npos || (tilde != std::string::npos && tilde < colon)) {
+        throw std::invalid_argument("no colon");
+      }
+      size_t used = 0;
+      const std::string id_text = entry.substr(0, colon);
+      const auto star = id_text.find_first_not_of(" \t");
+      if (star != std::string::npos && id_text[star] == '*') {  // every learner not listed by its id
+        used = star + 1;
+        who = -2;
+      } else {
+        who = std::stoll(id_text, &used);
+      }
+      if (id_text.find_first_not_of(" \t", used) != std::string::npos) throw std::invalid_argument("id");
+      const std::string f_text = entry.substr(colon + 1, tilde == std::string::npos ? std::string::npos : tilde - colon - 1);
+      f = std::stod(f_text, &used);
+      if (f_text.find_first_not_of(" \t", used) != std::string::npos) throw std::invalid_argument("factor");
+      if (tilde != std::string::npos) {
+        const std::string sd_text = entry.substr(tilde + 1);
+        sd = std::stod(sd_text, &used);
+        if (sd_text.find_first_not_of(" \t", used) != std::string::npos) throw std::invalid_argument("sd");
+      }
     } catch (const std::exception&) {
-      throw InputError("run.slowdown: entry '" + entry + "' must look like ID:FACTOR (e.g. \"3:1.18\")");
+      throw InputError("run.slowdown: entry '" + entry + "' must look like ID:FACTOR or ID:FACTOR~SD, ID a learner or "
+                       "* for every other (e.g. \"3:1.18\" or \"*:3~0.1,3:3.54~0.1\")");
     }
-    require(who >= 0 && who < learners, "run.slowdown",
+    require(who == -2 || (who >= 0 && who < learners), "run.slowdown",
             "names learner " + std::to_string(who) + ", outside [0, M = " + std::to_string(learners) + ")");
-    require(f >= 1.0 && std::isfinite(f), "run.slowdown", "factor of learner " + std::to_string(who) +
+    const std::string name = who == -2 ? std::string("*") : std::to_string(who);
+    require(f >= 1.0 && std::isfinite(f), "run.slowdown", "factor of learner " + name +
                                                             " must be ≥ 1 (got " + entry.substr(colon + 1) + ")");
-    if (who == id) factor = f;
+    require(sd >= 0.0 && sd < 1.0, "run.slowdown", "the per-step sd of learner " + name +
+                                                     " must be in [0, 1) (got " + entry.substr(tilde + 1) + ")");
+    if (who == id) {
+      spec = {f, sd};
+      listed = true;
+    } else if (who == -2) {
+      every = {f, sd};
+    }
   }
-  return factor;
+  return listed ? spec : every;
+}
+
+double slowdown_factor(const RunSettings& run, int id, int64_t learners) {
+  return slowdown_spec(run, id, learners).factor;
 }
 
 namespace {

@@ -18,6 +18,7 @@ class GptInnerJob final : public InnerJob {
 
   InnerStep step(int64_t step) override;
   StreamCursor cursor() const override { return stream_.cursor(); }
+  void replace_stream(DataStream stream) override { stream_ = std::move(stream); }
   void read_fragment(int p, std::span<float> out) override;
   void write_fragment(int p, std::span<const float> values) override;
   /// dir/optimizer.pt, then dir/state.json = {"format", "step", "bytes"} written after it, both atomically.

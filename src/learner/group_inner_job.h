@@ -51,6 +51,7 @@ class GroupInnerJob final : public InnerJob {
 
   InnerStep step(int64_t step) override;
   StreamCursor cursor() const override { return stream_.cursor(); }
+  void replace_stream(DataStream stream) override { stream_ = std::move(stream); }
   void read_fragment(int p, std::span<float> out) override;
   void write_fragment(int p, std::span<const float> values) override;
   /// dir/group_<step>_<n>/rank_<r>.pt for every rank (n: the first unused), then dir/state.json {"format", "step",

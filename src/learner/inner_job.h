@@ -29,6 +29,9 @@ class InnerJob {
   virtual InnerStep step(int64_t step) = 0;
   /// Where its data stream stands: the batch the next step reads.
   virtual StreamCursor cursor() const = 0;
+  /// From the next step on, reads `stream` instead (a take-over of a stream whose learner left, docs/protocol.md
+  /// §7): parameters and moments are kept.
+  virtual void replace_stream(DataStream stream) = 0;
   /// Fragment p of its parameters as fp32, layout.fragments[p].numel values in layout order.
   virtual void read_fragment(int p, std::span<float> out) = 0;
   /// Overwrites fragment p of its parameters in place (the inner optimizer keeps its moments).

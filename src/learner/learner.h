@@ -19,14 +19,15 @@ namespace dloco {
 ///   training | finished --the syncer stops the run, or a signal (a graceful leave)--> stopped
 enum class LearnerPhase { kBootstrapping, kTraining, kFinished, kStopped };
 const char* to_string(LearnerPhase phase);
-inline constexpr std::array<std::pair<LearnerPhase, LearnerPhase>, 5> kLearnerMoves = {{
+inline constexpr std::array<std::pair<LearnerPhase, LearnerPhase>, 6> kLearnerMoves = {{
     {LearnerPhase::kBootstrapping, LearnerPhase::kTraining},
     {LearnerPhase::kBootstrapping, LearnerPhase::kStopped},
     {LearnerPhase::kTraining, LearnerPhase::kFinished},
     {LearnerPhase::kTraining, LearnerPhase::kStopped},
     {LearnerPhase::kFinished, LearnerPhase::kStopped},
+    {LearnerPhase::kFinished, LearnerPhase::kTraining},  // it took over a stream whose learner left (fixed shares)
 }};
-using LearnerPhaseMachine = StateMachine<LearnerPhase, 5>;
+using LearnerPhaseMachine = StateMachine<LearnerPhase, 6>;
 
 struct LearnerOptions {
   std::string syncer;                  // "host:port"

@@ -71,6 +71,8 @@ BoundaryOutcome OuterSync::boundary(int64_t step, bool finished) {
       out.stop = true;
     } else if (std::holds_alternative<wire::BudgetSpent>(in)) {  // the others trained the rest of the shared budget
       out.budget_spent = true;
+    } else if (auto* offer = std::get_if<wire::StreamOffer>(&in)) {  // the learner loop takes it or declines it
+      out.offer = std::move(*offer);
     } else if (const auto* pull = std::get_if<wire::PullRequest>(&in)) {
       answer(*pull, step);  // 5)
     } else if (auto* merged = std::get_if<wire::MergedFragment>(&in)) {

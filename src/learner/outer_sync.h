@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "learner/inner_job.h"
@@ -45,6 +46,7 @@ struct OuterSyncConfig {
 struct BoundaryOutcome {
   bool stop = false;          // the syncer ended the run
   bool budget_spent = false;  // the shared budget is spent: stop training, keep answering
+  std::optional<wire::StreamOffer> offer;  // fixed shares: a stream to take over (the last one offered)
 };
 
 class OuterSync {

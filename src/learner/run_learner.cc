@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/decisions.h"
+#include "core/slowdown.h"
 #include "data/stream.h"
 #include "learner/bootstrap.h"
 #include "learner/gpt_inner_job.h"
@@ -46,13 +47,14 @@ extern "C" void on_learner_signal(int sig) { g_learner_signal.store(sig); }
 // The training loop and what it keeps between steps. `phase` is training when it starts.
 class LearnerLoop {
  public:
-  LearnerLoop(const Config& config, int id, const fs::path& run_dir, int64_t step, int64_t stream, int64_t budget,
-              InnerJob& job, OuterSync& sync, LearnerLink& link, StreamLog& log, EventLog& events,
-              LearnerPhaseMachine& phase)
-      : phase_(phase), config_(config), id_(id), run_dir_(run_dir), step_(step), stream_(stream), budget_(budget), job_(job),
-        sync_(sync), link_(link), log_(&log), events_(events),
+  // `log` holds the lock of the leased stream's log; `streams` is the syncer's S.
+  LearnerLoop(const Config& config, int id, const fs::path& run_dir, int64_t step, int64_t stream, int64_t streams,
+              int64_t budget, InnerJob& job, OuterSync& sync, LearnerLink& link, std::unique_ptr<StreamLog> log,
+              EventLog& events, LearnerPhaseMachine& phase)
+      : phase_(phase), config_(config), id_(id), run_dir_(run_dir), step_(step), stream_(stream), streams_(streams),
+        budget_(budget), job_(job), sync_(sync), link_(link), log_(std::move(log)), events_(events),
         control_(run_dir / "control" / ("learner_" + std::to_string(id) + ".json")),
-        slowdown_(slowdown_factor(config.run, id, config.diloco.learners)),
+        slowdown_(slowdown_spec(config.run, id, config.diloco.learners), config.run.seed, id),
         tokens_per_step_(config.train.tokens_per_step(config.model)) {}
 
   // Trains until this stream's budget is spent, then keeps answering the final flush until the syncer stops the
@@ -79,9 +81,11 @@ class LearnerLoop {
       step_time_.update(std::chrono::duration<double>(t1 - t0).count());
       if (std::isfinite(r.loss)) loss_.update(r.loss);
       // Heterogeneous hardware (run.slowdown) or a slow_learner fault: this learner is `factor` times slower.
-      if (const double factor = std::max(slowdown_, control_.slowdown()); factor > 1.0) {
+      double sleep_s = 0;  // the emulated slower chip's extra time
+      if (const double factor = std::max(slowdown_.next(), control_.slowdown()); factor > 1.0) {
         // In slices with a keep-alive between them: a learner group's ranks wait for commands with a deadline.
         const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>((factor - 1.0) * (t1 - t0));
+        sleep_s = (factor - 1.0) * std::chrono::duration<double>(t1 - t0).count();
         while (Clock::now() < until) {
           std::this_thread::sleep_for(std::min<Clock::duration>(until - Clock::now(), std::chrono::milliseconds(250)));
           job_.idle();
@@ -94,7 +98,8 @@ class LearnerLoop {
       const double boundary_s = std::chrono::duration<double>(Clock::now() - t1).count();
       max_boundary_s_ = std::max(max_boundary_s_, boundary_s);
       events_.emit("step", {{"step", step_}, {"loss", r.loss}, {"step_s", std::chrono::duration<double>(t1 - t0).count()},
-                            {"boundary_s", boundary_s}, {"skipped", r.skipped}, {"tokens", job_.cursor().tokens_served}});
+                            {"boundary_s", boundary_s}, {"sleep_s", sleep_s}, {"skipped", r.skipped},
+                            {"tokens", job_.cursor().tokens_served}});
       if (Clock::now() - last_row_ >= std::chrono::duration<double>(config_.run.report_interval_s)) print_row();
       if (gauges_) {
         std::lock_guard lock(gauges_->mu);
@@ -119,15 +124,14 @@ class LearnerLoop {
 
   // After a signal the learner leaves gracefully (stream and quorum freed at once). Reports the final copies
   // (hashes of the job's own parameters) and hands the last words to the link.
-  void finish_run(int64_t peer_fragments_served, std::unique_ptr<StreamLog>& log_owner) {
+  void finish_run(int64_t peer_fragments_served) {
     // Asked to stop (SIGTERM: Ctrl-C of the launcher, a by-hand stop): its AdamW moments and step are saved, so the
     // resumed run continues with them (the data cursor is in the stream log already).
     if (leaving_ && config_.train.learner_state_interval > 0) {
       job_.save_state(run_dir_ / "learners" / ("learner_" + std::to_string(id_)), step_);
       events_.emit("state_saved", {{"step", step_}, {"reason", "stopping on a signal"}});
     }
-    log_owner.reset();  // unlock the stream's log before the syncer hands the stream to a joiner
-    log_ = nullptr;
+    log_.reset();  // unlock the stream's log before the syncer hands the stream to a joiner
     send_metadata();
     events_.emit("stopped", {{"step", step_}, {"signal", g_learner_signal.load()}, {"lost_steps", sync_.lost_steps()},
                              {"leaving", leaving_}, {"unmerged_steps", sync_.unmerged_steps()},
@@ -150,6 +154,57 @@ class LearnerLoop {
     const BoundaryOutcome out = sync_.boundary(step_, !phase_.is(LearnerPhase::kTraining));
     if (out.budget_spent) finish("the learners' tokens reached the shared budget");
     if (out.stop && !phase_.is(LearnerPhase::kStopped)) phase_.to(LearnerPhase::kStopped);
+    if (out.offer && !out.stop) take_over(*out.offer);
+  }
+
+  // Take-over under fixed shares (docs/protocol.md §7): the syncer offers a stream whose holder left to this
+  // learner, which spent its own share. It trains the stream to the end of its share from its cursor (the log's when
+  // newer, as a restarted holder would), with its own parameters and moments; the log's lock keeps it exclusive.
+  // Declined (said in the next metadata) when the log is locked by a live process or the offer is not one it can
+  // take.
+  void take_over(const wire::StreamOffer& offer) {
+    std::string why;
+    if (!phase_.is(LearnerPhase::kFinished) || config_.train.shared_budget) {
+      why = "it is not waiting for a stream (phase " + std::string(to_string(phase_.state())) + ")";
+    } else if (offer.stream < 0 || offer.stream >= streams_ || offer.tokens_budget <= 0) {
+      why = "the offer names stream " + std::to_string(offer.stream) + " of S = " + std::to_string(streams_) +
+            " with a share of " + std::to_string(offer.tokens_budget) + " tokens";
+    }
+    std::unique_ptr<StreamLog> log;
+    std::optional<DataStream> stream;
+    bool from_log = false;
+    if (why.empty()) {
+      try {
+        log = std::make_unique<StreamLog>(stream_log_path(run_dir_, offer.stream));
+        wire::JoinReply at;
+        at.stream_index = offer.stream;
+        at.streams = streams_;
+        at.stream_cursor_json = offer.cursor_json;
+        stream.emplace(resume_stream(config_, at, *log, &from_log));
+      } catch (const InputError& e) {  // StreamBusy: its holder lives (a cut link or a pause outlived its lease)
+        why = e.what();
+      }
+    }
+    if (!why.empty()) {
+      declined_ = offer.stream;
+      events_.emit("stream_offer_declined", {{"step", step_}, {"stream", offer.stream}, {"reason", why}});
+      send_metadata();
+      return;
+    }
+    const int64_t from = stream_;
+    job_.replace_stream(std::move(*stream));
+    log_ = std::move(log);  // the spent stream's log is unlocked
+    stream_ = offer.stream;
+    budget_ = offer.tokens_budget;
+    link_.set_held_stream(stream_);
+    phase_.to(LearnerPhase::kTraining);
+    events_.emit("stream_taken_over", {{"step", step_}, {"stream", stream_}, {"from_stream", from},
+                                       {"tokens", job_.cursor().tokens_served}, {"budget", budget_},
+                                       {"from_log", from_log}});
+    spdlog::info("[learner {}] takes over stream {} (its holder left) at {} of its {} tokens", id_,
+                 static_cast<long long>(stream_), static_cast<long long>(job_.cursor().tokens_served),
+                 static_cast<long long>(budget_));
+    send_metadata();
   }
 
   // One console row per run.report_interval_s: what a learner started by hand (or its log) shows.
@@ -177,6 +232,9 @@ class LearnerLoop {
     m.finished = phase_.is(LearnerPhase::kFinished);
     m.stream = stream_;
     m.leaving = leaving_;
+    m.takes_over = m.finished && !leaving_ && !config_.train.shared_budget;
+    m.declined_stream = declined_;
+    declined_.reset();  // said once: a later offer of the same stream is answered afresh
     link_.post(std::move(m));
     last_metadata_ = Clock::now();
   }
@@ -207,19 +265,22 @@ class LearnerLoop {
   const int id_;
   const fs::path run_dir_;
   int64_t step_;
-  const int64_t stream_, budget_;
+  int64_t stream_;  // the stream it trains: the one leased at its join, or one it took over
+  const int64_t streams_;
+  int64_t budget_;
   InnerJob& job_;
   OuterSync& sync_;
   LearnerLink& link_;
-  StreamLog* log_;
+  std::unique_ptr<StreamLog> log_;
   EventLog& events_;
   ControlFile control_;
-  const double slowdown_;
+  StepSlowdown slowdown_;  // run.slowdown: this learner's step-time multipliers
   const int64_t tokens_per_step_;
   Ema step_time_{0.9}, loss_{0.9};
   double max_boundary_s_ = 0;
   int64_t steps_here_ = 0;  // steps of this incarnation
   bool leaving_ = false;
+  std::optional<int64_t> declined_;  // an offered stream it could not take, said in its next metadata
   Clock::time_point last_metadata_ = Clock::now();
   Clock::time_point last_row_ = Clock::now();
   int64_t row_tokens_ = 0;  // tokens at the last row (or at the start)
@@ -303,8 +364,10 @@ int run_learner(const Config& config, const LearnerOptions& options, wire::Trans
   link.start();
   phase.to(LearnerPhase::kTraining);
   // Adopt the global step: the lr schedule is global (re-warmed above when the moments are fresh).
-  LearnerLoop loop(config, id, options.run_dir, joined.global_step, joined.stream_index, joined.tokens_budget, job,
-                   sync, link, *boot->stream_log, events, phase);
+  LearnerLoop loop(config, id, options.run_dir, joined.global_step, joined.stream_index,
+                   joined.streams > 0 ? joined.streams
+                                      : (config.data.streams > 0 ? config.data.streams : config.diloco.learners), joined.tokens_budget, job, sync,
+                   link, std::move(boot->stream_log), events, phase);
   // Its /metrics endpoint (docs/monitoring.md), on a free port unless the config names one.
   LearnerGauges gauges;
   gauges.id = id;
@@ -317,7 +380,7 @@ int run_learner(const Config& config, const LearnerOptions& options, wire::Trans
                                  {"rank_logs", (options.run_dir / "logs").string()}});
     throw;
   }
-  loop.finish_run(peer_server ? peer_server->served() : 0, boot->stream_log);
+  loop.finish_run(peer_server ? peer_server->served() : 0);
   return 0;
 }
 

@@ -39,7 +39,9 @@ void SyncerService::merger_loop() {
 SyncerService::Tick SyncerService::tick_and_pull() {
   Tick tick;
   std::lock_guard lock(mu_);
-  tick.actions = state_->tick(now_s());
+  const double now = now_s();  // one instant for both: a holder's lease must not run out between them
+  offer_orphaned_streams(now);  // first: an open offer holds the end this tick may decide
+  tick.actions = state_->tick(now);
   for (const auto& m : tick.actions.merged) tick.momenta.push_back(state_->momentum(m.fragment));
   // pulls go out at once (docs/protocol.md §4 step 3)
   for (const auto& pull : tick.actions.pulls) {
@@ -126,6 +128,44 @@ void SyncerService::notify_budget_spent(double now, double& last_notice) {
     }
     last_notice = now;
   }
+}
+
+void SyncerService::offer_orphaned_streams(double now) {
+  if (config_.train.shared_budget) return;  // a shared budget ends when its sum is spent, whichever streams trained it
+  for (auto it = offers_.begin(); it != offers_.end();) {
+    if (now - it->second.sent_s <= kOfferTimeout_s) {
+      ++it;
+      continue;
+    }
+    streams_.decline(it->first, it->second.stream);
+    emit("stream_offer_withdrawn", {{"learner", it->first}, {"stream", it->second.stream},
+                                    {"reason", "no answer within " + std::to_string(kOfferTimeout_s) + " s"}});
+    it = offers_.erase(it);
+  }
+  const int64_t share = config_.train.total_tokens / streams_.size();
+  const int64_t per_step = config_.train.tokens_per_step(config_.model);
+  std::set<int64_t> excluded;
+  for (const auto& [id, offer] : offers_) excluded.insert(offer.stream);
+  for (const auto& [stream, until] : declined_until_) {
+    if (until > now) excluded.insert(stream);
+  }
+  const auto is_live = [&](int who) { return state_->is_live(who, now); };
+  for (int id : takes_over_) {
+    const auto rec = state_->learners().find(id);
+    if (offers_.count(id) || !is_live(id) || rec == state_->learners().end() || !rec->second.last.finished) continue;
+    const auto stream = streams_.orphan(share, per_step, excluded, is_live);
+    if (!stream) break;
+    const int previous = streams_.offer(id, *stream);
+    offers_[id] = {*stream, now};
+    excluded.insert(*stream);
+    send(id, wire::StreamOffer{*stream, streams_.at(*stream).cursor, share});
+    emit("stream_offered", {{"learner", id}, {"stream", *stream}, {"previous_holder", previous},
+                            {"tokens_served", streams_.tokens(*stream)}, {"share", share},
+                            {"reason", previous < 0 ? "its holder left and its share is unspent"
+                                                    : "its holder is not live (its lease ran out) and its share is "
+                                                      "unspent; learner " + std::to_string(id) + " spent its own"}});
+  }
+  state_->hold_end(!offers_.empty());
 }
 
 void SyncerService::finish() {  // run_syncer writes the final checkpoint after the merger stops

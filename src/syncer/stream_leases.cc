@@ -99,6 +99,42 @@ void StreamLeases::release(int64_t stream) {
   if (stream >= 0 && stream < size()) leases_[stream].holder = -1;
 }
 
+std::optional<int64_t> StreamLeases::orphan(int64_t share, int64_t tokens_per_step, const std::set<int64_t>& excluded,
+                                            const IsLive& is_live) const {
+  std::optional<int64_t> best;
+  int64_t best_tokens = 0;
+  for (int64_t s = 0; s < size(); ++s) {
+    const int holder = leases_[s].holder;
+    if (excluded.count(s) || (holder >= 0 && is_live(holder))) continue;
+    const int64_t served = tokens(s);
+    if (served + tokens_per_step > share) continue;  // spent: its learner finished it
+    if (!best || served < best_tokens) {
+      best = s;
+      best_tokens = served;
+    }
+  }
+  return best;
+}
+
+int StreamLeases::offer(int id, int64_t stream) {
+  auto& lease = leases_.at(static_cast<size_t>(stream));
+  const int previous = lease.holder;
+  lease.holder = id;
+  return previous;
+}
+
+void StreamLeases::accept(int id, int64_t stream) {
+  if (stream < 0 || stream >= size()) return;
+  for (auto& lease : leases_) {
+    if (lease.holder == id) lease.holder = -1;
+  }
+  leases_[stream].holder = id;
+}
+
+void StreamLeases::decline(int id, int64_t stream) {
+  if (stream >= 0 && stream < size() && leases_[stream].holder == id) leases_[stream].holder = -1;
+}
+
 nlohmann::json StreamLeases::to_json() const {
   nlohmann::json j = {{"cursors", nlohmann::json::object()}, {"leases", nlohmann::json::object()}};
   for (int64_t s = 0; s < size(); ++s) {

@@ -56,6 +56,21 @@ class StreamLeases {
   /// The holder left gracefully: the stream is free at once.
   void release(int64_t stream);
 
+  /// Take-over under fixed shares (docs/protocol.md §7): the stream to offer a learner that spent its own share,
+  /// or nullopt. A stream is orphaned when its share is unspent (tokens(s) + `tokens_per_step` ≤ `share`, the rule
+  /// by which a learner finishes) and nobody holds it or its holder is not live (its lease ran out). `excluded`:
+  /// streams already offered, or declined lately. The least advanced orphan first (ties by index).
+  std::optional<int64_t> orphan(int64_t share, int64_t tokens_per_step, const std::set<int64_t>& excluded,
+                                const IsLive& is_live) const;
+  /// Offers `stream` to learner `id`: it holds it beside the stream it spent until it answers, so no other learner
+  /// is offered it. Returns the stream's previous holder.
+  int offer(int id, int64_t stream);
+  /// `id` trains `stream` now (its metadata names it): it holds it and no other stream.
+  void accept(int id, int64_t stream);
+  /// `id` could not take `stream` (its log is locked by a live process): free again if `id` holds it, for its
+  /// holder's next metadata to claim it back.
+  void decline(int id, int64_t stream);
+
   int64_t size() const { return static_cast<int64_t>(leases_.size()); }
   const StreamLease& at(int64_t stream) const { return leases_.at(static_cast<size_t>(stream)); }
   void set_cursor(int64_t stream, std::string cursor) { leases_.at(static_cast<size_t>(stream)).cursor = std::move(cursor); }

@@ -54,9 +54,10 @@ SyncerActions SyncerState::tick(double now_s) {
     }
   }
   // With fixed shares (no train.shared_budget) the end also waits until every stream has trained: a learner slow
-  // to start is neither live nor finished, and ending without it would drop its whole share.
+  // to start is neither live nor finished, and ending without it would drop its whole share; and while a stream
+  // whose holder left is offered to a learner that spent its own (hold_end).
   if (phase_.is(SyncerPhase::kTraining) && live > 0 && live == live_finished &&
-      (config_.train.shared_budget || every_stream_started()) && !awaiting_reattach(now_s)) {
+      (config_.train.shared_budget || every_stream_started()) && !awaiting_reattach(now_s) && !end_held_) {
     phase_.to(SyncerPhase::kFlushing);
     pending_.clear();
     for (auto it = open_.begin(); it != open_.end();) {

@@ -108,6 +108,12 @@ class SyncerService final : public wire::SyncerHandler {
   bool persist_and_broadcast(Tick& tick);
   /// train.shared_budget: BudgetSpent to every unfinished learner, once a second from the moment it is spent.
   void notify_budget_spent(double now, double& last_notice);
+  /// Take-over under fixed shares (docs/protocol.md §7): each learner that spent its share and asks for another
+  /// stream is offered one whose holder left (StreamLeases::orphan), one stream per learner at a time; an offer not
+  /// answered within kOfferTimeout_s is withdrawn. Holds the end while an offer is open. Under mu_.
+  void offer_orphaned_streams(double now);
+  /// An answer to learner `learner`'s open offer in its metadata: it trains the stream now, or declined it. Under mu_.
+  void answer_offer(int learner, const wire::Metadata& m, double now);
   /// The final flush is done: the final_state event, Stop to every session.
   void finish();
   void send(int learner, const wire::SyncerMessage& msg);
@@ -164,6 +170,17 @@ class SyncerService final : public wire::SyncerHandler {
   std::atomic<bool> running_{false};
   std::atomic<bool> finished_{false};
   bool budget_spent_ = false;  // train.shared_budget: the learners' tokens reached train.total_tokens (under mu_)
+  // Take-over (under mu_): the learners whose last metadata asked for a stream; each open offer (learner -> stream,
+  // when sent); streams a learner declined, not offered again before the time given.
+  std::set<int> takes_over_;
+  struct Offer {
+    int64_t stream = 0;
+    double sent_s = 0;
+  };
+  std::map<int, Offer> offers_;
+  std::map<int64_t, double> declined_until_;
+  static constexpr double kOfferTimeout_s = 10.0;  // an offer unanswered this long is withdrawn (its learner is gone)
+  static constexpr double kDeclinedFor_s = 5.0;    // a declined stream is not offered again for one liveness lease
   std::thread merger_;
 };
 

@@ -112,6 +112,12 @@ void SyncerService::on_metadata(int learner, const wire::Metadata& m) {
     }
     return;
   }
+  answer_offer(learner, m, now_s());  // before the claim: a learner that took its offer holds that stream alone
+  if (m.takes_over && m.finished && !m.leaving) {
+    takes_over_.insert(learner);
+  } else {
+    takes_over_.erase(learner);
+  }
   const int64_t stream = m.stream.value_or(-1);  // unset: an empty hello before its first step
   const bool holds = streams_.claim(learner, stream, m.leaving);
   r.stream = holds ? stream : -2;  // a learner that lost its lease (it re-joins and gets it back) counts nothing
@@ -134,6 +140,25 @@ void SyncerService::on_metadata(int learner, const wire::Metadata& m) {
                                      {"tokens_served", m.tokens_trained}});
     }
   }
+}
+
+// Under mu_.
+void SyncerService::answer_offer(int learner, const wire::Metadata& m, double now) {
+  const auto offer = offers_.find(learner);
+  if (offer == offers_.end()) return;
+  const int64_t stream = offer->second.stream;
+  if (m.stream == stream && !m.leaving) {
+    streams_.accept(learner, stream);
+    emit("stream_taken_over", {{"learner", learner}, {"stream", stream}, {"tokens_served", m.tokens_trained}});
+  } else if (m.declined_stream == stream || m.leaving) {
+    streams_.decline(learner, stream);
+    declined_until_[stream] = now + kDeclinedFor_s;
+    emit("stream_offer_declined", {{"learner", learner}, {"stream", stream},
+                                   {"reason", m.leaving ? "it leaves" : "its log is locked by a live process"}});
+  } else {
+    return;  // metadata sent before the offer arrived
+  }
+  offers_.erase(offer);
 }
 
 // Under mu_.

@@ -236,6 +236,9 @@ class SyncerState {
   /// reconnect backoff, and one that has not yet is neither live nor finished, so an end decided without it would
   /// drop the last work it holds (docs/protocol.md §4). The end waits while this holds.
   bool awaiting_reattach(double now_s) const;
+  /// Take-over under fixed shares (docs/protocol.md §7): while a stream offered to a learner is not answered, the
+  /// end waits (the learner that takes it trains again). Set by the service before every tick.
+  void hold_end(bool held) { end_held_ = held; }
   /// A syncer restarted after its run had finished (state.json says so: e.g. killed between its end and the
   /// launcher's noticing it) stays finished: the learners were told to stop and are gone, and a syncer back in
   /// training would wait for them for ever.
@@ -319,6 +322,7 @@ class SyncerState {
   std::vector<FragmentState> fragments_;
   std::map<int, LearnerRecord> learners_;
   std::map<int64_t, int64_t> stream_tokens_;  // stream -> furthest tokens_served reported
+  bool end_held_ = false;  // hold_end
   bool restored_ = false;                     // restarted from persisted state (restore_clock, restore_fragment)
   std::map<int, std::map<int, double>> restored_carried_;  // learner -> its allowances, until it re-joins
   double first_join_after_restore_s_ = -1;    // when the first learner joined after the restart; -1 = none yet

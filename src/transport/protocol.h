@@ -117,6 +117,8 @@ struct Metadata {
   bool leaving = false;              // leaves gracefully after this message: release its lease now
   std::vector<int64_t> versions;     // the newest version of each fragment it holds (P entries; empty = unknown):
                                      // a new session's first merge of p is an update when it holds the latest
+  bool takes_over = false;           // fixed shares: its share is spent and it can train a stream whose holder left
+  std::optional<int64_t> declined_stream;  // an offered stream it could not take (its log is locked elsewhere)
 };
 
 /// The answer to PullRequest(p, u): Δ = Θ_p^base − θ_{m,p}, or raw θ_{m,p} in fp32 when base_version = −1
@@ -159,8 +161,15 @@ struct MergedFragment {
 
 struct Stop {};         // the run is over: stop after this step
 struct BudgetSpent {};  // the learners' tokens reached the shared budget: stop training, answer the final flush
+/// Take-over under fixed shares (docs/protocol.md §7): train `stream`, whose holder left, until it has served
+/// `tokens_budget` tokens. Sent only to a learner whose metadata says takes_over.
+struct StreamOffer {
+  int64_t stream = 0;
+  std::string cursor_json;    // the syncer's persisted cursor ("" = the start; the stream's log wins when newer)
+  int64_t tokens_budget = 0;  // the stream's share, tokens
+};
 
-using SyncerMessage = std::variant<PullRequest, MergedFragment, Stop, BudgetSpent>;
+using SyncerMessage = std::variant<PullRequest, MergedFragment, Stop, BudgetSpent, StreamOffer>;
 
 struct LearnerStatus {
   int id = 0;

@@ -1,10 +1,12 @@
 // Config: unknown keys and bad values are refused with the key named; overrides apply; TOML output round-trips;
 // the parameter-count formula agrees with hand arithmetic.
 #include "core/config.h"
+#include "core/slowdown.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -218,6 +220,38 @@ TEST(Config, SlowdownListNamesBadEntries) {
   EXPECT_NE(error_of("[run]\nslowdown = \"3-1.18\"\n").find("'3-1.18' must look like ID:FACTOR"), std::string::npos);
   EXPECT_NE(error_of("[run]\nslowdown = \"9:1.2\"\n").find("outside [0, M = 4)"), std::string::npos);
   EXPECT_NE(error_of("[run]\nslowdown = \"1:0.5\"\n").find("must be ≥ 1"), std::string::npos);
+  // Per-step variance: ID:FACTOR~SD, seeded, never below the step's own compute.
+  run.slowdown = "2:3.54~0.1,0:3";
+  const SlowdownSpec spec = slowdown_spec(run, 2, 4);
+  EXPECT_DOUBLE_EQ(spec.factor, 3.54);
+  EXPECT_DOUBLE_EQ(spec.sd, 0.1);
+  EXPECT_DOUBLE_EQ(slowdown_spec(run, 0, 4).sd, 0.0);
+  StepSlowdown a(spec, 7, 2), b(spec, 7, 2), c(spec, 8, 2);
+  double sum = 0, sum2 = 0, differs = 0;
+  constexpr int kSteps = 4000;
+  for (int i = 0; i < kSteps; ++i) {
+    const double x = a.next();
+    EXPECT_DOUBLE_EQ(x, b.next()) << "not reproducible at step " << i;
+    differs += x != c.next();
+    sum += x;
+    sum2 += x * x;
+  }
+  const double mean = sum / kSteps, sd = std::sqrt(sum2 / kSteps - mean * mean);
+  EXPECT_NEAR(mean, 3.54, 0.02);
+  EXPECT_NEAR(sd / mean, 0.1, 0.01);
+  EXPECT_GT(differs, kSteps * 0.99) << "another seed gave the same steps";
+  run.slowdown = "*:3~0.1, 2:3.54";  // "*": every learner not listed, joiners (ids ≥ M) too
+  EXPECT_DOUBLE_EQ(slowdown_spec(run, 2, 4).factor, 3.54);
+  EXPECT_DOUBLE_EQ(slowdown_spec(run, 2, 4).sd, 0.0);
+  EXPECT_DOUBLE_EQ(slowdown_spec(run, 0, 4).factor, 3.0);
+  EXPECT_DOUBLE_EQ(slowdown_spec(run, 0, 4).sd, 0.1);
+  EXPECT_DOUBLE_EQ(slowdown_spec(run, 17, 4).factor, 3.0);
+  StepSlowdown floor({1.0, 0.5}, 1, 0);
+  for (int i = 0; i < 200; ++i) EXPECT_GE(floor.next(), 1.0) << "a step faster than its compute";
+  for (const char* bad : {"1:2~1.5", "1:2~-0.1", "1:2~x", "1:2x", "1~2:0.1", "*x:2", "**:2", "*:0.5"}) {
+    const std::string msg = error_of("[run]\nslowdown = \"" + std::string(bad) + "\"\n");
+    EXPECT_NE(msg.find("run.slowdown"), std::string::npos) << bad << ": " << msg;
+  }
 }
 
 }  // namespace

@@ -55,6 +55,10 @@ class ToyJob final : public InnerJob {
     return {1.0, kTokensPerStep, false};
   }
   StreamCursor cursor() const override { return {stream_, 0, 0, tokens_}; }
+  void replace_stream(DataStream s) override {
+    stream_ = s.cursor().stream;
+    tokens_ = s.cursor().tokens_served;
+  }
   void read_fragment(int p, std::span<float> out) override { std::copy(fragments_[p].begin(), fragments_[p].end(), out.begin()); }
   void write_fragment(int p, std::span<const float> in) override { fragments_[p].assign(in.begin(), in.end()); }
   void save_state(const fs::path&, int64_t) override {}

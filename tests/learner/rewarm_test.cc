@@ -25,6 +25,7 @@ class FakeJob : public InnerJob {
   explicit FakeJob(int64_t saved_at) : saved_at_(saved_at) {}
   InnerStep step(int64_t) override { return {}; }
   StreamCursor cursor() const override { return {}; }
+  void replace_stream(DataStream) override {}
   void read_fragment(int, std::span<float>) override {}
   void write_fragment(int, std::span<const float>) override {}
   void save_state(const fs::path&, int64_t) override {}

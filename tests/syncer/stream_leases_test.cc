@@ -82,6 +82,56 @@ TEST(StreamLeases, GrantHoldsOneStreamPerLearnerAndClaimsAndReleases) {
   EXPECT_EQ(l.at(2).holder, -1);
 }
 
+// Take-over under fixed shares: share 100 tokens, 10 a step (a stream is spent at 91 or more).
+TEST(StreamLeases, AnOrphanedStreamIsOneWhoseShareIsUnspentAndWhoseHolderIsGone) {
+  struct Orphan {
+    const char* name;
+    std::vector<int> holders;
+    std::vector<int64_t> tokens;
+    std::set<int> live;
+    std::set<int64_t> excluded;
+    std::optional<int64_t> want;
+  };
+  const std::vector<Orphan> cases = {
+      {"every holder live", {0, 1, 2, 3}, {100, 40, 30, 20}, {0, 1, 2, 3}, {}, std::nullopt},
+      {"a dead holder's unspent stream", {0, 1, 2, 3}, {100, 40, 30, 20}, {0, 2, 3}, {}, 1},
+      {"a free unspent stream (its holder left)", {0, -1, 2, 3}, {100, 40, 30, 20}, {0, 2, 3}, {}, 1},
+      {"a spent stream is no orphan", {0, 1, 2, 3}, {100, 91, 30, 20}, {0, 2, 3}, {}, std::nullopt},
+      {"the last step that fits: 90 + 10 ≤ 100", {0, 1, 2, 3}, {100, 90, 30, 20}, {0, 2, 3}, {}, 1},
+      {"the least advanced orphan first", {0, 1, 2, 3}, {100, 40, 30, 20}, {0}, {}, 3},
+      {"offered or declined streams are excluded", {0, 1, 2, 3}, {100, 40, 30, 20}, {0}, {3}, 2},
+      {"a stream never started whose learner never came", {0, -1, 2, 3}, {100, 0, 30, 20}, {0, 2, 3}, {}, 1},
+  };
+  for (const Orphan& c : cases) {
+    const StreamLeases l = leases_of({c.name, c.holders, c.tokens, c.live, 0, {}, {}, 0, wire::Code::kOk, {}});
+    EXPECT_EQ(l.orphan(100, 10, c.excluded, [&](int who) { return c.live.count(who) > 0; }), c.want) << c.name;
+  }
+}
+
+TEST(StreamLeases, AnOfferIsHeldBesideTheSpentStreamUntilAcceptedOrDeclined) {
+  StreamLeases l(3);
+  LeaseDecision d;
+  d.stream = 0;
+  l.grant(7, d);
+  d.stream = 1;
+  l.grant(8, d);
+  EXPECT_EQ(l.offer(7, 1), 8);
+  EXPECT_EQ(l.at(0).holder, 7) << "the spent stream was released before the offer was answered";
+  EXPECT_EQ(l.at(1).holder, 7);
+  EXPECT_TRUE(l.claim(7, 0, false)) << "metadata naming the spent stream before the switch";
+  EXPECT_FALSE(l.claim(8, 1, false)) << "the old holder claimed an offered stream";
+  l.accept(7, 1);
+  EXPECT_EQ(l.at(0).holder, -1) << "a learner holds one stream once it trains the offered one";
+  EXPECT_EQ(l.at(1).holder, 7);
+  EXPECT_EQ(l.offer(7, 2), -1);
+  l.decline(8, 2);
+  EXPECT_EQ(l.at(2).holder, 7) << "another learner's decline freed the offer";
+  l.decline(7, 2);
+  EXPECT_EQ(l.at(2).holder, -1);
+  EXPECT_EQ(l.at(1).holder, 7) << "a decline dropped the stream it trains";
+  EXPECT_TRUE(l.claim(9, 2, false)) << "the stream's own holder (alive, its log locked) claims it back";
+}
+
 TEST(StreamLeases, PersistedStateRoundTripsAndStreamsBeyondSAreDropped) {
   StreamLeases a(3);
   a.set_cursor(1, nlohmann::json{{"tokens_served", 64}}.dump());

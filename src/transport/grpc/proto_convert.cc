@@ -212,6 +212,8 @@ void to_proto(uint64_t session, const wire::LearnerMessage& m, v1::LearnerMessag
     if (meta->stream) o->set_stream(*meta->stream);
     o->set_leaving(meta->leaving);
     for (int64_t v : meta->versions) o->add_versions(v);
+    o->set_takes_over(meta->takes_over);
+    if (meta->declined_stream) o->set_declined_stream(*meta->declined_stream);
   } else {
     const auto& a = std::get<wire::PullAnswer>(m);
     auto* o = out->mutable_answer();
@@ -243,6 +245,8 @@ bool from_proto(const v1::LearnerMessage& m, wire::LearnerMessage* out) {
     if (i.has_stream()) meta.stream = i.stream();
     meta.leaving = i.leaving();
     meta.versions = vec(i.versions());
+    meta.takes_over = i.takes_over();
+    if (i.has_declined_stream()) meta.declined_stream = i.declined_stream();
     *out = std::move(meta);
     return true;
   }
@@ -272,6 +276,10 @@ void to_proto(const wire::SyncerMessage& m, v1::SyncerMessage* out) {
     if (merged->refetch) out->mutable_merged()->set_refetch(true);
   } else if (std::holds_alternative<wire::Stop>(m)) {
     out->set_stop(true);
+  } else if (const auto* offer = std::get_if<wire::StreamOffer>(&m)) {
+    out->mutable_offer()->set_stream(offer->stream);
+    out->mutable_offer()->set_cursor_json(offer->cursor_json);
+    out->mutable_offer()->set_tokens_budget(offer->tokens_budget);
   } else {
     out->set_budget_spent(true);
   }
@@ -292,6 +300,9 @@ bool from_proto(const v1::SyncerMessage& m, wire::SyncerMessage* out) {
     }
     case v1::SyncerMessage::kStop: *out = wire::Stop{}; return true;
     case v1::SyncerMessage::kBudgetSpent: *out = wire::BudgetSpent{}; return true;
+    case v1::SyncerMessage::kOffer:
+      *out = wire::StreamOffer{m.offer().stream(), m.offer().cursor_json(), m.offer().tokens_budget()};
+      return true;
     default: return false;
   }
 }

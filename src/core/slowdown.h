@@ -1,0 +1,48 @@
+// Emulated heterogeneous hardware (run.slowdown; docs/guide-baselines.md "Heterogeneous learners"): a learner or
+// worker that sleeps after each step so that the step takes `factor` × (1 + ε) times its own compute, ε drawn per step
+// from N(0, sd²) (the per-step variance of "Decoupled DiLoCo" §10's mixed-hardware runs, ../shared/spec). The
+// sleep cannot make a step faster than its compute: a step's multiplier is at least 1, so a symmetric variance needs a
+// factor well above 1 (e.g. every learner "i:3~0.1", the slow kind "i:3.54~0.1").
+// Deliberately not here: the sleeping itself (learner/run_learner.cc, baselines/run_worker.cc).
+#pragma once
+
+#include <cstdint>
+#include <random>
+
+#include "core/config.h"
+
+namespace dloco {
+
+/// One learner's entry of run.slowdown ("ID:FACTOR" or "ID:FACTOR~SD", comma-separated; ID "*" = every learner not
+/// listed by its id, joiners with ids ≥ M included).
+struct SlowdownSpec {
+  double factor = 1.0;  // mean step time over the step's own compute, ≥ 1
+  double sd = 0.0;      // standard deviation of the per-step relative variation ε, in [0, 1)
+};
+
+/// The entry of learner (or worker) `id` of M = `learners`; {1, 0} when it is not listed. Throws InputError naming
+/// the entry when one is malformed (not ID:FACTOR[~SD], trailing characters), a factor is < 1 or not finite, an sd
+/// is outside [0, 1), or an id is outside [0, M) (a joiner is reached through "*").
+SlowdownSpec slowdown_spec(const RunSettings& run, int id, int64_t learners);
+
+/// The per-step multipliers of one learner: factor × (1 + ε), at least 1, from a generator seeded by (seed, id) so
+/// a run is reproducible.
+class StepSlowdown {
+ public:
+  StepSlowdown(SlowdownSpec spec, uint64_t seed, int id)
+      : spec_(spec), rng_(seed * 1000003u + static_cast<uint64_t>(id) + 17u) {}
+  /// The multiplier of the next step (1 = no sleep).
+  double next() {
+    if (spec_.sd <= 0) return spec_.factor;
+    const double m = spec_.factor * (1.0 + noise_(rng_) * spec_.sd);
+    return m < 1.0 ? 1.0 : m;
+  }
+  double mean_factor() const { return spec_.factor; }
+
+ private:
+  SlowdownSpec spec_;
+  std::mt19937_64 rng_;
+  std::normal_distribution<double> noise_{0.0, 1.0};
+};
+
+}  // namespace dloco
