@@ -132,6 +132,10 @@ void SyncerService::notify_budget_spent(double now, double& last_notice) {
 
 void SyncerService::offer_orphaned_streams(double now) {
   if (config_.train.shared_budget) return;  // a shared budget ends when its sum is spent, whichever streams trained it
+  if (takes_over_.empty() && offers_.empty()) {  // nobody asks (the common case: every tick)
+    state_->hold_end(false);
+    return;
+  }
   for (auto it = offers_.begin(); it != offers_.end();) {
     if (now - it->second.sent_s <= kOfferTimeout_s) {
       ++it;
