@@ -15,7 +15,8 @@
 #   [RATES="0 300 100 30 10 0"] [RTT_MS=10] [METHODS="dp decoupled"] [DP_STEPS=40] [DEC_STEPS=96] \
 #     [OUTER_STEPS=96] bench/wan/utilisation.sh
 #   METHODS: any of dp, diloco (H = 12), diloco-hH (H = 30, say), streaming (H = P = 12, τ = 2) — the baselines, each
-#   worker at a site, OUTER_STEPS steps (diloco and streaming) — and decoupled.
+#   worker at a site, OUTER_STEPS steps (diloco and streaming) — and decoupled (fp32 both ways), decoupled-bf16 and
+#   decoupled-q4 (that codec both ways, with error feedback).
 #   RATES: Mbit/s, 0 = unshaped (the reference: the mean of a method's unshaped runs). Prints a table (Markdown) and
 #   writes it with every run's folder under runs/wan-<date>/ (OUT=DIR: there instead), and the raw rows as
 #   results.txt ("method rate tokens/s utilisation"). DATA=DIR trains on another prepared corpus, SETS="--set K=V …"
@@ -42,8 +43,8 @@ for r in $RATES; do [[ $r =~ ^[0-9]+$ ]] || bad "RATES: '$r' is not a whole numb
 [[ " $RATES " == *" 0 "* ]] || bad "RATES needs a 0: each method's unshaped run is its reference"
 [ -n "${METHODS// }" ] || bad "METHODS is empty (dp, diloco, diloco-hH, streaming, decoupled)"
 for m in $METHODS; do
-  [[ $m =~ ^(dp|diloco|diloco-h[1-9][0-9]*|streaming|decoupled)$ ]] ||
-    bad "unknown method '$m' (dp, diloco, diloco-hH, streaming, decoupled)"
+  [[ $m =~ ^(dp|diloco|diloco-h[1-9][0-9]*|streaming|decoupled|decoupled-bf16|decoupled-q4)$ ]] ||
+    bad "unknown method '$m' (dp, diloco, diloco-hH, streaming, decoupled, decoupled-bf16, decoupled-q4)"
 done
 for n in DP_STEPS DEC_STEPS OUTER_STEPS; do [[ ${!n} =~ ^[0-9]+$ ]] && [ "${!n}" -ge 3 ] || bad "$n must be ≥ 3"; done
 DLOCO=${DLOCO:-$PWD/build/bin/dloco}
@@ -140,10 +141,12 @@ run_diloco() { run_workers "$1" diloco "$OUTER_STEPS" --set "diloco.inner_steps=
 # all-reduce at u + τ)
 run_streaming() { run_workers "$1" streaming "$OUTER_STEPS"; }
 
-run_decoupled() {  # name → its folder; the syncer on its unshaped link, the learners at the sites
-  local name=$1 pids=()
+run_decoupled() {  # name [codec] → its folder; the syncer on its unshaped link, the learners at the sites
+  local name=$1 codec=${2:-fp32} pids=()
   local sets=("${common[@]}" --set 'diloco.mode="decoupled"' --set "run.name=\"$name\""
-              --set train.total_tokens=$((M * DEC_STEPS * B * T)) --insecure)
+              --set train.total_tokens=$((M * DEC_STEPS * B * T)) --insecure
+              --set "diloco.wire_up=\"$codec\"" --set "diloco.wire_down=\"$codec\"")
+  [ "$codec" = fp32 ] || sets+=(--set diloco.error_feedback=true)
   ip netns exec "${p}s" "$DLOCO" syncer --config configs/demo.toml "${sets[@]}" --listen "$(addr s):7070" \
     > "$out/$name.syncer.log" 2>&1 &
   local syncer=$!
@@ -166,10 +169,11 @@ for RATE in $RATES; do
     echo "[wan] $method at $([ "$RATE" = 0 ] && echo "unshaped links" || echo "$RATE Mbit/s, RTT $RTT_MS ms")"
     case $method in
       diloco-h*) run_diloco "$name" "${method#diloco-h}" ;;
+      decoupled-*) run_decoupled "$name" "${method#decoupled-}" ;;
       dp | diloco | streaming | decoupled) "run_$method" "$name" ;;
       *) echo "unknown method '$method' (dp, diloco, diloco-hH, streaming, decoupled)" >&2; exit 2 ;;
     esac
-    tps=$(throughput "$out/$name" "$([ "$method" = decoupled ] && echo learner_ || echo worker_)")
+    tps=$(throughput "$out/$name" "$([[ $method == decoupled* ]] && echo learner_ || echo worker_)")
     echo "[wan] $method at $RATE: $tps tokens/s"
     results+=("$method $RATE $tps")
   done
@@ -201,7 +205,7 @@ def parameters():  # N, as a syncer or learner log prints it (every run trains t
     return None
 
 def predicted(method, rate, step_s, n):  # the simulator's compute utilisation, or "" where it has no model
-    if rate == "0" or method == "decoupled" or n is None:
+    if rate == "0" or method.startswith("decoupled") or n is None:
         return ""  # decoupled: a learner never waits, the simulator's "streaming" is the blocking bound
     if method.startswith("diloco"):
         how = ["--method", "diloco", "--inner-steps", method[len("diloco-h"):] if "-h" in method else "12",
@@ -220,18 +224,21 @@ def predicted(method, rate, step_s, n):  # the simulator's compute utilisation, 
 N = parameters()
 if N is None:
     print("[wan] no log names the parameter count (it takes a decoupled run): no sim column", file=sys.stderr)
-print(f"| method | link, Mbit/s each way (RTT {rtt} ms) | tokens/s | utilisation | sim | syncs | final val loss |")
-print("|---|---|---|---|---|---|---|")
+print(f"| method | link, Mbit/s each way (RTT {rtt} ms) | tokens/s | utilisation | sim | syncs | MB sent a learner "
+      "| final val loss |")
+print("|---|---|---|---|---|---|---|---|")
 series = collections.defaultdict(list)
 for i, (method, rate, tps) in enumerate(rows):
     ref = sum(base[method]) / len(base[method])
     run = f"{method}-r{rate}-{i}"
     report = json.load(open(f"{out}/{run}/report.json"))
     syncs = report.get("merges", report.get("syncs", ""))  # decoupled: merges of fragments; else all-reduces
+    sent = [b["sent"] for who, b in report.get("bytes", {}).items() if who.startswith("learner_")]
+    mb = f"{sum(sent) / len(sent) / 1e6:.2f}" if sent else ""  # decoupled: to the syncer (the baselines: not counted)
     util = float(tps) / ref
     sim = predicted(method, rate, int(M) * int(tokens_per_step) / ref, N)
     print(f"| {method} | {'unshaped' if rate == '0' else rate} | {float(tps):.0f} | {util:.3f} | {sim} | {syncs} | "
-          f"{report['final_val_loss']:.4f} |")
+          f"{mb} | {report['final_val_loss']:.4f} |")
     with open(f"{out}/results.txt", "a") as f:
         f.write(f"{method} {rate} {float(tps):.1f} {util:.4f}\n")
     if rate != "0":

@@ -132,7 +132,7 @@ void SyncerService::notify_budget_spent(double now, double& last_notice) {
 
 void SyncerService::offer_orphaned_streams(double now) {
   if (config_.train.shared_budget) return;  // a shared budget ends when its sum is spent, whichever streams trained it
-  if (takes_over_.empty() && offers_.empty()) {  // nobody asks (the common case: every tick)
+  if (takes_over_.empty() && offers_.empty() && declined_until_.empty()) {  // the common case, every tick
     state_->hold_end(false);
     return;
   }
@@ -169,7 +169,14 @@ void SyncerService::offer_orphaned_streams(double now) {
                                                     : "its holder is not live (its lease ran out) and its share is "
                                                       "unspent; learner " + std::to_string(id) + " spent its own"}});
   }
-  state_->hold_end(!offers_.empty());
+  // A declined stream's holder is alive (it holds the log's lock: paused, or its link cut past its lease): while its
+  // share is unspent and it is not back, the end waits for it as for a slow learner, and it is offered again
+  // every kDeclinedFor_s in case it died.
+  bool held_elsewhere = false;
+  for (const auto& [stream, until] : declined_until_) {
+    held_elsewhere = held_elsewhere || streams_.is_orphan(stream, share, per_step, is_live);
+  }
+  state_->hold_end(!offers_.empty() || held_elsewhere);
 }
 
 void SyncerService::finish() {  // run_syncer writes the final checkpoint after the merger stops

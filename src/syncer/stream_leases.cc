@@ -104,16 +104,21 @@ std::optional<int64_t> StreamLeases::orphan(int64_t share, int64_t tokens_per_st
   std::optional<int64_t> best;
   int64_t best_tokens = 0;
   for (int64_t s = 0; s < size(); ++s) {
-    const int holder = leases_[s].holder;
-    if (excluded.count(s) || (holder >= 0 && is_live(holder))) continue;
+    if (excluded.count(s) || !is_orphan(s, share, tokens_per_step, is_live)) continue;
     const int64_t served = tokens(s);
-    if (served + tokens_per_step > share) continue;  // spent: its learner finished it
     if (!best || served < best_tokens) {
       best = s;
       best_tokens = served;
     }
   }
   return best;
+}
+
+bool StreamLeases::is_orphan(int64_t stream, int64_t share, int64_t tokens_per_step, const IsLive& is_live) const {
+  if (stream < 0 || stream >= size()) return false;
+  const int holder = leases_[stream].holder;
+  if (holder >= 0 && is_live(holder)) return false;
+  return tokens(stream) + tokens_per_step <= share;  // else spent: its learner finished it
 }
 
 int StreamLeases::offer(int id, int64_t stream) {

@@ -62,6 +62,8 @@ class StreamLeases {
   /// streams already offered, or declined lately. The least advanced orphan first (ties by index).
   std::optional<int64_t> orphan(int64_t share, int64_t tokens_per_step, const std::set<int64_t>& excluded,
                                 const IsLive& is_live) const;
+  /// Whether `stream` is orphaned by the rule above.
+  bool is_orphan(int64_t stream, int64_t share, int64_t tokens_per_step, const IsLive& is_live) const;
   /// Offers `stream` to learner `id`: it holds it beside the stream it spent until it answers, so no other learner
   /// is offered it. Returns the stream's previous holder.
   int offer(int id, int64_t stream);

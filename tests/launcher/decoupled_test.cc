@@ -225,6 +225,67 @@ TEST_F(DecoupledTest, KilledLearnerNeverStallsTheOthers) {
   EXPECT_GT(after_kill, 20) << "learner 0 trained little after learner 1 was killed";
 }
 
+TEST_F(DecoupledTest, APausedLearnersStreamIsNotTakenOverWhileItsLogIsLocked) {
+  // Take-over (docs/protocol.md §7) meets a holder that is alive but silent: learner 1 is stopped (SIGSTOP) at its
+  // 30th step, so its lease runs out while it holds its stream's log. Learner 0 spends its share and is offered
+  // stream 1, finds the log locked and declines; learner 1 is continued only then (event-driven, whatever the
+  // machine's speed), claims its stream back and finishes its own share: nothing is trained twice, the run finishes.
+  const auto cfg = write_config("pause", 2 * 120 * 32 * 32, "", 32, 96, 2, 0);
+  const fs::path run = root_ / "pause";
+  const std::string cmd = kDloco + " train --config " + cfg.string() + " > " + (root_ / "pause.log").string() + " 2>&1";
+  std::thread launcher([&] {
+    const int rc = std::system(cmd.c_str());
+    EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << "status " << rc << ", see " << (root_ / "pause.log");
+  });
+  auto count = [&](const fs::path& log, const char* event) {
+    int n = 0;
+    for (const auto& e : read_events(log)) n += e["event"] == event;
+    return n;
+  };
+  pid_t victim = -1;
+  for (int i = 0; i < 1200 && victim < 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    int pid = -1;
+    for (const auto& e : read_events(run / "events" / "learner_1.jsonl")) {
+      if (e["event"] == "bootstrapped") pid = e["pid"];
+    }
+    if (count(run / "events" / "learner_1.jsonl", "step") >= 30) victim = pid;
+  }
+  if (victim <= 0) {
+    launcher.join();
+    FAIL() << "learner 1 never reached step 30";
+  }
+  ASSERT_EQ(signal_child(victim, SIGSTOP, "learner 1"), 0);
+  bool declined = false;  // learner 0's own event: it found the log locked
+  for (int i = 0; i < 1200 && !declined; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    declined = count(run / "events" / "learner_0.jsonl", "stream_offer_declined") > 0;
+  }
+  EXPECT_EQ(signal_child(victim, SIGCONT, "learner 1"), 0);
+  launcher.join();
+  ASSERT_TRUE(declined) << "learner 0 was never offered stream 1, or took it over although its log was locked";
+  const json report = json::parse(std::ifstream(run / "report.json"));
+  EXPECT_EQ(report["status"], "finished");
+  EXPECT_GE(report["tokens_trained"].get<int64_t>(), report["tokens_complete"].get<int64_t>());
+  EXPECT_EQ(count(run / "events" / "syncer.jsonl", "stream_taken_over"), 0);
+  EXPECT_GE(count(run / "events" / "syncer.jsonl", "stream_offer_declined"), 1);
+  std::ifstream log(run / "streams" / "stream_1.jsonl");
+  std::string line;
+  int64_t expected = 0;
+  while (std::getline(log, line)) {
+    const json r = json::parse(line);
+    if (!r.contains("tokens_served")) continue;  // the header
+    EXPECT_EQ(r["learner"], 1) << "another learner trained stream 1: " << line;
+    EXPECT_EQ(r["tokens_served"].get<int64_t>(), expected) << "stream 1's batches repeat or skip: " << line;
+    expected = r["tokens_served"].get<int64_t>() + 32 * 32;
+  }
+  EXPECT_EQ(expected, report["tokens_complete"].get<int64_t>() / 2) << "learner 1 did not finish its share";
+  const dloco::ChaosAnalysis a = dloco::analyze_chaos_run(run, {2, 4, 4, 32 * 32, 2.0});
+  EXPECT_EQ(a.learners_finished, 2);
+  EXPECT_EQ(a.fragments_equal, a.fragments_checked);
+  EXPECT_EQ(a.fragments_checked, 2 * 4);
+}
+
 // Starts `dloco syncer` in the background; returns its pid. The bound address lands in `address_file`.
 int start_syncer(const fs::path& cfg, const std::string& listen, const fs::path& run, const fs::path& address_file,
                  const std::string& log) {
