@@ -3,8 +3,8 @@
 
 Per variant, from its run folder (OUT/<v>/faulted for the decoupled variants run through `dloco chaos`, OUT/<v> for
 DiLoCo): the final validation loss and wall seconds (report.json), tokens/s, busy — Σ over learners (workers) of the
-time in their steps (compute, less time blocked in collectives, plus the emulated chip's sleep) over Σ of the span
-from their first step's start to their last step's end —, the kept-work goodput (chaos.json; decoupled only), merges
+time in their steps (compute plus the emulated chip's sleep; a DiLoCo worker's outer all-reduce, its wait_s, comes
+after its step_s and is not in it) over Σ of the span from their first step's start to their last step's end —, the kept-work goodput (chaos.json; decoupled only), merges
 and mean learners per merge (events/syncer.jsonl "merged"), and the steps of learners 0–3 (fast) and 4–7 (slow).
 """
 import json
@@ -26,7 +26,7 @@ def events(path):
 
 
 def busy_of(run, role, ids):
-    """Σ step time (less collective waits, plus sleep) / Σ span over learners (workers) `ids`, and their steps."""
+    """Σ step time (compute plus sleep) / Σ span over learners (workers) `ids`, and their steps."""
     in_steps = span = 0.0
     steps = {}
     for i in ids:
@@ -38,7 +38,7 @@ def busy_of(run, role, ids):
         start = first["t"] - first.get("step_s", 0) - first.get("sleep_s", 0)
         span += ev[-1]["t"] - start
         for e in ev:
-            in_steps += e.get("step_s", 0) - e.get("wait_s", 0) + e.get("sleep_s", 0)
+            in_steps += e.get("step_s", 0) + e.get("sleep_s", 0)
     return (in_steps / span if span > 0 else float("nan")), steps
 
 

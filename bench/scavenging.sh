@@ -4,7 +4,8 @@
 # 1.07/1.09/1.02/0.80, ../shared/spec/decoupled-diloco.md).
 # A decoupled run of M = 4 learners of the horizon study's model (d_model 64, 4 layers, 0.48M parameters), B = 8 ×
 # 128 tokens, configs/demo.toml's H = 12, P = 12, τ = 2, K = 4 with the grace window (without it a merge takes the
-# first 4 answers and drops the extras' as late), a shared budget of 4 × STEPS steps over 16 data streams; then the same with EXTRA = 1, 2, 4, 12 learners (ids 4 …) that join at global step JOIN (after the warmup)
+# first 4 answers and drops the extras' as late), a shared budget of 4 × STEPS steps over 16 data streams; then the
+# same with EXTRA = 1, 2, 4, 12 learners (ids 4 …) that join at global step JOIN (after the warmup)
 # and leave gracefully before the end (at 9/10 of the global steps left after JOIN, as the budget predicts with
 # 4 + EXTRA learners). Every learner emulates a chip: its step takes F times its own compute (run.slowdown "*:F"),
 # so that 16 learners leave the machine's cores partly idle (F = 12: 16 learners want 1.3 cores) and an extra
@@ -14,12 +15,12 @@
 # learners' start to the first (smoothed) evaluation at or below the target (linear between evaluations), relative
 # to the 4-learner run's.
 # Usage (repository root, after scripts/build.sh and `dloco data prepare --kjv --out data/kjv`):
-#   [STEPS=300] [F=12] [EXTRAS="0 1 2 4 12"] [JOIN=60] [EVAL=10] [SEED=1] bench/scavenging.sh
+#   [STEPS=200] [F=12] [EXTRAS="0 1 2 4 12"] [JOIN=60] [EVAL=10] [SEED=1] bench/scavenging.sh
 #   Writes runs/scavenging-<date>/ (OUT=DIR: there): each run's folder (through `dloco chaos`, so each also has its
 #   chaos.md with kept-work goodput and the exact-data and final-copy checks), results.json and table.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STEPS=${STEPS:-300}
+STEPS=${STEPS:-200}
 F=${F:-12}
 EXTRAS=${EXTRAS:-0 1 2 4 12}
 JOIN=${JOIN:-60}

@@ -4,7 +4,9 @@
 Per run OUT/extra-<n>/faulted: the evaluator's (wall-clock, validation loss) pairs, t = 0 at the first learner step,
 each loss the mean of it and its two neighbours (the evaluations are noisy). The target is the 4-learner run's
 smoothed loss at 3/4 of its time (linear between evaluations); each run's time to the target is the first crossing,
-linear between the evaluations around it; relative = that time / the 4-learner run's. Beside it: the final loss, the wall seconds to the end of training, and the kept-work goodput (chaos.json).
+linear between the evaluations around it; relative = that time / the 4-learner run's. Beside it: the final loss,
+the wall seconds to the end of training, the kept-work goodput (chaos.json) and the median emulated step of learners
+0–3 (CPU contention stretches it).
 """
 import json
 import os

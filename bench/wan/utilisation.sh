@@ -41,7 +41,7 @@ bad() { echo "bench/wan/utilisation.sh: $*" >&2; exit 2; }
 [ -n "${RATES// }" ] || bad "RATES is empty (give Mbit/s values, 0 = unshaped)"
 for r in $RATES; do [[ $r =~ ^[0-9]+$ ]] || bad "RATES: '$r' is not a whole number of Mbit/s ≥ 0"; done
 [[ " $RATES " == *" 0 "* ]] || bad "RATES needs a 0: each method's unshaped run is its reference"
-[ -n "${METHODS// }" ] || bad "METHODS is empty (dp, diloco, diloco-hH, streaming, decoupled)"
+[ -n "${METHODS// }" ] || bad "METHODS is empty (dp, diloco, diloco-hH, streaming, decoupled[-bf16|-q4])"
 for m in $METHODS; do
   [[ $m =~ ^(dp|diloco|diloco-h[1-9][0-9]*|streaming|decoupled|decoupled-bf16|decoupled-q4)$ ]] ||
     bad "unknown method '$m' (dp, diloco, diloco-hH, streaming, decoupled, decoupled-bf16, decoupled-q4)"
@@ -171,7 +171,7 @@ for RATE in $RATES; do
       diloco-h*) run_diloco "$name" "${method#diloco-h}" ;;
       decoupled-*) run_decoupled "$name" "${method#decoupled-}" ;;
       dp | diloco | streaming | decoupled) "run_$method" "$name" ;;
-      *) echo "unknown method '$method' (dp, diloco, diloco-hH, streaming, decoupled)" >&2; exit 2 ;;
+      *) echo "unknown method '$method' (dp, diloco, diloco-hH, streaming, decoupled[-bf16|-q4])" >&2; exit 2 ;;
     esac
     tps=$(throughput "$out/$name" "$([[ $method == decoupled* ]] && echo learner_ || echo worker_)")
     echo "[wan] $method at $RATE: $tps tokens/s"

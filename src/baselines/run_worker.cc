@@ -480,12 +480,11 @@ void Worker::train_step() {
   stop_votes_ = g_worker_signal.load() != 0 ? 1.0 : 0.0;
   const InnerStep r = job_step();  // dp: the all-reduce runs inside (the hook, or the group's engines)
   const double step_s = seconds_since(t0);
-  // heterogeneous hardware (run.slowdown) or a fault plan's slow_learner: this worker is `factor` times slower
-  double sleep_s = 0;  // the emulated slower chip's extra time
+  double sleep_s = 0;  // heterogeneous hardware (run.slowdown) or a slow_learner fault: `factor` times slower
   if (const double factor = std::max(slowdown_.next(), control_.slowdown()); factor > 1.0) {
     // in slices with a keep-alive between them: a learner group's ranks wait for commands with a deadline
     sleep_s = (factor - 1.0) * (step_s - (wait_s_ - wait_before));
-    const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(sleep_s));
+    const auto until = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(sleep_s * 1e6));
     while (Clock::now() < until) {
       std::this_thread::sleep_for(std::min<Clock::duration>(until - Clock::now(), std::chrono::milliseconds(250)));
       job_->idle();
@@ -499,8 +498,7 @@ void Worker::train_step() {
   if (std::isfinite(r.loss)) loss_ema_ = std::isnan(loss_ema_) ? r.loss : 0.9 * loss_ema_ + 0.1 * r.loss;
   if (outer_) outer_sync_->after_step(step_, r.tokens, g_worker_signal.load() != 0);
   events_.emit("step", {{"step", step_}, {"loss", r.loss}, {"step_s", step_s}, {"wait_s", wait_s_ - wait_before},
-                        {"sleep_s", sleep_s},
-                        {"skipped", r.skipped}, {"tokens", job_->cursor().tokens_served}});
+                        {"sleep_s", sleep_s}, {"skipped", r.skipped}, {"tokens", job_->cursor().tokens_served}});
 }
 
 // The inner step; a group in dp then votes on stopping over the workers (one process: inside the dp hook).

@@ -362,7 +362,8 @@ SlowdownSpec slowdown_spec(const RunSettings& run, int id, int64_t learners) {
         who = std::stoll(id_text, &used);
       }
       if (id_text.find_first_not_of(" \t", used) != std::string::npos) throw std::invalid_argument("id");
-      const std::string f_text = entry.substr(colon + 1, tilde == std::string::npos ? std::string::npos : tilde - colon - 1);
+      const std::string f_text =
+          entry.substr(colon + 1, tilde == std::string::npos ? std::string::npos : tilde - colon - 1);
       f = std::stod(f_text, &used);
       if (f_text.find_first_not_of(" \t", used) != std::string::npos) throw std::invalid_argument("factor");
       if (tilde != std::string::npos) {

@@ -16,6 +16,7 @@ namespace dloco {
 ///   bootstrapping --holds Θ, a stream and the global step--> training
 ///   bootstrapping --a signal (asked to leave before it trained)--> stopped
 ///   training --its budget is spent, or the shared one--> finished (it keeps answering the final flush)
+///   finished --it takes over a stream whose learner left (fixed shares, docs/protocol.md §7)--> training
 ///   training | finished --the syncer stops the run, or a signal (a graceful leave)--> stopped
 enum class LearnerPhase { kBootstrapping, kTraining, kFinished, kStopped };
 const char* to_string(LearnerPhase phase);

@@ -100,7 +100,10 @@ void LearnerLink::post(wire::LearnerMessage msg) {
   std::lock_guard lock(mu_);
   if (std::holds_alternative<wire::Metadata>(msg) && !outbox_.empty() &&
       std::holds_alternative<wire::Metadata>(outbox_.back())) {
-    outbox_.back() = std::move(msg);  // only the newest metadata matters
+    // Only the newest metadata matters, but a take-over decline it replaces is said once and must arrive.
+    auto& newer = std::get<wire::Metadata>(msg);
+    if (!newer.declined_stream) newer.declined_stream = std::get<wire::Metadata>(outbox_.back()).declined_stream;
+    outbox_.back() = std::move(msg);
   } else {
     outbox_.push_back(std::move(msg));
   }

@@ -47,11 +47,12 @@ extern "C" void on_learner_signal(int sig) { g_learner_signal.store(sig); }
 // The training loop and what it keeps between steps. `phase` is training when it starts.
 class LearnerLoop {
  public:
-  // `log` holds the lock of the leased stream's log; `streams` is the syncer's S.
+  // `log` holds the lock of the leased stream's log; `streams` is the syncer's S (≤ 0: the config's, as the bootstrap).
   LearnerLoop(const Config& config, int id, const fs::path& run_dir, int64_t step, int64_t stream, int64_t streams,
               int64_t budget, InnerJob& job, OuterSync& sync, LearnerLink& link, std::unique_ptr<StreamLog> log,
               EventLog& events, LearnerPhaseMachine& phase)
-      : phase_(phase), config_(config), id_(id), run_dir_(run_dir), step_(step), stream_(stream), streams_(streams),
+      : phase_(phase), config_(config), id_(id), run_dir_(run_dir), step_(step), stream_(stream),
+        streams_(streams > 0 ? streams : (config.data.streams > 0 ? config.data.streams : config.diloco.learners)),
         budget_(budget), job_(job), sync_(sync), link_(link), log_(std::move(log)), events_(events),
         control_(run_dir / "control" / ("learner_" + std::to_string(id) + ".json")),
         slowdown_(slowdown_spec(config.run, id, config.diloco.learners), config.run.seed, id),
@@ -164,7 +165,9 @@ class LearnerLoop {
   // take.
   void take_over(const wire::StreamOffer& offer) {
     std::string why;
+    bool busy = false;  // declined for now, not for good
     if (!phase_.is(LearnerPhase::kFinished) || config_.train.shared_budget) {
+      busy = true;  // an offer that crossed the metadata of its last take-over
       why = "it is not waiting for a stream (phase " + std::string(to_string(phase_.state())) + ")";
     } else if (offer.stream < 0 || offer.stream >= streams_ || offer.tokens_budget <= 0) {
       why = "the offer names stream " + std::to_string(offer.stream) + " of S = " + std::to_string(streams_) +
@@ -181,13 +184,19 @@ class LearnerLoop {
         at.streams = streams_;
         at.stream_cursor_json = offer.cursor_json;
         stream.emplace(resume_stream(config_, at, *log, &from_log));
-      } catch (const InputError& e) {  // StreamBusy: its holder lives (a cut link or a pause outlived its lease)
+      } catch (const StreamBusy& e) {  // its holder lives (a cut link or a pause outlived its lease)
+        why = e.what();
+        busy = true;
+      } catch (const InputError& e) {  // an unreadable log or cursor: it will not do better next time
         why = e.what();
       }
     }
     if (!why.empty()) {
       declined_ = offer.stream;
-      events_.emit("stream_offer_declined", {{"step", step_}, {"stream", offer.stream}, {"reason", why}});
+      // Anything but a live holder's lock ends its asking: a stream it cannot read would be offered to it for ever.
+      if (!busy) takes_over_ = false;
+      events_.emit("stream_offer_declined", {{"step", step_}, {"stream", offer.stream}, {"reason", why},
+                                             {"asks_again", takes_over_}});
       send_metadata();
       return;
     }
@@ -197,6 +206,7 @@ class LearnerLoop {
     stream_ = offer.stream;
     budget_ = offer.tokens_budget;
     link_.set_held_stream(stream_);
+    row_tokens_ = job_.cursor().tokens_served;  // the console's tokens/s counts from the new stream's cursor
     phase_.to(LearnerPhase::kTraining);
     events_.emit("stream_taken_over", {{"step", step_}, {"stream", stream_}, {"from_stream", from},
                                        {"tokens", job_.cursor().tokens_served}, {"budget", budget_},
@@ -232,7 +242,7 @@ class LearnerLoop {
     m.finished = phase_.is(LearnerPhase::kFinished);
     m.stream = stream_;
     m.leaving = leaving_;
-    m.takes_over = m.finished && !leaving_ && !config_.train.shared_budget;
+    m.takes_over = m.finished && !leaving_ && !config_.train.shared_budget && takes_over_;
     m.declined_stream = declined_;
     declined_.reset();  // said once: a later offer of the same stream is answered afresh
     link_.post(std::move(m));
@@ -281,6 +291,7 @@ class LearnerLoop {
   int64_t steps_here_ = 0;  // steps of this incarnation
   bool leaving_ = false;
   std::optional<int64_t> declined_;  // an offered stream it could not take, said in its next metadata
+  bool takes_over_ = true;           // it asks for streams whose learner left (until one could not be read)
   Clock::time_point last_metadata_ = Clock::now();
   Clock::time_point last_row_ = Clock::now();
   int64_t row_tokens_ = 0;  // tokens at the last row (or at the start)
@@ -364,10 +375,8 @@ int run_learner(const Config& config, const LearnerOptions& options, wire::Trans
   link.start();
   phase.to(LearnerPhase::kTraining);
   // Adopt the global step: the lr schedule is global (re-warmed above when the moments are fresh).
-  LearnerLoop loop(config, id, options.run_dir, joined.global_step, joined.stream_index,
-                   joined.streams > 0 ? joined.streams
-                                      : (config.data.streams > 0 ? config.data.streams : config.diloco.learners), joined.tokens_budget, job, sync,
-                   link, std::move(boot->stream_log), events, phase);
+  LearnerLoop loop(config, id, options.run_dir, joined.global_step, joined.stream_index, joined.streams,
+                   joined.tokens_budget, job, sync, link, std::move(boot->stream_log), events, phase);
   // Its /metrics endpoint (docs/monitoring.md), on a free port unless the config names one.
   LearnerGauges gauges;
   gauges.id = id;

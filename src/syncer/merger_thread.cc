@@ -131,7 +131,13 @@ void SyncerService::notify_budget_spent(double now, double& last_notice) {
 }
 
 void SyncerService::offer_orphaned_streams(double now) {
-  if (config_.train.shared_budget) return;  // a shared budget ends when its sum is spent, whichever streams trained it
+  // A shared budget ends when its sum is spent, whichever streams trained it; nothing is offered after the training
+  // (an offer taken during the final flush would train past it) or while the learners re-attach to a restarted
+  // syncer (a holder still in its reconnect backoff is alive).
+  if (config_.train.shared_budget || !state_->training() || state_->awaiting_reattach(now)) {
+    state_->hold_end(false);
+    return;
+  }
   if (takes_over_.empty() && offers_.empty() && declined_until_.empty()) {  // the common case, every tick
     state_->hold_end(false);
     return;
@@ -142,8 +148,9 @@ void SyncerService::offer_orphaned_streams(double now) {
       continue;
     }
     streams_.decline(it->first, it->second.stream);
+    declined_until_[it->second.stream] = now + kDeclinedFor_s;  // as a decline: not offered again at once
     emit("stream_offer_withdrawn", {{"learner", it->first}, {"stream", it->second.stream},
-                                    {"reason", "no answer within " + std::to_string(kOfferTimeout_s) + " s"}});
+                                    {"reason", "no answer within 10 s"}});
     it = offers_.erase(it);
   }
   const int64_t share = config_.train.total_tokens / streams_.size();
@@ -171,10 +178,16 @@ void SyncerService::offer_orphaned_streams(double now) {
   }
   // A declined stream's holder is alive (it holds the log's lock: paused, or its link cut past its lease): while its
   // share is unspent and it is not back, the end waits for it as for a slow learner, and it is offered again
-  // every kDeclinedFor_s in case it died.
+  // every kDeclinedFor_s in case it died. The hold lapses kDeclinedFor_s after the last decline: with nobody left to
+  // offer it to (the asker gone, only learners that never ask), the run ends as it did before take-over.
   bool held_elsewhere = false;
-  for (const auto& [stream, until] : declined_until_) {
-    held_elsewhere = held_elsewhere || streams_.is_orphan(stream, share, per_step, is_live);
+  for (auto it = declined_until_.begin(); it != declined_until_.end();) {
+    if (!streams_.is_orphan(it->first, share, per_step, is_live)) {  // its holder is back, or it is spent
+      it = declined_until_.erase(it);
+      continue;
+    }
+    held_elsewhere = held_elsewhere || it->second > now;
+    ++it;
   }
   state_->hold_end(!offers_.empty() || held_elsewhere);
 }

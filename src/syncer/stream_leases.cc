@@ -91,7 +91,12 @@ int StreamLeases::grant(int id, const LeaseDecision& decision) {
 
 bool StreamLeases::claim(int id, int64_t stream, bool leaving) {
   if (stream < 0 || stream >= size()) return false;
-  if (leases_[stream].holder < 0 && !leaving) leases_[stream].holder = id;
+  if (leases_[stream].holder < 0 && !leaving) {  // claimed back: it trains this stream, so it holds no other
+    for (auto& lease : leases_) {
+      if (lease.holder == id) lease.holder = -1;
+    }
+    leases_[stream].holder = id;
+  }
   return leases_[stream].holder == id;
 }
 

@@ -51,7 +51,8 @@ class StreamLeases {
   /// Returns the stream's previous holder.
   int grant(int id, const LeaseDecision& decision);
   /// Metadata from `id` training `stream`: a free stream is claimed back by the learner training it (its lease ran
-  /// out while its link was cut). Returns whether `id` holds it (its tokens count only then).
+  /// out while its link was cut), which then holds no other. Returns whether `id` holds it (its tokens count only
+  /// then).
   bool claim(int id, int64_t stream, bool leaving);
   /// The holder left gracefully: the stream is free at once.
   void release(int64_t stream);

@@ -110,8 +110,9 @@ class SyncerService final : public wire::SyncerHandler {
   void notify_budget_spent(double now, double& last_notice);
   /// Take-over under fixed shares (docs/protocol.md §7): each learner that spent its share and asks for another
   /// stream is offered one whose holder left (StreamLeases::orphan), one stream per learner at a time; an offer not
-  /// answered within kOfferTimeout_s is withdrawn. Holds the end while an offer is open, and while a stream whose
-  /// offer was declined (its log is locked by a live process) is still orphaned with its share unspent. Under mu_.
+  /// answered within kOfferTimeout_s is withdrawn. Holds the end while an offer is open, and for kDeclinedFor_s after
+  /// a decline (its log is locked by a live process) while that stream is still orphaned with its share unspent.
+  /// Nothing is offered outside the training phase or while learners re-attach to a restarted syncer. Under mu_.
   void offer_orphaned_streams(double now);
   /// An answer to learner `learner`'s open offer in its metadata: it trains the stream now, or declined it. Under mu_.
   void answer_offer(int learner, const wire::Metadata& m, double now);

@@ -236,14 +236,16 @@ class SyncerState {
   /// reconnect backoff, and one that has not yet is neither live nor finished, so an end decided without it would
   /// drop the last work it holds (docs/protocol.md §4). The end waits while this holds.
   bool awaiting_reattach(double now_s) const;
-  /// Take-over under fixed shares (docs/protocol.md §7): while a stream offered to a learner is not answered, the
-  /// end waits (the learner that takes it trains again). Set by the service before every tick.
+  /// Take-over under fixed shares (docs/protocol.md §7): while a stream offered to a learner is not answered, or was
+  /// declined lately because its live holder keeps its log locked, the end waits. Set by the service before every
+  /// tick.
   void hold_end(bool held) { end_held_ = held; }
   /// A syncer restarted after its run had finished (state.json says so: e.g. killed between its end and the
   /// launcher's noticing it) stays finished: the learners were told to stop and are gone, and a syncer back in
   /// training would wait for them for ever.
   void restore_finished();
   bool finished() const { return phase_.is(SyncerPhase::kFinished); }
+  bool training() const { return phase_.is(SyncerPhase::kTraining); }
   bool is_live(int learner, double now_s) const;
 
   /// Restores persisted state (after a syncer restart): fragment p's Θ, momentum and version.

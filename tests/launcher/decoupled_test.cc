@@ -216,12 +216,17 @@ TEST_F(DecoupledTest, KilledLearnerNeverStallsTheOthers) {
   std::printf("[learner 0] %zu steps, median gap %.4f s, largest %.4f s, max boundary %.5f s (slowdown sleep "
               "included), max time outside compute %.5f s\n",
               timing.steps, timing.median_gap, timing.largest_gap, max_boundary, timing.most_outside);
-  ASSERT_GT(timing.steps, 80u);
   EXPECT_LE(timing.most_outside, kMaxOutsideCompute_s) << "learner 0 waited before its step at t = "
                                                        << timing.most_outside_t;
-  // Some of those steps came after the kill (the run is sized so: 120 steps each, the kill at learner 1's 30th).
-  int after_kill = 0;
-  for (const auto& e : steps) after_kill += e["event"] == "step" && e["t"].get<double>() > killed_at;
+  // Its own stream's steps (before the take-over), some of them after the kill (the run is sized so: 120 steps
+  // each, the kill at learner 1's 30th).
+  int own = 0, after_kill = 0;
+  for (const auto& e : steps) {
+    if (e["event"] != "step" || e["t"].get<double>() > taken_at) continue;
+    ++own;
+    after_kill += e["t"].get<double>() > killed_at;
+  }
+  EXPECT_EQ(own, 120) << "learner 0 did not train its own share before taking stream 1 over";
   EXPECT_GT(after_kill, 20) << "learner 0 trained little after learner 1 was killed";
 }
 

@@ -130,6 +130,8 @@ TEST(StreamLeases, AnOfferIsHeldBesideTheSpentStreamUntilAcceptedOrDeclined) {
   EXPECT_EQ(l.at(2).holder, -1);
   EXPECT_EQ(l.at(1).holder, 7) << "a decline dropped the stream it trains";
   EXPECT_TRUE(l.claim(9, 2, false)) << "the stream's own holder (alive, its log locked) claims it back";
+  EXPECT_TRUE(l.claim(7, 0, false));
+  EXPECT_EQ(l.at(1).holder, -1) << "a learner claiming a free stream back still held another";
 }
 
 TEST(StreamLeases, PersistedStateRoundTripsAndStreamsBeyondSAreDropped) {
