@@ -82,21 +82,20 @@ int StreamLeases::grant(int id, const LeaseDecision& decision) {
     if (leases_[s].holder == id) leases_[s].holder = -1;
   }
   const int previous = leases_.at(static_cast<size_t>(decision.stream)).holder;
-  for (auto& lease : leases_) {
-    if (lease.holder == id) lease.holder = -1;  // one stream per learner: a stale lease of this id is released
-  }
-  leases_[decision.stream].holder = id;
+  hold_only(id, decision.stream);  // a stale lease of this id is released
   return previous;
+}
+
+void StreamLeases::hold_only(int id, int64_t stream) {
+  for (auto& lease : leases_) {
+    if (lease.holder == id) lease.holder = -1;
+  }
+  leases_[stream].holder = id;
 }
 
 bool StreamLeases::claim(int id, int64_t stream, bool leaving) {
   if (stream < 0 || stream >= size()) return false;
-  if (leases_[stream].holder < 0 && !leaving) {  // claimed back: it trains this stream, so it holds no other
-    for (auto& lease : leases_) {
-      if (lease.holder == id) lease.holder = -1;
-    }
-    leases_[stream].holder = id;
-  }
+  if (leases_[stream].holder < 0 && !leaving) hold_only(id, stream);  // claimed back: it trains this one only
   return leases_[stream].holder == id;
 }
 
@@ -135,10 +134,7 @@ int StreamLeases::offer(int id, int64_t stream) {
 
 void StreamLeases::accept(int id, int64_t stream) {
   if (stream < 0 || stream >= size()) return;
-  for (auto& lease : leases_) {
-    if (lease.holder == id) lease.holder = -1;
-  }
-  leases_[stream].holder = id;
+  hold_only(id, stream);
 }
 
 void StreamLeases::decline(int id, int64_t stream) {

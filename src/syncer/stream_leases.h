@@ -86,6 +86,9 @@ class StreamLeases {
   std::vector<int64_t> restore(const nlohmann::json& state);
 
  private:
+  // Makes `id` the holder of `stream` and of no other stream (one stream per learner).
+  void hold_only(int id, int64_t stream);
+
   std::vector<StreamLease> leases_;
 };
 

@@ -42,6 +42,21 @@ using testing_support::read_events;
 using testing_support::kMaxOutsideCompute_s;
 using testing_support::signal_child;
 
+// The pid of the learner whose event log is `log` once it has trained `steps` steps (polled every 0.1 s, for up to
+// 120 s); −1 if it never got there.
+pid_t pid_once_trained(const fs::path& log, int steps) {
+  for (int i = 0; i < 1200; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    int trained = 0, pid = -1;
+    for (const auto& e : read_events(log)) {
+      trained += e["event"] == "step";
+      if (e["event"] == "bootstrapped") pid = e["pid"];
+    }
+    if (trained >= steps) return pid;
+  }
+  return -1;
+}
+
 class DecoupledTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -149,17 +164,7 @@ TEST_F(DecoupledTest, KilledLearnerNeverStallsTheOthers) {
     EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << "status " << rc << ", see " << (root_ / "kill.log");
   });
   // Wait until learner 1 has trained 30 steps, then kill -9 it.
-  const fs::path l1 = run / "events" / "learner_1.jsonl";
-  pid_t victim = -1;
-  for (int i = 0; i < 1200 && victim < 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    int steps = 0, pid = -1;
-    for (const auto& e : read_events(l1)) {
-      steps += e["event"] == "step";
-      if (e["event"] == "bootstrapped") pid = e["pid"];
-    }
-    if (steps >= 30) victim = pid;
-  }
+  const pid_t victim = pid_once_trained(run / "events" / "learner_1.jsonl", 30);
   if (victim <= 0) {
     launcher.join();  // the run ends by itself (its learners spend their budgets) before the test fails
     FAIL() << "learner 1 never reached step 30";
@@ -247,15 +252,7 @@ TEST_F(DecoupledTest, APausedLearnersStreamIsNotTakenOverWhileItsLogIsLocked) {
     for (const auto& e : read_events(log)) n += e["event"] == event;
     return n;
   };
-  pid_t victim = -1;
-  for (int i = 0; i < 1200 && victim < 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    int pid = -1;
-    for (const auto& e : read_events(run / "events" / "learner_1.jsonl")) {
-      if (e["event"] == "bootstrapped") pid = e["pid"];
-    }
-    if (count(run / "events" / "learner_1.jsonl", "step") >= 30) victim = pid;
-  }
+  const pid_t victim = pid_once_trained(run / "events" / "learner_1.jsonl", 30);
   if (victim <= 0) {
     launcher.join();
     FAIL() << "learner 1 never reached step 30";
