@@ -56,11 +56,13 @@ void validate_group(const Config& c, const ParallelConfig& g, const std::string&
   require(g.zero >= 0 && g.zero <= 3, key + ".zero", "must be 0, 1, 2 or 3 (got " + std::to_string(g.zero) + ")");
   require(g.micro_batches >= 1 && g.chunks >= 1, key + ".micro_batches/chunks", "must be ≥ 1");
   require(g.timeout_s > 0, key + ".timeout_s", "must be > 0");
-  require(g.zero == 0 || (g.tensor == 1 && g.pipeline == 1), key + ".zero",
+  require(g.zero <= 1 || (g.tensor == 1 && g.pipeline == 1), key + ".zero",
           "= " + std::to_string(g.zero) + " with " +
               (g.tensor > 1 ? "tensor = " + std::to_string(g.tensor) : "pipeline = " + std::to_string(g.pipeline)) +
-              " is not wired yet: ZeRO runs in purely data-parallel groups; with "
-              "tensor or pipeline parallelism use zero = 0 (replicated AdamW across the data-parallel replicas)");
+              " is not wired yet: ZeRO-2 and ZeRO-3 run in purely data-parallel groups; with tensor or pipeline "
+              "parallelism use zero = 1 (Megatron's distributed optimizer) or 0 (replicated AdamW)");
+  require(!g.offload || (g.tensor == 1 && g.pipeline == 1), key + ".offload",
+          "is wired into purely data-parallel ZeRO groups only for now (tensor = pipeline = 1)");
   require(g.precision == Precision::kFp32 || (g.tensor == 1 && g.pipeline == 1 && g.zero == 0), key + ".precision",
           "= \"bf16\" runs in one-process and data-parallel learners without ZeRO for now (tensor = pipeline = 1, "
           "zero = 0; docs/parallel.md)");

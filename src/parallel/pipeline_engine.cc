@@ -3,6 +3,7 @@
 #include <cmath>
 #include <map>
 
+#include "parallel/distributed_optimizer.h"
 #include "parallel/pipeline_stage.h"
 #include "parallel/rank_engine_internal.h"
 #include "train/trainer.h"
@@ -16,7 +17,9 @@ using namespace rank_engine_detail;
 // pipeline = p × tensor = t × data = d (any of them 1): this rank's stage of its replica, rank
 // g = tp + t·(dp + d·pp) (Megatron's order: TP ranks adjacent, pipeline outermost). Each window's B sequences are
 // split over the d replicas; a replica runs one pipeline iteration of m micro-batches over the PP group of its TP
-// index, and the replicas' gradients are averaged over the DP group (one all-reduce of the flat gradient).
+// index, and the replicas' gradients are averaged over the DP group: zero = 0 one all-reduce of the flat gradient
+// and AdamW replicated on every replica; zero = 1 Megatron's distributed optimizer (parallel/distributed_optimizer.h:
+// reduce-scatter, AdamW on this rank's slice, all-gather).
 class PipelineEngine final : public RankEngine {
  public:
   PipelineEngine(GPT full, const ParallelConfig& parallel, const TrainConfig& train, Collective& group)
@@ -49,10 +52,15 @@ class PipelineEngine final : public RankEngine {
       for (int i = first; i < last; ++i) block_owner_[i] = k % p;
     }
     for (const auto& item : full->named_parameters()) full_shapes_[item.key()] = item.value().sizes().vec();
-    adamw_ = make_inner_adamw(stage_->parameters(), train);
+    if (parallel.zero == 1) {
+      make_distributed_optimizer();
+    } else {
+      adamw_ = make_inner_adamw(stage_->parameters(), train);
+    }
   }
 
   EngineStep step(const torch::Tensor& windows, double lr) override {
+    if (distributed_) return distributed_step(windows, lr);
     const int64_t W = windows.size(0), B = train_.batch_size, T = stage_->config().seq_len;
     set_lr(*adamw_, lr);
     stage_->zero_grad();
@@ -131,28 +139,94 @@ class PipelineEngine final : public RankEngine {
     const auto piece = [&](const ShardSpec& spec) {
       return tp_group_ ? shard_of(full, spec, tp_group_->rank(), t_) : full;
     };
+    const auto write = [&](const torch::Tensor& target, const torch::Tensor& value) {
+      if (!distributed_) return copy_checked(target, value, name);
+      if (target.sizes() != value.sizes()) copy_checked(target, value, name);  // throws with both shapes
+      distributed_->set_parameter(distributed_index_.at(target.unsafeGetTensorImpl()), value);
+    };
     const auto params = stage_->named_parameters();
-    if (const auto it = params.find(name); it != params.end()) {
-      copy_checked(it->second, piece(stage_->shard_spec(name)), name);
-    }
-    if (name == "wte.weight" && stage_->tied_head().defined()) {
-      copy_checked(stage_->tied_head(), piece(ShardSpec{0, 1}), name);
-    }
+    if (const auto it = params.find(name); it != params.end()) write(it->second, piece(stage_->shard_spec(name)));
+    if (name == "wte.weight" && stage_->tied_head().defined()) write(stage_->tied_head(), piece(ShardSpec{0, 1}));
   }
 
-  void save_state(const std::filesystem::path& file) override { save_adamw(*adamw_, file); }
-  void load_state(const std::filesystem::path& file) override { load_adamw(*adamw_, file); }
-  void reset_state() override { adamw_ = make_inner_adamw(stage_->parameters(), train_); }
+  void save_state(const std::filesystem::path& file) override {
+    if (distributed_) return distributed_->save_state(file.string());
+    save_adamw(*adamw_, file);
+  }
+  void load_state(const std::filesystem::path& file) override {
+    if (distributed_) return distributed_->load_state(file.string());
+    load_adamw(*adamw_, file);
+  }
+  void reset_state() override {
+    if (distributed_) return distributed_->reset_state();
+    adamw_ = make_inner_adamw(stage_->parameters(), train_);
+  }
   std::string describe() const override {
     return "pipeline p = " + std::to_string(schedule_.spec.stages) +
            (t_ > 1 ? " × tensor t = " + std::to_string(t_) : std::string()) +
-           (d_ > 1 ? " × data d = " + std::to_string(d_) : std::string()) + " (" + to_string(schedule_.spec.kind) +
+           (d_ > 1 ? " × data d = " + std::to_string(d_) : std::string()) +
+           (distributed_ ? " + distributed optimizer (ZeRO-1)" : "") + " (" + to_string(schedule_.spec.kind) +
            ", m = " + std::to_string(schedule_.spec.micro_batches) + ", v = " + std::to_string(schedule_.spec.chunks) +
            (stage_->options().checkpoint_activations ? ", checkpointed" : "") + ")";
   }
 
  private:
   Collective& pipeline() { return pp_comm_ ? *pp_comm_ : group_; }
+
+  // zero = 1: the stage's tensors (the tied copy of wte included, outside the norm) under the distributed
+  // optimizer over the DP group; a replicated tensor (norm gains) counts in the norm on TP rank 0 only.
+  void make_distributed_optimizer() {
+    std::map<const void*, std::string> names;
+    for (const auto& [name, q] : stage_->named_parameters()) names[q.unsafeGetTensorImpl()] = name;
+    std::vector<DistributedParameter> list;
+    for (const auto& q : stage_->parameters()) {
+      const auto it = names.find(q.unsafeGetTensorImpl());
+      const bool counted = it != names.end() && (!stage_->shard_spec(it->second).replicated() || group_.rank() % t_ == 0);
+      distributed_index_[q.unsafeGetTensorImpl()] = list.size();
+      list.push_back({q, q.dim() >= 2, counted});
+    }
+    distributed_ = std::make_unique<DistributedAdamW>(std::move(list), dp_comm_.get(), train_);
+  }
+
+  // One step under the distributed optimizer: each window's gradients go into the fp32 main gradients (so the
+  // tied-embedding exchange's .grad never carries an earlier window), the loss is averaged over the replicas, the
+  // gradient reduce-scattered over them, ‖g‖² summed over every rank's slice, then clip and AdamW on the slices.
+  EngineStep distributed_step(const torch::Tensor& windows, double lr) {
+    const int64_t W = windows.size(0), B = train_.batch_size, T = stage_->config().seq_len, b = B / d_;
+    auto params = stage_->parameters();
+    const auto& main = distributed_->main_grads();
+    distributed_->zero_grad();
+    stage_->zero_grad();
+    EngineStep r;
+    for (int64_t w = 0; w < W; ++w) {
+      const auto [x, y] = window_batch(windows, w, B, T);
+      r.loss += run_pipeline_iteration(*stage_, pipeline(), schedule_, x.narrow(0, dp_index_ * b, b),
+                                       y.narrow(0, dp_index_ * b, b))
+                    .loss /
+                static_cast<double>(W);
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (params[i].grad().defined()) main[i].add_(params[i].grad(), 1.0 / static_cast<double>(W));
+      }
+      stage_->zero_grad();
+    }
+    if (dp_comm_) {
+      auto loss = torch::tensor({r.loss}, torch::kDouble);
+      dp_comm_->allreduce_sum(loss);
+      r.loss = loss.item<double>() / d_;
+    }
+    r.loss = average_over_learners(replicas_, {}, r.loss);
+    auto square_sum = torch::tensor({distributed_->reduce_gradients(replicas_)}, torch::kDouble);
+    group_.allreduce_sum(square_sum);  // the d slices of every (TP, PP) coordinate are disjoint: the whole ‖g‖²
+    r.grad_norm = std::sqrt(square_sum.item<double>());
+    r.skipped = !std::isfinite(r.loss) || !std::isfinite(r.grad_norm);
+    if (r.skipped) {
+      distributed_->drop_gradients();
+      return r;
+    }
+    distributed_->step(lr, std::min(1.0, max_norm_of(train_) / (r.grad_norm + 1e-6)));
+    return r;
+  }
 
   // Plain data parallelism across the d replicas: one all-reduce over the DP group of every gradient, flattened,
   // and of the loss, then / d. Returns the mean loss.
@@ -190,7 +264,9 @@ class PipelineEngine final : public RankEngine {
   PipelineSchedule schedule_;
   std::map<int, int> block_owner_;  // block index -> stage
   std::map<std::string, std::vector<int64_t>> full_shapes_;
-  std::unique_ptr<torch::optim::AdamW> adamw_;
+  std::unique_ptr<torch::optim::AdamW> adamw_;        // zero = 0
+  std::unique_ptr<DistributedAdamW> distributed_;      // zero = 1
+  std::map<const void*, size_t> distributed_index_;   // a stage tensor -> its index in distributed_
 };
 
 }  // namespace

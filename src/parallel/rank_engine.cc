@@ -294,7 +294,10 @@ std::unique_ptr<RankEngine> make_rank_engine(GPT full, const ParallelConfig& par
     return std::make_unique<Bf16DataParallelEngine>(full, train, group);
   }
   if (parallel.pipeline > 1 || (parallel.tensor > 1 && parallel.data > 1)) {
-    if (parallel.zero > 0) throw InputError("ZeRO with tensor or pipeline parallelism is not wired yet (zero = 0)");
+    if (parallel.zero > 1) {
+      throw InputError("ZeRO-" + std::to_string(parallel.zero) + " with tensor or pipeline parallelism is not wired "
+                       "yet: zero = 1 (the distributed optimizer) or 0");
+    }
     return make_pipeline_engine(full, parallel, train, group);
   }
   if (parallel.tensor > 1) return std::make_unique<TensorParallelEngine>(full, train, group);

@@ -50,7 +50,12 @@ TEST(ParallelConfig, LearnerTablesStartFromTheSectionAndRoundTrip) {
 TEST(ParallelConfig, RefusalsNameTheKeyAndWhy) {
   const std::string t = kTiny;
   EXPECT_EQ(error_of(t + "[parallel]\ntensor = 2\ndata = 2\n"), "") << "TP × DP is supported";
-  EXPECT_NE(error_of(t + "[parallel]\ntensor = 2\ndata = 2\nzero = 1\n").find("ZeRO runs in purely data-parallel"),
+  EXPECT_EQ(error_of(t + "[parallel]\ntensor = 2\npipeline = 2\ndata = 2\nzero = 1\n"), "")
+      << "Megatron's layout: TP × PP × DP with the distributed optimizer";
+  EXPECT_NE(error_of(t + "[parallel]\ntensor = 2\ndata = 2\nzero = 2\n").find("ZeRO-2 and ZeRO-3 run in purely"),
+            std::string::npos);
+  EXPECT_NE(error_of(t + "[parallel]\npipeline = 2\ndata = 2\nzero = 1\noffload = true\n")
+                .find("parallel.offload is wired into purely data-parallel ZeRO groups only"),
             std::string::npos);
   EXPECT_EQ(error_of(t + "[parallel]\ntensor = 2\npipeline = 2\n"), "") << "tensor × pipeline is supported";
   EXPECT_NE(error_of(t + "[parallel]\nzero = 2\n").find("parallel.zero shards over the data-parallel ranks"),

@@ -3,7 +3,8 @@
 // tensor = 2; data = 2 with ZeRO 0, 1, 2, 3 and ZeRO-2 with offloaded AdamW state; pipeline = 2 with 1F1B and
 // GPipe; tensor × pipeline = 2 × 2 (× data 1) with 1F1B, and with GPipe and activation checkpointing; tensor × data,
 // pipeline × data and tensor × pipeline × data = 2 × 2 × 2 (8 ranks); interleaved (v = 2, 4 layers); an untied
-// pipeline — 5 inner steps (grad_accum = 2,
+// pipeline; TP × PP × DP and its parts with the distributed optimizer (ZeRO-1) — 5 inner steps (20 for the
+// Megatron layout; grad_accum = 2,
 // clipping at 0.5 active) give the same losses and the same fragments within fp32 tolerance, a fragment written
 // into the group reads back bitwise (including fragments that hold only some rows of a tensor), the optimizer
 // state saves and restores, and a rank that is gone fails the leader's next command without hanging it.
@@ -27,7 +28,6 @@ namespace dloco {
 namespace {
 
 namespace fs = std::filesystem;
-constexpr int kSteps = 5;
 
 fs::path scratch(const std::string& what) {
   static std::atomic<int> counter{0};
@@ -138,6 +138,7 @@ struct Case {
   ParallelConfig parallel;
   bool tied = true;
   int64_t layers = 2;
+  int steps = 5;  // inner steps compared with the one-process learner
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }  // the test names' parameter, readable
@@ -164,6 +165,15 @@ std::vector<Case> cases() {
       {"tensor2_data2", with([](ParallelConfig& p) { p.tensor = 2, p.data = 2; })},
       {"pipeline2_data2", with([](ParallelConfig& p) { p.pipeline = 2, p.data = 2, p.micro_batches = 2; })},
       {"tensor2_pipeline2_data2", with([](ParallelConfig& p) { p.tensor = 2, p.pipeline = 2, p.data = 2; })},
+      {"pipeline2_data2_zero1",
+       with([](ParallelConfig& p) { p.pipeline = 2, p.data = 2, p.micro_batches = 2, p.zero = 1; })},
+      {"tensor2_data2_zero1", with([](ParallelConfig& p) { p.tensor = 2, p.data = 2, p.zero = 1; })},
+      // Megatron's layout (TP × PP × DP with the distributed optimizer) over 20 steps
+      {"tensor2_pipeline2_data2_zero1",
+       with([](ParallelConfig& p) { p.tensor = 2, p.pipeline = 2, p.data = 2, p.zero = 1; }), true, 2, 20},
+      {"tensor2_pipeline2_data2_zero1_checkpointed", with([](ParallelConfig& p) {
+         p.tensor = 2, p.pipeline = 2, p.data = 2, p.zero = 1, p.checkpoint_activations = true;
+       }), true, 2, 20},
       {"pipeline2_interleaved_v2", with([](ParallelConfig& p) {
          p.pipeline = 2, p.micro_batches = 2, p.chunks = 2, p.schedule = PipelineScheduleChoice::kInterleaved;
        }), true, 4},
@@ -178,12 +188,13 @@ class GroupVsOneProcess : public ::testing::TestWithParam<Case> {};
 TEST_P(GroupVsOneProcess, SameLossesFragmentsAndState) {
   const Case& k = GetParam();
   const Config c = tiny_config(k.tied, k.layers);
+  const int n_steps = k.steps;
   // The reference: one process, the same initial GPT and stream.
   GPT ref_model = initial_gpt(c);
   const FragmentLayout layout = model_layout(ref_model, c.diloco);
   GptInnerJob ref(ref_model, layout, c.train, make_schedule(c), torch::kCPU, stream_of(c));
   std::vector<double> ref_loss;
-  for (int s = 0; s < kSteps; ++s) ref_loss.push_back(ref.step(s).loss);
+  for (int s = 0; s < n_steps; ++s) ref_loss.push_back(ref.step(s).loss);
   {  // clipping is part of what is compared: the first step's gradient norm is above train.grad_clip
     DataStream stream = stream_of(c);
     InnerTrainer trainer(initial_gpt(c), c.train, make_schedule(c), torch::kCPU);
@@ -197,7 +208,7 @@ TEST_P(GroupVsOneProcess, SameLossesFragmentsAndState) {
     // 5 AdamW steps at lr 1e-2 differ by 2.1e-6 (ZeRO-3) … 3.7e-5 (TP × PP) (AdamW's m / sqrt(v) amplifies
     // differences of tiny gradient entries); bounds 1e-4 on the losses, 2e-4 on the parameters. A
     // pipeline that added the first window's tied-embedding gradient twice was off by 1.9e-3 and 7.3e-2.
-    for (int s = 0; s < kSteps; ++s) {
+    for (int s = 0; s < n_steps; ++s) {
       const InnerStep r = job.step(s);
       EXPECT_FALSE(r.skipped);
       EXPECT_EQ(r.tokens, c.train.tokens_per_step(c.model));
@@ -209,8 +220,8 @@ TEST_P(GroupVsOneProcess, SameLossesFragmentsAndState) {
     for (size_t p = 0; p < got.size(); ++p) {
       for (size_t i = 0; i < got[p].size(); ++i) worst = std::max(worst, double(std::abs(got[p][i] - ref_fragments[p][i])));
     }
-    EXPECT_LT(worst, 2e-4) << "largest parameter difference after " << kSteps << " steps";
-    std::printf("[%s] parameter difference after %d steps: %.3g\n", k.name.c_str(), kSteps, worst);
+    EXPECT_LT(worst, 2e-4) << "largest parameter difference after " << n_steps << " steps";
+    std::printf("[%s] parameter difference after %d steps: %.3g\n", k.name.c_str(), n_steps, worst);
 
     // Writes: every fragment of the reference into the group, read back bitwise. P = 16 splits wte and the MLP
     // matrices into row blocks, so some fragments hold only part of a tensor (a write gathers the rest first).
@@ -226,20 +237,21 @@ TEST_P(GroupVsOneProcess, SameLossesFragmentsAndState) {
     // State: saved by every rank, restored; a second save replaces the first.
     const fs::path dir = scratch("state");
     job.save_state(dir, 4);
-    job.save_state(dir, kSteps);
+    job.save_state(dir, n_steps);
     EXPECT_FALSE(fs::exists(dir / "group_4_0")) << "the older save is removed";
-    ASSERT_TRUE(fs::exists(dir / "group_5_0"));
+    const fs::path saved = dir / ("group_" + std::to_string(n_steps) + "_0");
+    ASSERT_TRUE(fs::exists(saved));
     std::string why;
-    EXPECT_EQ(job.restore_state(dir, &why), kSteps) << why;
-    fs::remove(dir / "group_5_0" / "rank_1.pt");
+    EXPECT_EQ(job.restore_state(dir, &why), n_steps) << why;
+    fs::remove(saved / "rank_1.pt");
     EXPECT_EQ(job.restore_state(dir, &why), -1);
     EXPECT_NE(why.find("1 of " + std::to_string(k.parallel.ranks()) + " ranks could not load"), std::string::npos)
         << why;
     // The group still trains after a failed restore (every rank reset: data-parallel replicas stay equal).
-    EXPECT_TRUE(std::isfinite(job.step(kSteps).loss));
+    EXPECT_TRUE(std::isfinite(job.step(n_steps).loss));
   });
   for (size_t r = 1; r < steps.size(); ++r) {
-    EXPECT_EQ(steps[r], kSteps + 1) << "rank " << r << " trained every step and stopped when the job ended";
+    EXPECT_EQ(steps[r], n_steps + 1) << "rank " << r << " trained every step and stopped when the job ended";
   }
 }
 
