@@ -63,9 +63,11 @@ void validate_group(const Config& c, const ParallelConfig& g, const std::string&
               "parallelism use zero = 1 (Megatron's distributed optimizer) or 0 (replicated AdamW)");
   require(!g.offload || (g.tensor == 1 && g.pipeline == 1), key + ".offload",
           "is wired into purely data-parallel ZeRO groups only for now (tensor = pipeline = 1)");
-  require(g.precision == Precision::kFp32 || (g.tensor == 1 && g.pipeline == 1 && g.zero == 0), key + ".precision",
-          "= \"bf16\" runs in one-process and data-parallel learners without ZeRO for now (tensor = pipeline = 1, "
-          "zero = 0; docs/parallel.md)");
+  require(g.precision == Precision::kFp32 || g.zero == 0 || (g.zero == 1 && (g.tensor > 1 || g.pipeline > 1)),
+          key + ".precision",
+          "= \"bf16\" runs with zero = 0, or zero = 1 (the distributed optimizer) with tensor or pipeline "
+          "parallelism, for now: not with ZeRO-" + std::to_string(g.zero) +
+              (g.tensor == 1 && g.pipeline == 1 ? " in a purely data-parallel group" : "") + " (docs/parallel.md)");
   require(!g.offload || g.zero >= 1, key + ".offload",
           "keeps ZeRO's sharded AdamW state in files on local disk: set data > 1 and zero ≥ 1 (or offload = false)");
   require(g.zero == 0 || g.data > 1, key + ".zero",

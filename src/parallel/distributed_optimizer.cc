@@ -47,6 +47,12 @@ DistributedAdamW::DistributedAdamW(std::vector<DistributedParameter> params, Col
 
 void DistributedAdamW::zero_grad() { grad_flat_.zero_(); }
 
+void DistributedAdamW::average_main_grads(Collective& replicas) {
+  torch::NoGradGuard no_grad;
+  replicas.allreduce_sum(grad_flat_);
+  grad_flat_.div_(replicas.world());
+}
+
 double DistributedAdamW::reduce_gradients(Collective* replicas) {
   torch::NoGradGuard no_grad;
   if (d_ > 1) {
@@ -107,6 +113,18 @@ void DistributedAdamW::set_parameter(size_t i, const torch::Tensor& value) {
   const int64_t begin = rank_ * shard_, off = offsets_[i], a = std::max(begin, off),
                 b = std::min(begin + shard_, off + values.numel());
   if (a < b) master_.narrow(0, a - begin, b - a).copy_(values.narrow(0, a - off, b - a));
+}
+
+torch::Tensor DistributedAdamW::full_master(size_t i) {
+  DLOCO_CHECK(i < params_.size());
+  torch::NoGradGuard no_grad;
+  if (flat_.scalar_type() == torch::kFloat) return params_[i].detach().clone();
+  const int64_t n = params_[i].numel(), begin = rank_ * shard_, off = offsets_[i], a = std::max(begin, off),
+                b = std::min(begin + shard_, off + n);
+  auto full = torch::zeros({n});  // (n) this rank's part, zeros elsewhere: the sum over dp is exact
+  if (a < b) full.narrow(0, a - off, b - a).copy_(master_.narrow(0, a - begin, b - a));
+  if (d_ > 1) dp_->allreduce_sum(full);
+  return full.view(params_[i].sizes());
 }
 
 void DistributedAdamW::save_state(const std::string& file) const {

@@ -60,6 +60,9 @@ class DistributedAdamW {
   const std::vector<torch::Tensor>& main_grads() const { return main_grads_; }
   /// Zeroes the main gradients.
   void zero_grad();
+  /// Replicated optimizer state (dp null) under data parallelism all the same: all-reduces the main gradients over
+  /// `replicas` and divides by its size, so every replica steps the same full slice. Throws CollectiveError.
+  void average_main_grads(Collective& replicas);
   /// Reduce-scatters the main gradients over dp and divides by d (this rank's slice of the mean gradient), then
   /// averages that slice over `replicas` when given (the dp baseline over learner groups, rank_engine.h).
   /// Returns Σ g² over the slice's elements whose parameter is in_norm (double). Collective over dp (and
@@ -74,6 +77,9 @@ class DistributedAdamW {
   /// Overwrites parameter i (its shape) with `value` in the compute copy and in the master slice; moments kept.
   /// Local; throws InputError on another shape.
   void set_parameter(size_t i, const torch::Tensor& value);
+  /// The fp32 master of parameter i, whole (its shape): fp32 a copy of the compute copy (local); bf16 each dp
+  /// rank's part of it summed over dp (collective over dp; every dp rank calls it). Throws CollectiveError.
+  torch::Tensor full_master(size_t i);
   /// The step count, m and v of this rank's slice to `file` (torch::save; not atomic: the caller renames), and
   /// back; load_state throws InputError when the file was written for another layout (d, rank, slice size). The
   /// masters are not in it: a restored learner writes Θ back (set_parameter), as every group does.

@@ -52,8 +52,9 @@ class PipelineEngine final : public RankEngine {
       for (int i = first; i < last; ++i) block_owner_[i] = k % p;
     }
     for (const auto& item : full->named_parameters()) full_shapes_[item.key()] = item.value().sizes().vec();
-    if (parallel.zero == 1) {
-      make_distributed_optimizer();
+    if (parallel.precision == Precision::kBf16) stage_->to_bf16();
+    if (parallel.zero == 1 || parallel.precision == Precision::kBf16) {
+      make_distributed_optimizer(parallel.zero == 1);
     } else {
       adamw_ = make_inner_adamw(stage_->parameters(), train);
     }
@@ -115,10 +116,16 @@ class PipelineEngine final : public RankEngine {
 
   torch::Tensor gather_parameter(const std::string& name) override {
     const int owner = owner_of(name), pp = group_.rank() / (t_ * d_);
+    torch::Tensor local;
+    if (pp == owner) {  // bf16: the fp32 master, which the d ranks of a sharded optimizer assemble first
+      const auto held = stage_->named_parameters().at(name);
+      local = held.scalar_type() == torch::kFloat
+                  ? held.detach()
+                  : distributed_->full_master(distributed_index_.at(held.unsafeGetTensorImpl()));
+    }
     if (dp_index_ != 0) return torch::Tensor();  // replica 0 answers (the replicas are identical)
     torch::Tensor out;
     if (pp == owner) {  // the owner stage's t ranks assemble it; its TP rank 0 holds it then
-      const auto local = stage_->named_parameters().at(name).detach();
       out = tp_group_ ? gather_shards(local, stage_->shard_spec(name), full_shapes_.at(name), *tp_group_)
                       : local.clone();
     }
@@ -165,7 +172,9 @@ class PipelineEngine final : public RankEngine {
     return "pipeline p = " + std::to_string(schedule_.spec.stages) +
            (t_ > 1 ? " × tensor t = " + std::to_string(t_) : std::string()) +
            (d_ > 1 ? " × data d = " + std::to_string(d_) : std::string()) +
-           (distributed_ ? " + distributed optimizer (ZeRO-1)" : "") + " (" + to_string(schedule_.spec.kind) +
+           (stage_->dtype() == torch::kBFloat16 ? ", bf16" : "") +
+           (distributed_ && !replicated_ && d_ > 1 ? " + distributed optimizer (ZeRO-1)" : "") + " (" +
+           to_string(schedule_.spec.kind) +
            ", m = " + std::to_string(schedule_.spec.micro_batches) + ", v = " + std::to_string(schedule_.spec.chunks) +
            (stage_->options().checkpoint_activations ? ", checkpointed" : "") + ")";
   }
@@ -173,9 +182,10 @@ class PipelineEngine final : public RankEngine {
  private:
   Collective& pipeline() { return pp_comm_ ? *pp_comm_ : group_; }
 
-  // zero = 1: the stage's tensors (the tied copy of wte included, outside the norm) under the distributed
-  // optimizer over the DP group; a replicated tensor (norm gains) counts in the norm on TP rank 0 only.
-  void make_distributed_optimizer() {
+  // zero = 1 (or bf16): the stage's tensors (the tied copy of wte included, outside the norm) under the distributed
+  // optimizer, sharded over the DP group or (`sharded` false: bf16 with zero = 0) replicated on every replica; a
+  // replicated tensor (norm gains) counts in the norm on TP rank 0 only.
+  void make_distributed_optimizer(bool sharded) {
     std::map<const void*, std::string> names;
     for (const auto& [name, q] : stage_->named_parameters()) names[q.unsafeGetTensorImpl()] = name;
     std::vector<DistributedParameter> list;
@@ -185,7 +195,8 @@ class PipelineEngine final : public RankEngine {
       distributed_index_[q.unsafeGetTensorImpl()] = list.size();
       list.push_back({q, q.dim() >= 2, counted});
     }
-    distributed_ = std::make_unique<DistributedAdamW>(std::move(list), dp_comm_.get(), train_);
+    distributed_ = std::make_unique<DistributedAdamW>(std::move(list), sharded ? dp_comm_.get() : nullptr, train_);
+    replicated_ = !sharded && dp_comm_ != nullptr;
   }
 
   // One step under the distributed optimizer: each window's gradients go into the fp32 main gradients (so the
@@ -216,9 +227,11 @@ class PipelineEngine final : public RankEngine {
       r.loss = loss.item<double>() / d_;
     }
     r.loss = average_over_learners(replicas_, {}, r.loss);
+    if (replicated_) distributed_->average_main_grads(*dp_comm_);
     auto square_sum = torch::tensor({distributed_->reduce_gradients(replicas_)}, torch::kDouble);
-    group_.allreduce_sum(square_sum);  // the d slices of every (TP, PP) coordinate are disjoint: the whole ‖g‖²
-    r.grad_norm = std::sqrt(square_sum.item<double>());
+    group_.allreduce_sum(square_sum);  // sharded: the d slices of a (TP, PP) coordinate are disjoint; replicated:
+                                       // every replica counted the whole gradient
+    r.grad_norm = std::sqrt(square_sum.item<double>() / (replicated_ ? d_ : 1));
     r.skipped = !std::isfinite(r.loss) || !std::isfinite(r.grad_norm);
     if (r.skipped) {
       distributed_->drop_gradients();
@@ -267,6 +280,7 @@ class PipelineEngine final : public RankEngine {
   std::unique_ptr<torch::optim::AdamW> adamw_;        // zero = 0
   std::unique_ptr<DistributedAdamW> distributed_;      // zero = 1
   std::map<const void*, size_t> distributed_index_;   // a stage tensor -> its index in distributed_
+  bool replicated_ = false;  // distributed_ not sharded over the DP group (bf16, zero = 0): main gradients averaged
 };
 
 }  // namespace

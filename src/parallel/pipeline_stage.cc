@@ -89,6 +89,14 @@ PipelineStage::PipelineStage(GPT& full, const PipelineStageOptions& options)
   causal_ = buffers["causal"].clone();
 }
 
+void PipelineStage::to_bf16() {
+  torch::NoGradGuard no_grad;
+  for (auto& q : parameters()) q.set_data(q.to(torch::kBFloat16));  // in place: modules and aliases see it
+  cos_ = cos_.to(torch::kBFloat16);
+  sin_ = sin_.to(torch::kBFloat16);
+  causal_ = causal_.to(torch::kBFloat16);
+}
+
 std::vector<torch::Tensor> PipelineStage::parameters() const {
   std::vector<torch::Tensor> out;
   for (const auto& chunk : chunks_) {
@@ -179,10 +187,11 @@ torch::Tensor PipelineStage::forward_chunk(int chunk, const torch::Tensor& input
   // The last virtual stage: ln_f, the head and the loss, as GPTImpl::forward / loss (or the TP GPT's) compute them.
   if (tp) {
     auto logits = torch::matmul(copy_to_tensor_parallel(ln_f_(x), *tp), head_.t());  // (b, T, V/t)
-    return vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), *tp);
+    return vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
+                                        targets.reshape({-1}), *tp);
   }
   auto logits = torch::matmul(ln_f_(x), head_.t());  // (b, T, V)
-  return cross_entropy(logits.view({-1, cfg_.vocab_size}), targets.reshape({-1}));
+  return cross_entropy(logits.view({-1, cfg_.vocab_size}).to(torch::kFloat), targets.reshape({-1}));  // fp32 loss
 }
 
 namespace {
@@ -192,7 +201,7 @@ namespace {
 // gradient: 2·K·m. With p = 1 every virtual stage is on this rank and messages go through a local mailbox.
 class StageLinks {
  public:
-  StageLinks(Collective& group, int p, int m) : group_(group), p_(p), m_(m) {}
+  StageLinks(Collective& group, int p, int m, torch::ScalarType dtype) : group_(group), p_(p), m_(m), dtype_(dtype) {}
 
   int activation_tag(int k, int i) const { return k * m_ + i; }
   int gradient_tag(int K, int k, int i) const { return (K + k) * m_ + i; }
@@ -219,7 +228,7 @@ class StageLinks {
       mailbox_.erase(it);
       return t;
     }
-    auto t = torch::empty(shape);
+    auto t = torch::empty(shape, dtype_);
     group_.recv(t, src, tag);
     return t;
   }
@@ -233,6 +242,7 @@ class StageLinks {
  private:
   Collective& group_;
   int p_, m_;
+  torch::ScalarType dtype_;  // of the activations and their gradients: the stage's compute dtype
   std::map<int, torch::Tensor> mailbox_;
   std::vector<Collective::Pending> in_flight_;
   std::vector<torch::Tensor> keep_;  // the sent tensors, alive until finish()
@@ -279,7 +289,7 @@ PipelineIterationStats run_pipeline_iteration(PipelineStage& stage, Collective& 
   const int s = stage.options().stage;
   const int64_t b = idx.size(0) / m, T = idx.size(1), C = stage.config().d_model;
   const int64_t bytes_before = group.bytes_sent();
-  StageLinks links(group, p, m);
+  StageLinks links(group, p, m, stage.dtype());
   // What a forward keeps for its backward: the received activation (a leaf whose .grad goes back upstream) and
   // the output (the activation sent downstream, or the micro-batch's loss / m on the last virtual stage).
   struct Stored {

@@ -65,6 +65,13 @@ class PipelineStage {
   ShardSpec shard_spec(const std::string& name) const;
   /// Zeroes the gradients of parameters().
   void zero_grad();
+  /// Makes the stage a bf16 compute copy (Megatron's mixed precision, parallel/mixed_precision.h): every tensor of
+  /// parameters() and the rotary tables and mask are cast in place (module references stay valid); activations
+  /// and their gradients then move between stages in bf16 and the loss stays fp32. Call before building the
+  /// optimizer (it keeps the fp32 masters).
+  void to_bf16();
+  /// The dtype of the activations: fp32, or bf16 after to_bf16().
+  torch::ScalarType dtype() const { return cos_.scalar_type(); }
 
   /// Virtual stage k = c·p + s, forward of its blocks. In: idx (b, T) int64 when k = 0, else x (b, T, C).
   /// Out: (b, T, C), or the micro-batch's mean cross-entropy (scalar, nats) against targets (b, T) when k = K − 1.

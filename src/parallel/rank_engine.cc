@@ -288,9 +288,11 @@ std::unique_ptr<RankEngine> make_rank_engine(GPT full, const ParallelConfig& par
                      "(learner/group_engine.h picks it)");
   }
   if (parallel.precision == Precision::kBf16) {
-    if (parallel.tensor > 1 || parallel.pipeline > 1 || parallel.zero > 0) {
-      throw InputError("bf16 runs in data-parallel learner groups without ZeRO only (tensor = pipeline = 1, zero = 0)");
+    if (parallel.tensor > 1 || parallel.pipeline > 1) {
+      if (parallel.zero > 1) throw InputError("bf16 with tensor or pipeline parallelism takes zero = 0 or 1");
+      return make_pipeline_engine(full, parallel, train, group);  // bf16 stages, fp32 masters (sharded at zero = 1)
     }
+    if (parallel.zero > 0) throw InputError("bf16 with ZeRO runs with tensor or pipeline parallelism only for now");
     return std::make_unique<Bf16DataParallelEngine>(full, train, group);
   }
   if (parallel.pipeline > 1 || (parallel.tensor > 1 && parallel.data > 1)) {

@@ -24,12 +24,19 @@ void TensorParallelGroup::count(TensorParallelCall call) {
 
 void TensorParallelGroup::allreduce_sum(torch::Tensor tensor, TensorParallelCall call) {
   count(call);
-  collective_->allreduce_sum(std::move(tensor));
+  if (tensor.scalar_type() != torch::kBFloat16) return collective_->allreduce_sum(std::move(tensor));
+  // Gloo 1.13 cannot all-reduce bf16 (docs/parallel.md): sum in fp32, round once.
+  auto wide = tensor.to(torch::kFloat);
+  collective_->allreduce_sum(wide);
+  tensor.copy_(wide);
 }
 
 std::vector<torch::Tensor> TensorParallelGroup::all_gather(const torch::Tensor& local, TensorParallelCall call) {
   count(call);
-  return collective_->all_gather(local.contiguous());
+  if (local.scalar_type() != torch::kBFloat16) return collective_->all_gather(local.contiguous());
+  auto parts = collective_->all_gather(local.contiguous().view(torch::kHalf));  // copies only: bf16 as 2-byte words
+  for (auto& part : parts) part = part.view(torch::kBFloat16);
+  return parts;
 }
 
 torch::Tensor shard_of(const torch::Tensor& full, const ShardSpec& spec, int rank, int world) {

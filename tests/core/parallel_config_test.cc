@@ -66,7 +66,9 @@ TEST(ParallelConfig, RefusalsNameTheKeyAndWhy) {
   EXPECT_NE(error_of(t + "[parallel]\ntensor = 3\n").find("parallel.tensor (3) must divide model.n_head"),
             std::string::npos);
   EXPECT_NE(error_of(t + "[parallel]\npipeline = 3\n").find("must not exceed model.n_layer (2)"), std::string::npos);
-  EXPECT_NE(error_of(t + "[parallel]\nprecision = \"bf16\"\ntensor = 2\n").find("without ZeRO for now"),
+  EXPECT_EQ(error_of(t + "[parallel]\nprecision = \"bf16\"\ntensor = 2\npipeline = 2\ndata = 2\nzero = 1\n"), "")
+      << "Megatron's layout in bf16";
+  EXPECT_NE(error_of(t + "[parallel]\nprecision = \"bf16\"\ndata = 2\nzero = 1\n").find("in a purely data-parallel"),
             std::string::npos);
   EXPECT_EQ(error_of(t + "[parallel]\nprecision = \"bf16\"\n"), "") << "a one-process bf16 learner";
   EXPECT_NE(error_of(t + "[parallel]\nprecision = \"fp16\"\n").find("fp16 matmul does not exist"), std::string::npos);
