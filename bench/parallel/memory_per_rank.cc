@@ -1,5 +1,7 @@
-// Memory per rank of plain data parallelism and ZeRO-1/2/3 (parallel/zero.h) at N = 4, fp32, and of bf16 data
-// parallelism (parallel/mixed_precision.h, "stage" 4 here), each rank a process.
+// Memory per rank of plain data parallelism and ZeRO-1/2/3 (parallel/zero.h) at N = 4, fp32, of bf16 data
+// parallelism (parallel/mixed_precision.h, "stage" 4 here), and of Megatron's layout ("stage" 5: TP2 × PP2 × DP2
+// with the distributed optimizer in bf16, parallel/distributed_optimizer.h, 8 ranks, measured per parameter the
+// rank holds against 2 + 4 + 12/d = 12 bytes), each rank a process.
 // Per stage, after a few steps, each rank reports (1) its live tensor bytes of model state by category, counted
 // from the tensors between backward and step of the last step (ZeroAdamW::memory(); for DP the parameters, their
 // .grad and AdamW's exp_avg / exp_avg_sq counted by hand; bf16: Bf16Optimizer::memory(), param = the bf16 copy +
@@ -22,7 +24,9 @@
 
 #include "collective/flat_model.h"
 #include "model/gpt.h"
+#include "parallel/distributed_optimizer.h"
 #include "parallel/mixed_precision.h"
+#include "parallel/rank_engine.h"
 #include "parallel/zero.h"
 #include "rank_processes.h"
 #include "train/trainer.h"
@@ -78,7 +82,30 @@ int rank_main(const Flags& f) {
     release_free_memory();
     out["released"] = to_json(proc_status());
   };
-  if (zero == 4) {  // bf16 data parallelism, as parallel/rank_engine.cc's Bf16DataParallelEngine
+  if (zero == 5) {  // Megatron's layout in bf16 through the learner group's own engine
+    ParallelConfig parallel;
+    parallel.tensor = parallel.pipeline = parallel.data = 2;
+    parallel.zero = 1;
+    parallel.micro_batches = 2;
+    parallel.precision = Precision::kBf16;
+    train.batch_size = 2 * 2 * b;  // d replicas × m micro-batches × b sequences
+    auto engine = make_rank_engine(model, parallel, train, *group);
+    model = GPT(nullptr);  // the stage holds copies of its own share
+    auto gen_all = at::detail::createCPUGenerator(1000);  // every rank the same windows (W = 1)
+    const auto windows = torch::randint(m.vocab_size, {1, train.batch_size * m.seq_len + 1}, gen_all, torch::kLong);
+    for (int64_t s = 0; s < steps; ++s) {
+      const int64_t before = group->bytes_sent();
+      losses.push_back(engine->step(windows, train.lr).loss);
+      sent = group->bytes_sent() - before;
+    }
+    const DistributedMemory mem = engine->distributed_optimizer()->memory();  // main gradients persist
+    param_bytes = mem.parameter_bytes + mem.master_bytes;
+    grad_bytes = mem.gradient_bytes;
+    adam_bytes = mem.moment_bytes;
+    out["held"] = mem.parameters;
+    measured_heap = heap_stats();
+    after_last_step();
+  } else if (zero == 4) {  // bf16 data parallelism, as parallel/rank_engine.cc's Bf16DataParallelEngine
     Bf16Optimizer opt(*model, train);
     for (int64_t s = 0; s < steps; ++s) {
       const int64_t before = group->bytes_sent();
@@ -183,7 +210,7 @@ int rank_main(const Flags& f) {
   return 0;
 }
 
-const char* kNames[] = {"DP (zero = 0)", "ZeRO-1", "ZeRO-2", "ZeRO-3", "bf16 DP"};
+const char* kNames[] = {"DP (zero = 0)", "ZeRO-1", "ZeRO-2", "ZeRO-3", "bf16 DP", "TP2xPP2xDP2 Z1"};
 
 int parent_main(const Flags& f, int argc, char** argv) {
   const int N = static_cast<int>(flag_int(f, "ranks", 4));
@@ -197,36 +224,44 @@ int parent_main(const Flags& f, int argc, char** argv) {
       static_cast<long long>(m.seq_len), psi, N, static_cast<long long>(flag_int(f, "batch", 1)),
       static_cast<long long>(flag_int(f, "steps", 3)));
   const double n = N;
-  const double target_live[] = {16, 8 + 8 / n, 4 + 12 / n, 16 / n, 18};
+  const double target_live[] = {16, 8 + 8 / n, 4 + 12 / n, 16 / n, 18, 2 + 4 + 12 / 2.0};
+  // Stage 5: its traffic goes over the engine's TP, PP and DP sub-groups, whose counters the engine keeps: not
+  // measured here (0).
   const double target_traffic[] = {2 * (n - 1) / n * 4, 2 * (n - 1) / n * 4, 2 * (n - 1) / n * 4, 3 * (n - 1) / n * 4,
-                                   2 * (n - 1) / n * 4};
+                                   2 * (n - 1) / n * 4, 0};
   std::printf(
       "live: tensor bytes / parameter between backward and step of the last step; heap: tcmalloc's bytes in\n"
       "use at that moment minus before the model; RSS, HWM: VmRSS after the last step and VmHWM minus VmRSS before\n"
       "the model; rel: VmRSS after tcmalloc returned its free pages; traffic: bytes sent in the last step / Psi\n");
   std::printf("%-14s %4s | %6s %6s %6s %7s %6s %6s | %6s | %6s %6s %6s | %7s %6s %6s\n", "stage", "rank", "param",
               "grad", "adam", "live", "target", "ratio", "heap", "RSS", "HWM", "rel", "traffic", "target", "ratio");
-  std::string stages = flag(f, "stages", "0,1,2,3,4");
-  for (int zero = 0; zero <= 4; ++zero) {
+  std::string stages = flag(f, "stages", "0,1,2,3,4,5");
+  for (int zero = 0; zero <= 5; ++zero) {
     if (stages.find(std::to_string(zero)) == std::string::npos) continue;
     std::vector<std::string> args = pass;
     args.insert(args.end(), {"--zero", std::to_string(zero)});
-    const auto ranks = run_ranks(N, args, 1800, "memory_zero" + std::to_string(zero));
+    const int world = zero == 5 ? 8 : N;
+    const auto ranks = run_ranks(world, args, 1800, "memory_zero" + std::to_string(zero));
     if (ranks.empty()) return 1;
-    for (int r = 0; r < N; ++r) {
+    for (int r = 0; r < world; ++r) {
       const auto& j = ranks[r];
-      const double pb = j["param_bytes"].get<double>() / psi, gb = j["grad_bytes"].get<double>() / psi,
-                   ab = j["adam_bytes"].get<double>() / psi, live = pb + gb + ab;
+      const double per = j.contains("held") ? j["held"].get<double>() : psi;  // stage 5: the rank's own parameters
+      const double pb = j["param_bytes"].get<double>() / per, gb = j["grad_bytes"].get<double>() / per,
+                   ab = j["adam_bytes"].get<double>() / per, live = pb + gb + ab;
       const double base = j["base"]["rss"].get<double>();
-      const double rss = (j["after"]["rss"].get<double>() - base) / psi;
-      const double hwm = (j["after"]["hwm"].get<double>() - base) / psi;
-      const double rel = (j["released"]["rss"].get<double>() - base) / psi;
+      const double rss = (j["after"]["rss"].get<double>() - base) / per;
+      const double hwm = (j["after"]["hwm"].get<double>() - base) / per;
+      const double rel = (j["released"]["rss"].get<double>() - base) / per;
       const double heap =
-          (j["measured_heap"]["allocated"].get<double>() - j["base_heap"]["allocated"].get<double>()) / psi;
-      const double traffic = j["sent_last_step"].get<double>() / psi;
-      std::printf("%-14s %4d | %6.3f %6.3f %6.3f %7.3f %6.2f %6.3f | %6.2f | %6.2f %6.2f %6.2f | %7.3f %6.2f %6.3f\n",
-                  kNames[zero], r, pb, gb, ab, live, target_live[zero], live / target_live[zero], heap, rss, hwm, rel,
-                  traffic, target_traffic[zero], traffic / target_traffic[zero]);
+          (j["measured_heap"]["allocated"].get<double>() - j["base_heap"]["allocated"].get<double>()) / per;
+      const double traffic = j["sent_last_step"].get<double>() / per;
+      std::printf("%-14s %4d | %6.3f %6.3f %6.3f %7.3f %6.2f %6.3f | %6.2f | %6.2f %6.2f %6.2f | ", kNames[zero], r,
+                  pb, gb, ab, live, target_live[zero], live / target_live[zero], heap, rss, hwm, rel);
+      if (target_traffic[zero] > 0) {
+        std::printf("%7.3f %6.2f %6.3f\n", traffic, target_traffic[zero], traffic / target_traffic[zero]);
+      } else {
+        std::printf("%7s %6s %6s\n", "-", "-", "-");  // the sub-groups' traffic is inside the engine
+      }
     }
     const auto& j0 = ranks[0];
     std::printf(
@@ -246,7 +281,8 @@ int parent_main(const Flags& f, int argc, char** argv) {
 int main(int argc, char** argv) {
   return bench_main("bench_parallel_memory", "Memory per rank of DP, ZeRO-1/2/3 and bf16 DP, each rank a process",
                     {{"ranks", "4", "rank processes N"},
-                     {"stages", "0,1,2,3,4", "what to measure: 0 = DP, 1-3 = ZeRO-1/2/3, 4 = bf16 DP"},
+                     {"stages", "0,1,2,3,4,5",
+                      "what to measure: 0 = DP, 1-3 = ZeRO-1/2/3, 4 = bf16 DP, 5 = TP2 x PP2 x DP2 + ZeRO-1 in bf16"},
                      {"layers", "8", "model: blocks L"},
                      {"d-model", "512", "model: C"},
                      {"heads", "8", "model: NH"},

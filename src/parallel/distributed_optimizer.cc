@@ -166,6 +166,7 @@ void DistributedAdamW::reset_state() {
 
 DistributedMemory DistributedAdamW::memory() const {
   DistributedMemory m;
+  for (const auto& p : params_) m.parameters += p.numel();
   m.parameter_bytes = static_cast<int64_t>(flat_.nbytes());
   m.gradient_bytes = static_cast<int64_t>(grad_flat_.nbytes());
   if (flat_.scalar_type() == torch::kBFloat16) m.master_bytes = static_cast<int64_t>(master_.nbytes());

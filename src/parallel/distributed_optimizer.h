@@ -38,6 +38,7 @@ struct DistributedParameter {
 
 /// Live bytes of this rank's optimizer-side state, counted from the tensors (numel · element size).
 struct DistributedMemory {
+  int64_t parameters = 0;       // elements this rank holds (Σ numel of its tensors, without the padding)
   int64_t parameter_bytes = 0;  // the compute copy: 4 or 2 per element of the padded flat buffer
   int64_t gradient_bytes = 0;   // fp32 main gradients: 4 per padded element
   int64_t master_bytes = 0;     // fp32 master slice (bf16 only): 4 per slice element

@@ -168,6 +168,7 @@ class PipelineEngine final : public RankEngine {
     if (distributed_) return distributed_->reset_state();
     adamw_ = make_inner_adamw(stage_->parameters(), train_);
   }
+  const DistributedAdamW* distributed_optimizer() const override { return distributed_.get(); }
   std::string describe() const override {
     return "pipeline p = " + std::to_string(schedule_.spec.stages) +
            (t_ > 1 ? " × tensor t = " + std::to_string(t_) : std::string()) +

@@ -29,6 +29,8 @@
 
 namespace dloco {
 
+class DistributedAdamW;  // parallel/distributed_optimizer.h
+
 /// What one inner step did, the same on every rank of the group.
 struct EngineStep {
   double loss = 0;       // mean training loss over the windows, nats/token
@@ -66,6 +68,9 @@ class RankEngine {
   virtual void set_replicas(Collective* replicas) { replicas_ = replicas; }
   /// "tensor-parallel t = 2", "ZeRO-2 over d = 2", … for logs and events.
   virtual std::string describe() const = 0;
+  /// The distributed optimizer of a TP/PP group with zero = 1 or bf16 (its memory() for the benchmarks); null for
+  /// the other kinds.
+  virtual const DistributedAdamW* distributed_optimizer() const { return nullptr; }
 
  protected:
   Collective* replicas_ = nullptr;  // set_replicas

@@ -5,6 +5,8 @@
 // the launcher restarts it as a whole group (a new rank process joins) and the run finishes; learner 1 never waited
 // (time outside its steps' compute stays below kMaxOutsideCompute_s); later, kill -9 of learner 1's leader takes its
 // rank down with it (PR_SET_PDEATHSIG) and that learner restarts too. Sized in steps; the kills come at steps.
+// Also: Megatron's layout in bf16 (TP2 × PP2 × DP2 with the distributed optimizer, 8 ranks) as one decoupled
+// learner beside a one-process learner ends holding Θ; a SkipPipe pipeline as one learner.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -145,6 +147,57 @@ TEST(ParallelLearners, TensorParallelAndZeroGroupsTrainAndAKilledRankRestartsOnl
   EXPECT_LE(timing.most_outside, testing_support::kMaxOutsideCompute_s)
       << "learner 1 waited before its step at t = " << timing.most_outside_t;
   EXPECT_GT(after_kill, 10) << "learner 1 trained little after learner 0's rank was killed";
+  testing_support::remove_unless_kept(root);
+}
+
+// Megatron's layout in bf16 as one Decoupled DiLoCo learner (issue 30): M = 2, learner 0 TP2 × PP2 × DP2 with the
+// distributed optimizer (ZeRO-1) in bf16 — 8 rank processes — learner 1 one fp32 process. The run finishes with
+// every token trained, learner 0's group is that layout, its losses are finite, merges happen, and every learner
+// ends holding Θ: the fragments the syncer merged reach the bf16 group's fp32 masters exactly.
+TEST(ParallelLearners, MegatronsLayoutInBf16IsOneDecoupledLearnerThatEndsHoldingTheta) {
+  const fs::path root = testing_support::make_tiny_corpus("dloco_megatron_learner", kDataTool);
+  ASSERT_FALSE(root.empty()) << "dloco-data prepare failed on the tiny corpus";
+  constexpr int64_t kTokensPerStep = 8 * 32, kTokens = 2 * 40 * kTokensPerStep;  // 2 learners × 40 steps
+  const std::string groups =
+      "[parallel]\ntimeout_s = 30\n"
+      "[[parallel.learner]]\nid = 0\nprecision = \"bf16\"\ntensor = 2\npipeline = 2\ndata = 2\nzero = 1\n"
+      "micro_batches = 2\n";
+  const fs::path cfg = testing_support::write_decoupled_config(root, "megatron", kTokens, groups, 8, 32, 2, 0);
+  const fs::path run = root / "megatron";
+  const std::string cmd = kDloco + " train --config " + cfg.string() + " > " + (root / "megatron.log").string() +
+                          " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << "see " << (root / "megatron.log");
+
+  const json report = json::parse(std::ifstream(run / "report.json"));
+  EXPECT_EQ(report["status"], "finished");
+  EXPECT_EQ(report["tokens_trained"], kTokens);
+  EXPECT_GT(report["merges"].get<int64_t>(), 4);
+  std::vector<std::string> kinds;
+  json pids;
+  int steps = 0, finite = 0;
+  for (const auto& e : read_events(run / "events" / "learner_0.jsonl")) {
+    if (e["event"] == "group_formed") {
+      kinds.push_back(e["group"]);
+      pids = e["pids"];
+    }
+    if (e["event"] == "step") {
+      ++steps;
+      finite += e.contains("loss") && e["loss"].is_number() && std::isfinite(e["loss"].get<double>());
+    }
+  }
+  ASSERT_EQ(kinds.size(), 1u);
+  EXPECT_NE(kinds[0].find("bf16 + distributed optimizer (ZeRO-1)"), std::string::npos) << kinds[0];
+  EXPECT_EQ(pids.size(), 7u) << "ranks 1 … 7 as processes beside the leader";
+  EXPECT_GT(steps, 10);
+  EXPECT_EQ(finite, steps) << "every step of the bf16 group has a finite loss";
+  const dloco::ChaosAnalysis a = dloco::analyze_chaos_run(run, {2, 4, 4, kTokensPerStep, 2.0});
+  EXPECT_EQ(a.version_regressions, 0);
+  EXPECT_EQ(a.learners_finished, 2);
+  EXPECT_EQ(a.fragments_checked, 2 * 4);
+  EXPECT_EQ(a.fragments_equal, a.fragments_checked);
+  for (const auto& m : a.copy_mismatches) ADD_FAILURE() << m;
+  std::printf("[megatron learner] %d steps of learner 0, %lld merges, group: %s\n", steps,
+              static_cast<long long>(report["merges"].get<int64_t>()), kinds[0].c_str());
   testing_support::remove_unless_kept(root);
 }
 
