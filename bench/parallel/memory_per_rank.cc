@@ -1,7 +1,8 @@
 // Memory per rank of plain data parallelism and ZeRO-1/2/3 (parallel/zero.h) at N = 4, fp32, of bf16 data
 // parallelism (parallel/mixed_precision.h, "stage" 4 here), and of Megatron's layout ("stage" 5: TP2 × PP2 × DP2
 // with the distributed optimizer in bf16, parallel/distributed_optimizer.h, 8 ranks, measured per parameter the
-// rank holds against 2 + 4 + 12/d = 12 bytes), each rank a process.
+// rank holds against 2 + 4 + 12/d = 12 bytes, counted after the last step: the engine frees each window's .grad
+// once it is in the fp32 main gradients, which persist), each rank a process.
 // Per stage, after a few steps, each rank reports (1) its live tensor bytes of model state by category, counted
 // from the tensors between backward and step of the last step (ZeroAdamW::memory(); for DP the parameters, their
 // .grad and AdamW's exp_avg / exp_avg_sq counted by hand; bf16: Bf16Optimizer::memory(), param = the bf16 copy +

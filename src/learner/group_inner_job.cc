@@ -1,6 +1,9 @@
 // The leader's inner job and the other ranks' command loop; see group_inner_job.h.
 #include "learner/group_inner_job.h"
 
+#include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -20,7 +23,7 @@ constexpr int kStateFormat = 2;  // of state.json: 1 is the one-process learner'
 
 // What every rank of a group must agree on before the first command (its own build and config): a version of the
 // command set, the fragment layout's hash and the window shape. The leader broadcasts it; a rank that differs stops.
-constexpr int64_t kCommandsVersion = 1;
+constexpr int64_t kCommandsVersion = 2;  // 2: the replica check
 torch::Tensor agreement(const FragmentLayout& layout, const TrainConfig& train, const ModelConfig& model) {
   return torch::tensor({kCommandsVersion, static_cast<int64_t>(layout.hash), train.grad_accum,
                         train.batch_size * model.seq_len + 1},
@@ -28,7 +31,30 @@ torch::Tensor agreement(const FragmentLayout& layout, const TrainConfig& train, 
 }
 
 // The commands; the header is a (4) double tensor [op, a, b, text bytes], then the op's payload.
-enum Op : int { kStep = 1, kRead, kWrite, kSave, kRestore, kKeepAlive, kStop };
+enum Op : int { kStep = 1, kRead, kWrite, kSave, kRestore, kKeepAlive, kStop, kCheck };
+
+std::atomic<bool> g_check_requested{false};  // request_replica_check(): lock-free, set from a signal handler
+
+// Every rank's RankEngine::replica_mismatch() to every rank (one all-gather of a fixed-size record): the first
+// non-empty one by rank, "rank r: …", the same text on every rank, or "".
+std::string agree_on_mismatch(const std::string& mine, Collective& group) {
+  constexpr int64_t kBytes = 320;
+  auto record = torch::zeros({kBytes}, torch::kUInt8);  // the text, NUL-padded (truncated if longer)
+  std::memcpy(record.data_ptr<uint8_t>(), mine.data(), std::min<size_t>(mine.size(), kBytes - 1));
+  const auto all = group.all_gather(record);
+  for (int r = 0; r < group.world(); ++r) {
+    const auto* text = reinterpret_cast<const char*>(all[r].data_ptr<uint8_t>());
+    if (text[0] != 0) return "rank " + std::to_string(r) + ": " + std::string(text, strnlen(text, kBytes));
+  }
+  return "";
+}
+
+// The replica check on any rank: throws CollectiveError (the group stops; the launcher restarts it from Θ) when a
+// replica differs, after every rank took part.
+void check_replicas_on(RankEngine& engine, Collective& group) {
+  const std::string found = agree_on_mismatch(engine.replica_mismatch(), group);
+  if (!found.empty()) throw CollectiveError("learner group: replicas differ (" + found + ")");
+}
 
 // A tensor fragment p touches, and whether the fragment holds all of its rows (then a write needs no gather).
 struct Touched {
@@ -136,7 +162,17 @@ void GroupInnerJob::command(int op, double a, double b, const std::string& text)
   last_command_ = std::chrono::steady_clock::now();
 }
 
+void request_replica_check() { g_check_requested.store(true); }
+
+void GroupInnerJob::check_replicas() {
+  guarded([&] {
+    command(kCheck);
+    check_replicas_on(*engine_, *group_);
+  });
+}
+
 InnerStep GroupInnerJob::step(int64_t step) {
+  if (g_check_requested.exchange(false)) check_replicas();
   return guarded([&] {
     const int64_t W = train_.grad_accum, n = train_.batch_size * mirror_->config().seq_len + 1;
     auto windows = torch::empty({W, n}, torch::kLong);  // (W, B·T + 1)
@@ -182,6 +218,7 @@ void GroupInnerJob::write_fragment(int p, std::span<const float> values) {
 }
 
 void GroupInnerJob::save_state(const fs::path& dir, int64_t step) {
+  check_replicas();  // a diverged replica's state is never saved
   guarded([&] {
     // A folder never written before (the step and a counter): the one state.json names is never touched, even
     // when a restarted learner saves at the same global step again.
@@ -304,6 +341,9 @@ int64_t serve_group_rank(RankEngine& engine, Collective& group, const FragmentLa
         (void)restore_ranks(engine, group, text);
         break;
       case kKeepAlive:
+        break;
+      case kCheck:
+        check_replicas_on(engine, group);
         break;
       case kStop:
         return steps;

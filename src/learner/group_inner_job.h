@@ -13,6 +13,9 @@
 //   save / restore   every rank writes / reads its own optimizer state (dir/group_<step>_<n>/rank_<r>.pt, a folder
 //                 never written before), the leader then writes dir/state.json naming it, so a kill mid-save
 //                 leaves the previous one
+//   check         every rank compares its tensors with its replicas' (RankEngine::replica_mismatch); a mismatch
+//                 stops the group with the first differing tensor and both hashes. Before every save, and at the
+//                 next step after request_replica_check() (SIGUSR1 to the leader)
 //   keep-alive    while the leader does not train (finished, waiting for the final flush)
 //   stop          the ranks exit
 // Why a leader rather than each rank syncing its own fragments: the syncer, its protocol, quorum and token
@@ -63,6 +66,10 @@ class GroupInnerJob final : public InnerJob {
   void rewarm(int64_t from_step) override { schedule_.rewarm_from = from_step; }
   /// A keep-alive to the ranks at most every parallel.timeout_s / 4.
   void idle() override;
+  /// The replica check (the `check` command): throws CollectiveError naming the first differing tensor, its rank
+  /// and both hashes when a replica differs (the job is failed then, as after any failed command). save_state()
+  /// runs it first; step() runs it when request_replica_check() was called since the last step.
+  void check_replicas();
 
   const Collective& group() const { return *group_; }
 
@@ -83,9 +90,13 @@ class GroupInnerJob final : public InnerJob {
   bool failed_ = false;
 };
 
+/// Asks the group job of this process for a replica check at its next step. Async-signal-safe (a lock-free flag):
+/// the leader's SIGUSR1 handler calls it.
+void request_replica_check();
+
 /// A rank 1 … R − 1 of a group: answers the leader's commands with `engine` until the leader says stop.
-/// Returns the steps it trained. Throws CollectiveError when the leader died or missed the deadline, InputError on a
-/// command it does not know (the leader runs another build).
+/// Returns the steps it trained. Throws CollectiveError when the leader died or missed the deadline or a replica
+/// check found a difference, InputError on a command it does not know (the leader runs another build).
 int64_t serve_group_rank(RankEngine& engine, Collective& group, const FragmentLayout& layout,
                          const TrainConfig& train, const ModelConfig& model);
 

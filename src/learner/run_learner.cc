@@ -42,7 +42,8 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 std::atomic<int> g_learner_signal{0};
-extern "C" void on_learner_signal(int sig) { g_learner_signal.store(sig); }
+// SIGTERM, SIGINT: leave cleanly; SIGUSR1: a learner group compares its replicas at its next step.
+extern "C" void on_learner_signal(int sig) { sig == SIGUSR1 ? request_replica_check() : g_learner_signal.store(sig); }
 
 // The training loop and what it keeps between steps. `phase` is training when it starts.
 class LearnerLoop {
@@ -342,7 +343,7 @@ int run_learner(const Config& config, const LearnerOptions& options, wire::Trans
   const FragmentLayout layout = model_layout(model, config.diloco);
   const int P = static_cast<int>(layout.fragments.size());
   // SIGTERM from the first moment: a learner asked to leave while it still bootstraps exits cleanly.
-  for (int sig : {SIGTERM, SIGINT}) std::signal(sig, on_learner_signal);
+  for (int sig : {SIGTERM, SIGINT, SIGUSR1}) std::signal(sig, on_learner_signal);
   const wire::Handshake handshake = make_handshake(config, layout);
   LearnerLink link(transport.connect_syncer(options.syncer), options.syncer, handshake, id, hostname(),
                    config.run.seed * 1000003u + static_cast<uint64_t>(id) + 1);

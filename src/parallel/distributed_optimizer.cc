@@ -8,29 +8,34 @@
 
 namespace dloco {
 
-DistributedAdamW::DistributedAdamW(std::vector<DistributedParameter> params, Collective* dp, const TrainConfig& train)
+DistributedAdamW::DistributedAdamW(std::vector<DistributedParameter> params, Collective* dp, const TrainConfig& train,
+                                   torch::ScalarType compute)
     : dp_(dp), train_(train), d_(dp ? dp->world() : 1), rank_(dp ? dp->rank() : 0) {
   if (params.empty()) throw InputError("the distributed optimizer needs at least one tensor");
-  const auto dtype = params.front().tensor.scalar_type();
-  if (dtype != torch::kFloat && dtype != torch::kBFloat16) {
-    throw InputError("the distributed optimizer steps fp32 or bf16 tensors, not " + std::string(c10::toString(dtype)));
+  if (compute != torch::kFloat && compute != torch::kBFloat16) {
+    throw InputError("the distributed optimizer computes in fp32 or bf16, not " + std::string(c10::toString(compute)));
   }
   int64_t numel = 0;
   for (const auto& p : params) {
-    if (p.tensor.scalar_type() != dtype) throw InputError("the distributed optimizer's tensors mix dtypes");
+    if (p.tensor.scalar_type() != torch::kFloat) throw InputError("the distributed optimizer takes fp32 tensors");
     offsets_.push_back(numel);
     numel += p.tensor.numel();
   }
   padded_ = (numel + d_ - 1) / d_ * d_;
   shard_ = padded_ / d_;
   torch::NoGradGuard no_grad;
-  flat_ = torch::zeros({padded_}, dtype);               // the tail past numel stays 0
-  grad_flat_ = torch::zeros({padded_}, torch::kFloat);  // (padded)
+  auto values = torch::zeros({padded_});  // (padded) fp32; the tail past numel stays 0
+  for (size_t i = 0; i < params.size(); ++i) {
+    values.narrow(0, offsets_[i], params[i].tensor.numel()).copy_(params[i].tensor.reshape({-1}));
+  }
   const int64_t begin = rank_ * shard_, end = begin + shard_;
+  master_ = values.narrow(0, begin, shard_);                    // fp32: the compute copy is the master
+  if (compute == torch::kBFloat16) master_ = master_.clone();   // bf16: the exact fp32 values, before rounding
+  flat_ = values.to(compute);                                   // bf16: rounded to nearest even
+  grad_flat_ = torch::zeros({padded_}, torch::kFloat);  // (padded)
   for (size_t i = 0; i < params.size(); ++i) {
     auto& t = params[i].tensor;
     const int64_t n = t.numel(), off = offsets_[i];
-    flat_.narrow(0, off, n).copy_(t.reshape({-1}));
     t.set_data(flat_.narrow(0, off, n).view(t.sizes()));
     params_.push_back(t);
     main_grads_.push_back(grad_flat_.narrow(0, off, n).view(t.sizes()));
@@ -39,8 +44,6 @@ DistributedAdamW::DistributedAdamW(std::vector<DistributedParameter> params, Col
     if (params[i].decay) decay_.emplace_back(a - begin, b - a);
     if (params[i].in_norm) norm_.emplace_back(a - begin, b - a);
   }
-  master_ = flat_.narrow(0, begin, shard_);
-  if (dtype == torch::kBFloat16) master_ = master_.to(torch::kFloat);  // exact: bf16 ⊂ fp32
   exp_avg_ = torch::zeros({shard_});
   exp_avg_sq_ = torch::zeros({shard_});
 }
@@ -119,17 +122,24 @@ torch::Tensor DistributedAdamW::full_master(size_t i) {
   DLOCO_CHECK(i < params_.size());
   torch::NoGradGuard no_grad;
   if (flat_.scalar_type() == torch::kFloat) return params_[i].detach().clone();
-  const int64_t n = params_[i].numel(), begin = rank_ * shard_, off = offsets_[i], a = std::max(begin, off),
-                b = std::min(begin + shard_, off + n);
-  auto full = torch::zeros({n});  // (n) this rank's part, zeros elsewhere: the sum over dp is exact
-  if (a < b) full.narrow(0, a - off, b - a).copy_(master_.narrow(0, a - begin, b - a));
-  if (d_ > 1) dp_->allreduce_sum(full);
+  const int64_t n = params_[i].numel(), off = offsets_[i];
+  // Rank j's part of [off, off + n): its intersection with [j·S, (j+1)·S).
+  const auto part = [&](int j) { return std::pair{std::max(j * shard_, off), std::min((j + 1) * shard_, off + n)}; };
+  auto mine = torch::zeros({n});  // (n) this rank's part in place
+  if (const auto [a, b] = part(rank_); a < b) mine.narrow(0, a - off, b - a).copy_(master_.narrow(0, a - rank_ * shard_, b - a));
+  if (d_ == 1) return mine.view(params_[i].sizes());
+  // Gathered, not summed: a sum would turn a master's −0 into +0; the read must be bitwise.
+  const auto all = dp_->all_gather(mine);
+  auto full = torch::empty({n});
+  for (int j = 0; j < d_; ++j) {
+    if (const auto [a, b] = part(j); a < b) full.narrow(0, a - off, b - a).copy_(all[j].narrow(0, a - off, b - a));
+  }
   return full.view(params_[i].sizes());
 }
 
 void DistributedAdamW::save_state(const std::string& file) const {
   std::vector<torch::Tensor> state{torch::tensor({int64_t{d_}, int64_t{rank_}, padded_, step_count_}), exp_avg_,
-                                   exp_avg_sq_};
+                                   exp_avg_sq_, numels()};
   torch::save(state, file);
 }
 
@@ -140,7 +150,7 @@ void DistributedAdamW::load_state(const std::string& file) {
   } catch (const c10::Error& e) {
     throw InputError("cannot read the distributed optimizer state '" + file + "': " + e.what_without_backtrace());
   }
-  if (state.size() != 3 || state[0].numel() != 4) {
+  if (state.size() != 4 || state[0].numel() != 4) {
     throw InputError("the distributed optimizer state '" + file + "' was written for another layout");
   }
   const auto meta = state[0];
@@ -150,6 +160,10 @@ void DistributedAdamW::load_state(const std::string& file) {
                      std::to_string(meta[1].item<int64_t>()) + " of d = " + std::to_string(meta[0].item<int64_t>()) +
                      " over " + std::to_string(meta[2].item<int64_t>()) + " elements; this is rank " +
                      std::to_string(rank_) + " of d = " + std::to_string(d_) + " over " + std::to_string(padded_));
+  }
+  if (!torch::equal(state[3], numels())) {
+    throw InputError("the distributed optimizer state '" + file + "' was written for other tensors (another model, "
+                     "stage or TP split: their sizes differ)");
   }
   torch::NoGradGuard no_grad;
   step_count_ = meta[3].item<int64_t>();
@@ -162,6 +176,12 @@ void DistributedAdamW::reset_state() {
   step_count_ = 0;
   exp_avg_.zero_();
   exp_avg_sq_.zero_();
+}
+
+torch::Tensor DistributedAdamW::numels() const {
+  auto out = torch::empty({static_cast<int64_t>(params_.size())}, torch::kLong);  // (n tensors)
+  for (size_t i = 0; i < params_.size(); ++i) out[static_cast<int64_t>(i)] = params_[i].numel();
+  return out;
 }
 
 DistributedMemory DistributedAdamW::memory() const {

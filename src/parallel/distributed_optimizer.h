@@ -30,7 +30,7 @@ namespace dloco {
 
 /// One tensor the optimizer steps.
 struct DistributedParameter {
-  torch::Tensor tensor;    // fp32 or bf16 (all the same dtype), contiguous; becomes a view of the flat buffer
+  torch::Tensor tensor;    // fp32; becomes a view of the flat buffer, in the compute dtype
   bool decay = false;      // decoupled weight decay (train.weight_decay) applies: matrices, not norm gains
   bool in_norm = true;     // counts in the global gradient norm on this rank (false: a tied copy, or a replicated
                            // tensor that another TP rank counts)
@@ -52,10 +52,12 @@ struct DistributedMemory {
 /// Every rank of `dp` constructs one over tensors of the same shapes in the same order, with the same values.
 class DistributedAdamW {
  public:
-  /// Takes over the tensors' storage (they become views of one flat buffer; modules holding them see the same
-  /// values). `dp`: the data-parallel group (null: d = 1, nothing sharded). Throws InputError when the list is
-  /// empty or mixes dtypes, or a tensor is neither fp32 nor bf16.
-  DistributedAdamW(std::vector<DistributedParameter> params, Collective* dp, const TrainConfig& train);
+  /// Takes over the fp32 tensors' storage: they become views of one flat buffer in `compute` (fp32, or bf16
+  /// rounded to nearest even; modules holding them see the new storage), and the masters start from their exact
+  /// fp32 values. `dp`: the data-parallel group (null: d = 1, nothing sharded). Throws InputError when the list is
+  /// empty, a tensor is not fp32, or `compute` is neither fp32 nor bf16.
+  DistributedAdamW(std::vector<DistributedParameter> params, Collective* dp, const TrainConfig& train,
+                   torch::ScalarType compute = torch::kFloat);
 
   /// The fp32 gradient buffers, one per parameter (its shape), in the constructor's order.
   const std::vector<torch::Tensor>& main_grads() const { return main_grads_; }
@@ -79,10 +81,12 @@ class DistributedAdamW {
   /// Local; throws InputError on another shape.
   void set_parameter(size_t i, const torch::Tensor& value);
   /// The fp32 master of parameter i, whole (its shape): fp32 a copy of the compute copy (local); bf16 each dp
-  /// rank's part of it summed over dp (collective over dp; every dp rank calls it). Throws CollectiveError.
+  /// rank's part of it all-gathered over dp, bitwise (collective over dp; every dp rank calls it). Throws
+  /// CollectiveError.
   torch::Tensor full_master(size_t i);
   /// The step count, m and v of this rank's slice to `file` (torch::save; not atomic: the caller renames), and
-  /// back; load_state throws InputError when the file was written for another layout (d, rank, slice size). The
+  /// back; load_state throws InputError when the file was written for another layout (d, rank, the tensors'
+  /// sizes). The
   /// masters are not in it: a restored learner writes Θ back (set_parameter), as every group does.
   void save_state(const std::string& file) const;
   void load_state(const std::string& file);
@@ -92,6 +96,8 @@ class DistributedAdamW {
   int64_t steps() const { return step_count_; }
 
  private:
+  torch::Tensor numels() const;  // (n tensors) int64: what a state file must have been written for
+
   std::vector<torch::Tensor> params_;      // the caller's tensors, views of flat_
   std::vector<int64_t> offsets_;           // element offset of each in flat_
   std::vector<torch::Tensor> main_grads_;  // fp32 views of grad_flat_

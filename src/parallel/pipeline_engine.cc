@@ -52,9 +52,10 @@ class PipelineEngine final : public RankEngine {
       for (int i = first; i < last; ++i) block_owner_[i] = k % p;
     }
     for (const auto& item : full->named_parameters()) full_shapes_[item.key()] = item.value().sizes().vec();
-    if (parallel.precision == Precision::kBf16) stage_->to_bf16();
-    if (parallel.zero == 1 || parallel.precision == Precision::kBf16) {
-      make_distributed_optimizer(parallel.zero == 1);
+    const bool bf16 = parallel.precision == Precision::kBf16;
+    if (parallel.zero == 1 || bf16) {
+      make_distributed_optimizer(parallel.zero == 1, bf16 ? torch::kBFloat16 : torch::kFloat);
+      if (bf16) stage_->to_bf16();  // the rotary tables and the mask; the tensors were cast by the optimizer
     } else {
       adamw_ = make_inner_adamw(stage_->parameters(), train);
     }
@@ -169,6 +170,18 @@ class PipelineEngine final : public RankEngine {
     adamw_ = make_inner_adamw(stage_->parameters(), train_);
   }
   const DistributedAdamW* distributed_optimizer() const override { return distributed_.get(); }
+  std::string replica_mismatch() override {
+    std::vector<std::pair<std::string, torch::Tensor>> held, whole;  // the stage's tensors; those TP ranks share
+    for (const auto& [name, q] : stage_->named_parameters()) {
+      held.emplace_back(name, q);
+      if (stage_->shard_spec(name).replicated()) whole.emplace_back(name, q);
+    }
+    if (stage_->tied_head().defined()) held.emplace_back("the last stage's tied copy of wte.weight", stage_->tied_head());
+    std::string found = first_replica_mismatch(held, dp_comm_.get(), "data-parallel replicas");
+    const std::string across_tp = first_replica_mismatch(whole, tp_comm_.get(), "tensor-parallel ranks");
+    const std::string tied = tied_copy_mismatch();
+    return !found.empty() ? found : !across_tp.empty() ? across_tp : tied;
+  }
   std::string describe() const override {
     return "pipeline p = " + std::to_string(schedule_.spec.stages) +
            (t_ > 1 ? " × tensor t = " + std::to_string(t_) : std::string()) +
@@ -183,10 +196,35 @@ class PipelineEngine final : public RankEngine {
  private:
   Collective& pipeline() { return pp_comm_ ? *pp_comm_ : group_; }
 
+  // Tied embeddings over p > 1 stages: the first stage's wte and the last stage's copy (same TP and DP index) are
+  // stepped separately, at different offsets of their DP groups' flat buffers; they must stay bitwise equal.
+  // Their hashes are exchanged between the two stages: "" or what differs (on both stages).
+  std::string tied_copy_mismatch() {
+    const int p = schedule_.spec.stages;
+    const bool first = stage_->first_stage();
+    if (p == 1 || !stage_->config().tie_embeddings || !(first || stage_->last_stage())) return "";
+    const auto bytes = (first ? stage_->embedding() : stage_->tied_head()).detach().contiguous();
+    auto mine = torch::tensor(
+        {static_cast<int64_t>(fnv1a64(std::string_view(static_cast<const char*>(bytes.data_ptr()), bytes.nbytes())))},
+        torch::kLong);
+    auto theirs = torch::empty({1}, torch::kLong);
+    constexpr int kTiedCheckTag = (1 << 24) + 1;  // above every tag of an iteration and of gather_parameter
+    auto sent = pipeline().isend(mine, first ? p - 1 : 0, kTiedCheckTag);
+    pipeline().recv(theirs, first ? p - 1 : 0, kTiedCheckTag);
+    sent.wait();
+    if (torch::equal(mine, theirs)) return "";
+    const auto wte = static_cast<unsigned long long>((first ? mine : theirs).item<int64_t>());
+    const auto copy = static_cast<unsigned long long>((first ? theirs : mine).item<int64_t>());
+    char buf[160];
+    std::snprintf(buf, sizeof(buf), "the tied embedding: stage 0's wte.weight hashes %016llx, the last stage's copy %016llx",
+                  wte, copy);
+    return buf;
+  }
+
   // zero = 1 (or bf16): the stage's tensors (the tied copy of wte included, outside the norm) under the distributed
   // optimizer, sharded over the DP group or (`sharded` false: bf16 with zero = 0) replicated on every replica; a
   // replicated tensor (norm gains) counts in the norm on TP rank 0 only.
-  void make_distributed_optimizer(bool sharded) {
+  void make_distributed_optimizer(bool sharded, torch::ScalarType compute) {
     std::map<const void*, std::string> names;
     for (const auto& [name, q] : stage_->named_parameters()) names[q.unsafeGetTensorImpl()] = name;
     std::vector<DistributedParameter> list;
@@ -196,7 +234,8 @@ class PipelineEngine final : public RankEngine {
       distributed_index_[q.unsafeGetTensorImpl()] = list.size();
       list.push_back({q, q.dim() >= 2, counted});
     }
-    distributed_ = std::make_unique<DistributedAdamW>(std::move(list), sharded ? dp_comm_.get() : nullptr, train_);
+    distributed_ =
+        std::make_unique<DistributedAdamW>(std::move(list), sharded ? dp_comm_.get() : nullptr, train_, compute);
     replicated_ = !sharded && dp_comm_ != nullptr;
   }
 
@@ -218,9 +257,10 @@ class PipelineEngine final : public RankEngine {
                 static_cast<double>(W);
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < params.size(); ++i) {
-        if (params[i].grad().defined()) main[i].add_(params[i].grad(), 1.0 / static_cast<double>(W));
+        if (!params[i].grad().defined()) continue;
+        main[i].add_(params[i].grad(), 1.0 / static_cast<double>(W));
+        params[i].mutable_grad().reset();  // freed: only the main gradients persist between windows and steps
       }
-      stage_->zero_grad();
     }
     if (dp_comm_) {
       auto loss = torch::tensor({r.loss}, torch::kDouble);

@@ -91,7 +91,9 @@ PipelineStage::PipelineStage(GPT& full, const PipelineStageOptions& options)
 
 void PipelineStage::to_bf16() {
   torch::NoGradGuard no_grad;
-  for (auto& q : parameters()) q.set_data(q.to(torch::kBFloat16));  // in place: modules and aliases see it
+  for (auto& q : parameters()) {  // in place: modules and aliases see it (an optimizer may have cast them already)
+    if (q.scalar_type() != torch::kBFloat16) q.set_data(q.to(torch::kBFloat16));
+  }
   cos_ = cos_.to(torch::kBFloat16);
   sin_ = sin_.to(torch::kBFloat16);
   causal_ = causal_.to(torch::kBFloat16);

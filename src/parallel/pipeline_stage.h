@@ -67,8 +67,8 @@ class PipelineStage {
   void zero_grad();
   /// Makes the stage a bf16 compute copy (Megatron's mixed precision, parallel/mixed_precision.h): every tensor of
   /// parameters() and the rotary tables and mask are cast in place (module references stay valid); activations
-  /// and their gradients then move between stages in bf16 and the loss stays fp32. Call before building the
-  /// optimizer (it keeps the fp32 masters).
+  /// and their gradients then move between stages in bf16 and the loss stays fp32. Build the optimizer that keeps
+  /// the fp32 masters from the fp32 parameters first (parallel/distributed_optimizer.h casts them itself).
   void to_bf16();
   /// The dtype of the activations: fp32, or bf16 after to_bf16().
   torch::ScalarType dtype() const { return cos_.scalar_type(); }

@@ -60,6 +60,13 @@ class TensorParallelEngine final : public RankEngine {
   void load_state(const std::filesystem::path& file) override { load_adamw(*adamw_, file); }
   void reset_state() override { adamw_ = make_inner_adamw(model_->parameters(), train_); }
   std::string describe() const override { return "tensor-parallel t = " + std::to_string(group_.world()); }
+  std::string replica_mismatch() override {  // the tensors every TP rank holds whole (norm gains)
+    std::vector<std::pair<std::string, torch::Tensor>> whole;
+    for (const auto& item : model_->named_parameters()) {
+      if (model_->shard_spec(item.key()).replicated()) whole.emplace_back(item.key(), item.value());
+    }
+    return first_replica_mismatch(whole, &group_, "tensor-parallel ranks");
+  }
 
  private:
   torch::Tensor local(const std::string& name) {
@@ -173,6 +180,12 @@ class DataParallelEngine final : public RankEngine {
       adamw_ = make_inner_adamw(model_->parameters(), train_);
     }
   }
+  std::string replica_mismatch() override {  // ZeRO-3 holds disjoint slices: nothing replicated
+    if (zero_ && zero_->stage() == 3) return "";
+    std::vector<std::pair<std::string, torch::Tensor>> held;
+    for (const auto& item : model_->named_parameters()) held.emplace_back(item.key(), item.value());
+    return first_replica_mismatch(held, &group_, "data-parallel replicas");
+  }
   std::string describe() const override {
     return (zero_ ? "ZeRO-" + std::to_string(zero_->stage()) : std::string("data-parallel")) + " over d = " +
            std::to_string(group_.world()) + (zero_ && zero_->offloaded() ? ", AdamW state offloaded" : "");
@@ -260,6 +273,11 @@ class Bf16DataParallelEngine final : public RankEngine {
   void load_state(const std::filesystem::path& file) override { optimizer_.load_state(file.string()); }
   void reset_state() override { optimizer_.reset_state(); }
   std::string describe() const override { return "bf16 data-parallel over d = " + std::to_string(group_.world()); }
+  std::string replica_mismatch() override {  // the fp32 masters (the bf16 copy is their rounding)
+    std::vector<std::pair<std::string, torch::Tensor>> held;
+    for (const auto& [name, i] : index_) held.emplace_back(name, optimizer_.masters().at(i));
+    return first_replica_mismatch(held, &group_, "bf16 data-parallel replicas");
+  }
 
  private:
   size_t index(const std::string& name) const {
@@ -286,6 +304,9 @@ std::unique_ptr<RankEngine> make_rank_engine(GPT full, const ParallelConfig& par
   if (parallel.skippipe()) {
     throw InputError("a SkipPipe group (parallel.skippipe_schedule) has its own engine: skippipe/engine.h "
                      "(learner/group_engine.h picks it)");
+  }
+  if ((parallel.tensor > 1 || parallel.pipeline > 1) && parallel.offload) {
+    throw InputError("offload runs in purely data-parallel ZeRO groups only for now (tensor = pipeline = 1)");
   }
   if (parallel.precision == Precision::kBf16) {
     if (parallel.tensor > 1 || parallel.pipeline > 1) {

@@ -68,6 +68,13 @@ class RankEngine {
   virtual void set_replicas(Collective* replicas) { replicas_ = replicas; }
   /// "tensor-parallel t = 2", "ZeRO-2 over d = 2", … for logs and events.
   virtual std::string describe() const = 0;
+  /// Compares the tensors this rank holds with its replicas' (issue 30 item 6): FNV-1a 64 of each tensor's bytes,
+  /// all-gathered over the engine's replica groups — the data-parallel replicas (every tensor they hold: the
+  /// parameters, the bf16 copy or the fp32 masters; ZeRO-1/2 after their all-gather), and the TP ranks for the
+  /// tensors each holds whole (norm gains). Returns "" when every replica holds the same bits, else the first
+  /// differing tensor with replica 0's hash and the other's. Kinds with nothing replicated (ZeRO-3 slices, a
+  /// SkipPipe node) return "" at once. Collective over those groups; throws CollectiveError.
+  virtual std::string replica_mismatch() { return ""; }
   /// The distributed optimizer of a TP/PP group with zero = 1 or bf16 (its memory() for the benchmarks); null for
   /// the other kinds.
   virtual const DistributedAdamW* distributed_optimizer() const { return nullptr; }

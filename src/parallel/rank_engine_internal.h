@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <limits>
 #include <memory>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/hash.h"
 #include "parallel/rank_engine.h"
 
 namespace dloco::rank_engine_detail {
@@ -73,6 +75,32 @@ inline double average_over_learners(Collective* replicas, const std::vector<torc
     offset += g.numel();
   }
   return flat[offset].item<double>();
+}
+
+// The first tensor of `held` whose bytes differ between the ranks of `replicas` (null or one rank: none): each
+// rank's FNV-1a 64 hashes all-gathered, compared with replica 0's. Returns "" or "<what>: tensor NAME differs:
+// replica 0 hashes H0, replica j Hj". The same list of names and shapes on every replica.
+inline std::string first_replica_mismatch(const std::vector<std::pair<std::string, torch::Tensor>>& held,
+                                          Collective* replicas, const std::string& what) {
+  if (replicas == nullptr || replicas->world() == 1 || held.empty()) return "";
+  auto hashes = torch::empty({static_cast<int64_t>(held.size())}, torch::kLong);  // (n) the hash bits as int64
+  for (size_t i = 0; i < held.size(); ++i) {
+    const auto bytes = held[i].second.detach().contiguous();
+    const uint64_t h = fnv1a64(std::string_view(static_cast<const char*>(bytes.data_ptr()), bytes.nbytes()));
+    hashes[static_cast<int64_t>(i)] = static_cast<int64_t>(h);
+  }
+  const auto all = replicas->all_gather(hashes);
+  for (size_t i = 0; i < held.size(); ++i) {
+    for (int j = 1; j < replicas->world(); ++j) {
+      const int64_t a = all[0][static_cast<int64_t>(i)].item<int64_t>(), b = all[j][static_cast<int64_t>(i)].item<int64_t>();
+      if (a == b) continue;
+      char buf[128];
+      std::snprintf(buf, sizeof(buf), ": replica 0 hashes %016llx, replica %d %016llx", static_cast<unsigned long long>(a), j,
+                    static_cast<unsigned long long>(b));
+      return what + ": tensor " + held[i].first + " differs" + buf;
+    }
+  }
+  return "";
 }
 
 // The gradients of `params` (undefined where a parameter has none), for average_over_learners.

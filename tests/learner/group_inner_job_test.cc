@@ -98,14 +98,21 @@ std::vector<std::vector<float>> fragments_of(InnerJob& job, const FragmentLayout
 }
 
 // Runs `leader` on rank 0 (with the group's job) while ranks 1 … R − 1 serve it; returns each follower's steps.
+// `rank_errors`: where the ranks' exceptions go (null: none expected); `perturb`: a rank whose initial model gets
+// 1/64 added to h.0.ln_1.weight (−1: none), a replica that differs from the start.
 std::vector<int64_t> with_group(const Config& c, const ParallelConfig& parallel, double timeout_s,
                                 const std::function<void(GroupInnerJob&, const FragmentLayout&)>& leader,
-                                int64_t skip_windows = 0) {
+                                int64_t skip_windows = 0, std::vector<std::string>* rank_errors = nullptr,
+                                int perturb = -1) {
   const int R = static_cast<int>(parallel.ranks());
   const fs::path store = scratch("store") / "store";
   const fs::path offload = scratch("offload");  // parallel.offload: the ranks' AdamW state files
   std::vector<GPT> models;  // built here: torch's generator is process-global, the threads must not race on it
   for (int r = 0; r < R; ++r) models.push_back(initial_gpt(c));
+  if (perturb >= 0) {
+    torch::NoGradGuard no_grad;
+    models[perturb]->named_parameters()["h.0.ln_1.weight"].add_(1.0 / 64);  // a bf16 step at 1: seen in bf16 too
+  }
   GPT mirror = initial_gpt(c);
   const FragmentLayout layout = model_layout(mirror, c.diloco);
   std::vector<int64_t> steps(R, -1);
@@ -129,7 +136,11 @@ std::vector<int64_t> with_group(const Config& c, const ParallelConfig& parallel,
     });
   }
   for (auto& t : threads) t.join();
-  for (int r = 0; r < R; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  if (rank_errors != nullptr) {
+    *rank_errors = errors;
+  } else {
+    for (int r = 0; r < R; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  }
   return steps;
 }
 
@@ -221,6 +232,8 @@ TEST_P(GroupVsOneProcess, SameLossesFragmentsAndState) {
       for (size_t i = 0; i < got[p].size(); ++i) worst = std::max(worst, double(std::abs(got[p][i] - ref_fragments[p][i])));
     }
     EXPECT_LT(worst, 2e-4) << "largest parameter difference after " << n_steps << " steps";
+    // Replicas (and a pipeline's two copies of the tied embedding) still hold the same bits.
+    EXPECT_NO_THROW(job.check_replicas());
     std::printf("[%s] parameter difference after %d steps: %.3g\n", k.name.c_str(), n_steps, worst);
 
     // Writes: every fragment of the reference into the group, read back bitwise. P = 16 splits wte and the MLP
@@ -257,8 +270,7 @@ TEST_P(GroupVsOneProcess, SameLossesFragmentsAndState) {
 
 // A group restarted from a save (its state restored, Θ written back, the stream at the same batch) takes the same
 // next step bitwise as the group that went on: the moments and step counts of every rank came back.
-TEST_P(GroupVsOneProcess, ARestoredGroupTakesTheSameNextStepBitwise) {
-  const Case& k = GetParam();
+void expect_bitwise_restart(const Case& k) {
   const Config c = tiny_config(k.tied, k.layers);
   const fs::path dir = scratch("resume");
   std::vector<std::vector<float>> saved, next;
@@ -280,6 +292,16 @@ TEST_P(GroupVsOneProcess, ARestoredGroupTakesTheSameNextStepBitwise) {
         EXPECT_EQ(fragments_of(job, layout), next) << "the restored group's step differs from the original's";
       },
       kSaved * c.train.grad_accum);
+}
+
+TEST_P(GroupVsOneProcess, ARestoredGroupTakesTheSameNextStepBitwise) { expect_bitwise_restart(GetParam()); }
+
+// The same for Megatron's layout in bf16 (its losses are compared with fp32 in Bf16LearnersTrack… below): the
+// moments of every rank's slice come back, and Θ written back restores the fp32 masters exactly.
+TEST(GroupInnerJob, ARestoredBf16MegatronGroupTakesTheSameNextStepBitwise) {
+  ParallelConfig p;
+  p.tensor = 2, p.pipeline = 2, p.data = 2, p.zero = 1, p.micro_batches = 2, p.precision = Precision::kBf16;
+  expect_bitwise_restart(Case{"tensor2_pipeline2_data2_zero1_bf16", p});
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, GroupVsOneProcess, ::testing::ValuesIn(cases()),
@@ -374,6 +396,7 @@ TEST(GroupInnerJob, Bf16LearnersTrackTheFp32LearnerOver50Steps) {
     ParallelConfig g;
     g.precision = Precision::kBf16;
     g.tensor = t, g.pipeline = p, g.data = d, g.zero = zero, g.checkpoint_activations = checkpointed;
+    g.micro_batches = zero == 1 ? 2 : 1;  // two micro-batches per window: their gradients add in bf16
     return g;
   };
   const std::vector<std::pair<std::string, ParallelConfig>> kinds = {
@@ -381,8 +404,8 @@ TEST(GroupInnerJob, Bf16LearnersTrackTheFp32LearnerOver50Steps) {
       {"d = 2", layout_of(1, 1, 2, 0, false)},
       {"t = 2", layout_of(2, 1, 1, 0, false)},
       {"t2 x p2 x d2", layout_of(2, 2, 2, 0, false)},
-      {"t2 x p2 x d2 + ZeRO-1", layout_of(2, 2, 2, 1, false)},
-      {"t2 x p2 x d2 + ZeRO-1, checkpointed", layout_of(2, 2, 2, 1, true)},
+      {"t2 x p2 x d2 + ZeRO-1, m = 2", layout_of(2, 2, 2, 1, false)},
+      {"t2 x p2 x d2 + ZeRO-1, m = 2, checkpointed", layout_of(2, 2, 2, 1, true)},
   };
   std::vector<double> one_process;  // the first kind: the one-process bf16 learner
   for (const auto& [name, parallel] : kinds) {
@@ -408,6 +431,55 @@ TEST(GroupInnerJob, Bf16LearnersTrackTheFp32LearnerOver50Steps) {
     EXPECT_LT(diff, 0.01 * tail_mean(fp32)) << name;
     EXPECT_LT(worst, 0.05) << name;
     EXPECT_NEAR(bf16[0], fp32[0], 0.02) << name << ": the first loss is the initial model's, in bf16";
+  }
+}
+
+// The replica check (issue 30 item 6): replicas that hold the same bits pass it, after steps too; a replica whose
+// norm gain differs by 1/64 stops the whole group at the check, every rank with the same message naming the tensor
+// and both hashes. For data parallelism (replicated, ZeRO-1), bf16 data parallelism, tensor parallelism (its norm
+// gains are whole on every TP rank) and Megatron's layout in bf16.
+TEST(GroupInnerJob, AReplicaThatDiffersStopsTheGroupWithTheTensorAndBothHashes) {
+  const Config c = tiny_config(true);
+  const auto with = [](auto f) {
+    ParallelConfig p;
+    f(p);
+    return p;
+  };
+  const std::vector<std::pair<std::string, ParallelConfig>> kinds = {
+      {"data2", with([](ParallelConfig& p) { p.data = 2; })},
+      {"data2_zero1", with([](ParallelConfig& p) { p.data = 2, p.zero = 1; })},
+      {"bf16_data2", with([](ParallelConfig& p) { p.data = 2, p.precision = Precision::kBf16; })},
+      {"tensor2", with([](ParallelConfig& p) { p.tensor = 2; })},
+      {"tensor2_pipeline2_data2_zero1_bf16", with([](ParallelConfig& p) {
+         p.tensor = 2, p.pipeline = 2, p.data = 2, p.zero = 1, p.precision = Precision::kBf16;
+       })},
+  };
+  for (const auto& [name, parallel] : kinds) {
+    with_group(c, parallel, 30, [&](GroupInnerJob& job, const FragmentLayout&) {
+      EXPECT_NO_THROW(job.check_replicas()) << name;
+      for (int s = 0; s < 3; ++s) job.step(s);
+      EXPECT_NO_THROW(job.check_replicas()) << name << ", after 3 steps";
+      request_replica_check();  // what the leader's SIGUSR1 handler does: checked at the next step
+      EXPECT_NO_THROW(job.step(3)) << name;
+    });
+    std::vector<std::string> errors;
+    std::string leader_error;
+    with_group(
+        c, parallel, 30,
+        [&](GroupInnerJob& job, const FragmentLayout&) {
+          try {
+            job.check_replicas();
+          } catch (const CollectiveError& e) {
+            leader_error = e.what();
+          }
+          EXPECT_THROW(job.step(0), CollectiveError) << name << ": the job is failed after the check";
+        },
+        0, &errors, 1);
+    std::printf("[%s] %s\n", name.c_str(), leader_error.c_str());
+    EXPECT_NE(leader_error.find("replicas differ"), std::string::npos) << name << ": " << leader_error;
+    EXPECT_NE(leader_error.find("tensor h.0.ln_1.weight differs: replica 0 hashes "), std::string::npos)
+        << name << ": " << leader_error;
+    for (size_t r = 1; r < errors.size(); ++r) EXPECT_EQ(errors[r], leader_error) << name << ", rank " << r;
   }
 }
 
