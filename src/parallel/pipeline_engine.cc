@@ -6,6 +6,7 @@
 #include "parallel/distributed_optimizer.h"
 #include "parallel/pipeline_stage.h"
 #include "parallel/rank_engine_internal.h"
+#include "parallel/rank_fault.h"
 #include "train/trainer.h"
 
 namespace dloco {
@@ -62,6 +63,7 @@ class PipelineEngine final : public RankEngine {
   }
 
   EngineStep step(const torch::Tensor& windows, double lr) override {
+    rank_fault_step(group_.rank());
     if (distributed_) return distributed_step(windows, lr);
     const int64_t W = windows.size(0), B = train_.batch_size, T = stage_->config().seq_len;
     set_lr(*adamw_, lr);
@@ -90,6 +92,7 @@ class PipelineEngine final : public RankEngine {
     for (size_t i = 0; i < params.size(); ++i) {
       if (W > 1 && sum[i].defined()) params[i].mutable_grad() = sum[i].div_(static_cast<double>(W));  // window mean
     }
+    rank_fault_point("reduce");
     if (dp_comm_) r.loss = average_over_replicas(params, r.loss);
     r.loss = average_over_learners(replicas_, grads_of(params), r.loss);
     // ‖g‖² over the whole model: the owned parameters (not the tied head's copy of wte), a replicated one (norm
@@ -111,6 +114,7 @@ class PipelineEngine final : public RankEngine {
         if (q.grad().defined()) q.grad().mul_(coef);
       }
     }
+    rank_fault_point("optimizer");
     adamw_->step();
     return r;
   }
@@ -262,6 +266,7 @@ class PipelineEngine final : public RankEngine {
         params[i].mutable_grad().reset();  // freed: only the main gradients persist between windows and steps
       }
     }
+    rank_fault_point("reduce");
     if (dp_comm_) {
       auto loss = torch::tensor({r.loss}, torch::kDouble);
       dp_comm_->allreduce_sum(loss);
@@ -278,6 +283,7 @@ class PipelineEngine final : public RankEngine {
       distributed_->drop_gradients();
       return r;
     }
+    rank_fault_point("optimizer");
     distributed_->step(lr, std::min(1.0, max_norm_of(train_) / (r.grad_norm + 1e-6)));
     return r;
   }

@@ -4,6 +4,7 @@
 
 #include "core/check.h"
 #include "parallel/activation_checkpoint.h"
+#include "parallel/rank_fault.h"
 
 namespace dloco {
 
@@ -306,6 +307,7 @@ PipelineIterationStats run_pipeline_iteration(PipelineStage& stage, Collective& 
     if (a.forward()) {
       Stored st;
       if (k > 0) st.input = links.recv(k - 1, links.activation_tag(k, i), {b, T, C}).requires_grad_(true);
+      rank_fault_point("forward");
       auto out = stage.forward_chunk(a.chunk, k == 0 ? rows(idx) : st.input, rows(targets));
       if (k == K - 1) {
         st.output = out / m;  // 1/m: the batch's mean over micro-batch means
@@ -327,6 +329,7 @@ PipelineIterationStats run_pipeline_iteration(PipelineStage& stage, Collective& 
         auto grad = links.recv(k + 1, links.gradient_tag(K, k, i), {b, T, C});  // dL/d(output) (b, T, C)
         torch::autograd::backward({st.output}, {grad});
       }
+      rank_fault_point("backward");  // the gradient formed, not yet sent
       if (k > 0) links.send(k - 1, links.gradient_tag(K, k - 1, i), st.input.grad());
     }
   }

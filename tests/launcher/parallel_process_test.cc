@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -35,6 +36,13 @@ const std::string kDataTool = std::string(DLOCO_BINARY_DIR) + "/bin/dloco-data";
 
 double now_unix() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Whether process `pid` has exited (gone, or a zombie not reaped yet).
+bool exited(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string id, comm, state;
+  return !(stat >> id >> comm >> state) || state == "Z";
 }
 
 TEST(ParallelLearners, TensorParallelAndZeroGroupsTrainAndAKilledRankRestartsOnlyItsGroup) {
@@ -147,6 +155,77 @@ TEST(ParallelLearners, TensorParallelAndZeroGroupsTrainAndAKilledRankRestartsOnl
   EXPECT_LE(timing.most_outside, testing_support::kMaxOutsideCompute_s)
       << "learner 1 waited before its step at t = " << timing.most_outside_t;
   EXPECT_GT(after_kill, 10) << "learner 1 trained little after learner 0's rank was killed";
+  testing_support::remove_unless_kept(root);
+}
+
+// A rank that dies mid-step fails its group at once (issue 30 item 5; docs/parallel.md "Failures"): M = 2, learner 0
+// a TP2 × PP2 group (4 processes), learner 1 one process. For each point of a step — forward, backward, the gradient
+// reduction, the optimizer step — rank 1 (stage 0, TP rank 1) SIGKILLs itself there in its 10th step
+// (DLOCO_RANK_FAULT, parallel/rank_fault.h, which writes the time of death first). Checked: the survivors (the
+// leader and ranks 2, 3) have all exited within 2 s of the death, measured by polling /proc every 10 ms; the group
+// is restarted and the run finishes with every token trained exactly once (the report's count, the stream logs
+// contiguous per the chaos analysis, every copy Θ); learner 1 never waited.
+TEST(ParallelLearners, ARankKilledMidStepFailsItsGroupAtOnceAtEveryPointOfTheStep) {
+  const fs::path root = testing_support::make_tiny_corpus("dloco_rank_fault", kDataTool);
+  ASSERT_FALSE(root.empty()) << "dloco-data prepare failed on the tiny corpus";
+  constexpr int64_t kTokensPerStep = 8 * 32, kTokens = 2 * 60 * kTokensPerStep;  // 2 learners × 60 steps
+  for (const std::string point : {"forward", "backward", "reduce", "optimizer"}) {
+    const std::string groups =
+        "restart_delay_s = 0.5\n[parallel]\ntimeout_s = 30\n"
+        "[[parallel.learner]]\nid = 0\ntensor = 2\npipeline = 2\nmicro_batches = 2\n";
+    const fs::path cfg = testing_support::write_decoupled_config(root, point, kTokens, groups, 8, 32, 2, 0);
+    const fs::path run = root / point, death = root / (point + ".death");
+    const std::string cmd = "DLOCO_RANK_FAULT=1:" + point + ":10:" + death.string() + " " + kDloco +
+                            " train --config " + cfg.string() + " > " + (root / (point + ".log")).string() + " 2>&1";
+    std::thread launcher([&] { EXPECT_EQ(std::system(cmd.c_str()), 0) << "see " << (root / (point + ".log")); });
+    // The first group's processes: the leader (its first bootstrapped event, which comes after group_formed) and
+    // ranks 1 … 3 (the first group_formed); rank 1 is the victim.
+    std::vector<pid_t> survivors;
+    for (int i = 0; i < 6000 && survivors.empty(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      pid_t leader = -1;
+      json ranks;
+      for (const auto& e : read_events(run / "events" / "learner_0.jsonl")) {
+        if (e["event"] == "bootstrapped" && leader < 0) leader = e["pid"];
+        if (e["event"] == "group_formed" && ranks.is_null()) ranks = e["pids"];
+      }
+      if (leader > 0 && ranks.size() == 3) survivors = {leader, ranks[1].get<pid_t>(), ranks[2].get<pid_t>()};
+    }
+    std::vector<double> gone(survivors.size(), 0);
+    for (int i = 0; i < 12000 && !fs::exists(death); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    for (int i = 0; i < 1000 && std::count(gone.begin(), gone.end(), 0.0) > 0; ++i) {  // up to ~10 s
+      for (size_t s = 0; s < survivors.size(); ++s) {
+        if (gone[s] == 0 && exited(survivors[s])) gone[s] = now_unix();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    launcher.join();
+    ASSERT_EQ(survivors.size(), 3u) << point << ": learner 0's group never formed";
+    ASSERT_TRUE(fs::exists(death)) << point << ": rank 1 never reached the fault point";
+    double died = 0;
+    std::ifstream(death) >> died;
+    double slowest = 0;
+    for (size_t s = 0; s < survivors.size(); ++s) {
+      EXPECT_GT(gone[s], 0) << point << ": survivor " << s << " (pid " << survivors[s] << ") was still running 10 s on";
+      slowest = std::max(slowest, gone[s] - died);
+    }
+    const json report = json::parse(std::ifstream(run / "report.json"));
+    EXPECT_EQ(report["status"], "finished") << point;
+    EXPECT_EQ(report["tokens_trained"], kTokens) << point;
+    int restarts = 0;
+    for (const auto& e : read_events(run / "events" / "launcher.jsonl")) restarts += e["event"] == "learner_restarted";
+    EXPECT_EQ(restarts, 1) << point;
+    const dloco::ChaosAnalysis a = dloco::analyze_chaos_run(run, {2, 4, 4, kTokensPerStep, 2.0});
+    EXPECT_EQ(a.learners_finished, 2) << point;
+    EXPECT_EQ(a.fragments_equal, a.fragments_checked) << point;
+    for (const auto& m : a.copy_mismatches) ADD_FAILURE() << point << ": " << m;
+    const auto timing = testing_support::time_outside_compute(read_events(run / "events" / "learner_1.jsonl"),
+                                                              testing_support::slowdown_of(1, 2));
+    std::printf("[rank 1 killed at %s] the survivors exited %.3f s after its death at the latest; learner 1 at most "
+                "%.4f s outside compute\n", point.c_str(), slowest, timing.most_outside);
+    EXPECT_LE(slowest, 2.0) << point << ": the survivors of a dead rank waited";
+    EXPECT_LE(timing.most_outside, testing_support::kMaxOutsideCompute_s) << point << ": learner 1 waited";
+  }
   testing_support::remove_unless_kept(root);
 }
 
