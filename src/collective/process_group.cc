@@ -305,6 +305,11 @@ void Collective::join(const std::string& where, std::chrono::milliseconds rendez
 
 Collective::~Collective() = default;
 
+void Collective::set_timeout(double seconds) {
+  if (!(seconds > 0)) throw InputError("a collective's deadline must be > 0 s, not " + std::to_string(seconds));
+  timeout_ = to_ms(seconds);
+}
+
 void Collective::Pending::wait() {
   if (!work_) return;
   auto& work = *static_cast<c10d::Work*>(work_.get());

@@ -113,6 +113,10 @@ class Collective {
 
   int rank() const { return rank_; }
   int world() const { return world_; }
+  /// The deadline of each operation started from now on, s (a learner group tightens it around its steps:
+  /// parallel/step_deadline.h). Throws InputError unless > 0.
+  void set_timeout(double seconds);
+  double timeout_s() const { return static_cast<double>(timeout_.count()) / 1000.0; }
 
   /// An all-reduce or send in flight; wait() blocks until it is done (deadline: timeout_s from the start of the
   /// wait). The operation enters traffic() when wait() returns, not when it starts: a failed one is not counted.

@@ -49,6 +49,24 @@ std::string agree_on_mismatch(const std::string& mine, Collective& group) {
   return "";
 }
 
+// One engine step under the adaptive deadline (parallel/step_deadline.h): the group's and the engine's collectives
+// get deadline.seconds() for the step, the cap again after it, and the step's time is recorded. Not in the dp
+// baseline over groups: its steps wait for the slowest other learner (run.collective_timeout_s decides there).
+EngineStep timed_step(RankEngine& engine, Collective& group, StepDeadline& deadline, const torch::Tensor& windows,
+                      double lr) {
+  if (engine.has_replicas()) return engine.step(windows, lr);
+  const auto set = [&](double s) {
+    group.set_timeout(s);
+    engine.set_step_timeout(s);
+  };
+  set(deadline.seconds());
+  const auto t0 = std::chrono::steady_clock::now();
+  const EngineStep r = engine.step(windows, lr);
+  deadline.record(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  set(deadline.cap());
+  return r;
+}
+
 // The replica check on any rank: throws CollectiveError (the group stops; the launcher restarts it from Θ) when a
 // replica differs, after every rank took part.
 void check_replicas_on(RankEngine& engine, Collective& group) {
@@ -127,7 +145,8 @@ GroupInnerJob::GroupInnerJob(GPT mirror, const FragmentLayout& layout, const Tra
       engine_(std::move(engine)),
       group_(std::move(group)),
       last_command_(std::chrono::steady_clock::now()),
-      keep_alive_s_(timeout_s / 4) {
+      keep_alive_s_(timeout_s / 4),
+      deadline_(timeout_s, std::min(5.0, timeout_s)) {
   DLOCO_CHECK_EQ(group_->rank(), 0);
   guarded([&] { group_->broadcast(agreement(layout_, train_, mirror_->config()), 0); });
 }
@@ -182,7 +201,7 @@ InnerStep GroupInnerJob::step(int64_t step) {
     const double lr = schedule_.at(step);
     command(kStep, static_cast<double>(W), lr);
     group_->broadcast(windows, 0);
-    const EngineStep r = engine_->step(windows, lr);
+    const EngineStep r = timed_step(*engine_, *group_, deadline_, windows, lr);
     return InnerStep{r.loss, W * (n - 1), r.skipped};
   });
 }
@@ -295,6 +314,7 @@ int64_t serve_group_rank(RankEngine& engine, Collective& group, const FragmentLa
                      "); start every rank with the same dloco and the same config");
   }
   int64_t steps = 0;
+  StepDeadline deadline(group.timeout_s(), std::min(5.0, group.timeout_s()));  // as the leader's
   for (;;) {
     auto header = torch::empty({4}, torch::kDouble);
     group.broadcast(header, 0);
@@ -314,7 +334,7 @@ int64_t serve_group_rank(RankEngine& engine, Collective& group, const FragmentLa
         auto windows = torch::empty({static_cast<int64_t>(h[1]), train.batch_size * model.seq_len + 1}, torch::kLong);
         group.broadcast(windows, 0);
         torch::AutoGradMode with_grad(true);
-        (void)engine.step(windows, h[2]);
+        (void)timed_step(engine, group, deadline, windows, h[2]);
         ++steps;
         break;
       }

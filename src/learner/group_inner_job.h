@@ -35,6 +35,7 @@
 #include "learner/inner_job.h"
 #include "model/gpt.h"
 #include "parallel/rank_engine.h"
+#include "parallel/step_deadline.h"
 
 namespace dloco {
 
@@ -87,6 +88,7 @@ class GroupInnerJob final : public InnerJob {
   std::unique_ptr<Collective> group_;
   std::chrono::steady_clock::time_point last_command_;
   double keep_alive_s_;
+  StepDeadline deadline_;  // of the collectives inside a step; the cap (timeout_s) elsewhere
   bool failed_ = false;
 };
 

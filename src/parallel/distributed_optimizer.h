@@ -5,7 +5,7 @@
 // [r·S, (r+1)·S), S = padded / d, and keeps the fp32 master and AdamW's m and v of that slice only.
 //   - the compute copy (the parameters themselves) is fp32 or bf16: views of one flat buffer;
 //   - the gradient is accumulated in fp32 "main gradients" (views of one flat fp32 buffer, Megatron's main_grad)
-//     that the caller adds each window's .grad into;
+//     that the caller adds into (each window's .grad, or each micro-batch's gradient from a hook);
 //   - a step reduce-scatters the main gradients over the d ranks (Gloo has none: parallel/zero.h's substitutes),
 //     averages them, lets the caller clip on the global norm of every rank's slice, runs AdamW on the own master
 //     slice and all-gathers the updated compute copy (bf16: rounded once, moved as 2-byte words).

@@ -174,6 +174,11 @@ class PipelineEngine final : public RankEngine {
     adamw_ = make_inner_adamw(stage_->parameters(), train_);
   }
   const DistributedAdamW* distributed_optimizer() const override { return distributed_.get(); }
+  void set_step_timeout(double seconds) override {
+    for (auto* comm : {tp_comm_.get(), pp_comm_.get(), dp_comm_.get()}) {
+      if (comm != nullptr) comm->set_timeout(seconds);
+    }
+  }
   std::string replica_mismatch() override {
     std::vector<std::pair<std::string, torch::Tensor>> held, whole;  // the stage's tensors; those TP ranks share
     for (const auto& [name, q] : stage_->named_parameters()) {
@@ -241,6 +246,25 @@ class PipelineEngine final : public RankEngine {
     distributed_ =
         std::make_unique<DistributedAdamW>(std::move(list), sharded ? dp_comm_.get() : nullptr, train_, compute);
     replicated_ = !sharded && dp_comm_ != nullptr;
+    if (compute == torch::kBFloat16) hook_main_grads();
+  }
+
+  // bf16: each micro-batch's gradient of a tensor goes into its fp32 main gradient as autograd forms it (Megatron's
+  // main_grad accumulation), scaled by 1/W; the bf16 .grad only ever receives zeros. Not the tied pair (the first
+  // stage's wte and the last stage's copy): the pipeline's exchange adds their .grad after backward, so those two
+  // accumulate in bf16 .grad within a window and reach the main gradient after the exchange.
+  void hook_main_grads() {
+    const auto params = stage_->parameters();
+    const bool tied = schedule_.spec.stages > 1 && stage_->config().tie_embeddings;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const auto& q = params[i];
+      if (tied && (q.is_same(stage_->embedding()) || q.is_same(stage_->tied_head()))) continue;
+      torch::Tensor main = distributed_->main_grads()[i];
+      q.register_hook([main, this](const torch::Tensor& g) {
+        main.add_(g, window_scale_);
+        return torch::zeros_like(g);
+      });
+    }
   }
 
   // One step under the distributed optimizer: each window's gradients go into the fp32 main gradients (so the
@@ -252,6 +276,7 @@ class PipelineEngine final : public RankEngine {
     const auto& main = distributed_->main_grads();
     distributed_->zero_grad();
     stage_->zero_grad();
+    window_scale_ = 1.0 / static_cast<double>(W);
     EngineStep r;
     for (int64_t w = 0; w < W; ++w) {
       const auto [x, y] = window_batch(windows, w, B, T);
@@ -262,7 +287,7 @@ class PipelineEngine final : public RankEngine {
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < params.size(); ++i) {
         if (!params[i].grad().defined()) continue;
-        main[i].add_(params[i].grad(), 1.0 / static_cast<double>(W));
+        main[i].add_(params[i].grad(), window_scale_);  // bf16: zeros, but for the tied pair (hook_main_grads)
         params[i].mutable_grad().reset();  // freed: only the main gradients persist between windows and steps
       }
     }
@@ -327,7 +352,8 @@ class PipelineEngine final : public RankEngine {
   std::unique_ptr<torch::optim::AdamW> adamw_;        // zero = 0
   std::unique_ptr<DistributedAdamW> distributed_;      // zero = 1
   std::map<const void*, size_t> distributed_index_;   // a stage tensor -> its index in distributed_
-  bool replicated_ = false;  // distributed_ not sharded over the DP group (bf16, zero = 0): main gradients averaged
+  bool replicated_ = false;
+  double window_scale_ = 1;  // 1/W of the step running: what hook_main_grads scales a micro-batch's gradient by  // distributed_ not sharded over the DP group (bf16, zero = 0): main gradients averaged
 };
 
 }  // namespace

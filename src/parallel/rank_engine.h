@@ -66,6 +66,8 @@ class RankEngine {
   /// before clipping and the guard, so every learner takes the same step: one process's dp hook (baselines/dp.h)
   /// for a rank. Null: none. The collective must outlive the engine's steps; its failure throws CollectiveError.
   virtual void set_replicas(Collective* replicas) { replicas_ = replicas; }
+  /// Whether set_replicas gave it one: its steps then wait for the other learners (no adaptive step deadline).
+  bool has_replicas() const { return replicas_ != nullptr; }
   /// "tensor-parallel t = 2", "ZeRO-2 over d = 2", … for logs and events.
   virtual std::string describe() const = 0;
   /// Compares the tensors this rank holds with its replicas' (issue 30 item 6): FNV-1a 64 of each tensor's bytes,
@@ -75,6 +77,9 @@ class RankEngine {
   /// differing tensor with replica 0's hash and the other's. Kinds with nothing replicated (ZeRO-3 slices, a
   /// SkipPipe node) return "" at once. Collective over those groups; throws CollectiveError.
   virtual std::string replica_mismatch() { return ""; }
+  /// The deadline of the collectives of the engine's own sub-groups (TP, PP, DP) from now on, s; the caller sets
+  /// the group's (parallel/step_deadline.h: tightened around steps). Local.
+  virtual void set_step_timeout(double seconds) { (void)seconds; }
   /// The distributed optimizer of a TP/PP group with zero = 1 or bf16 (its memory() for the benchmarks); null for
   /// the other kinds.
   virtual const DistributedAdamW* distributed_optimizer() const { return nullptr; }
