@@ -101,6 +101,8 @@ GroupRanks::~GroupRanks() {
   if (owned_store_) fs::remove(options_.store, ec);  // a group that failed leaves it behind otherwise
 }
 
+void GroupRanks::kill() { stop_children(children_, std::chrono::seconds(0)); }
+
 std::string GroupRanks::failed_rank() {
   reap(children_);
   for (size_t i = 0; i < children_.size(); ++i) {

@@ -68,6 +68,9 @@ class GroupRanks {
   /// group that failed on its own from one that a peer learner took down (the dp baseline's launcher holds out
   /// only the former).
   std::string failed_rank();
+  /// SIGKILLs every rank still running and reaps it (after a failed collective: their sockets close, so an operation
+  /// of this process still blocked on a hung rank fails instead of holding its exit until the deadline).
+  void kill();
 
  private:
   GroupOptions options_;

@@ -388,6 +388,7 @@ int run_learner(const Config& config, const LearnerOptions& options, wire::Trans
   } catch (const CollectiveError& e) {  // a rank of this learner's group died or missed its deadline
     events.emit("group_failed", {{"step", joined.global_step}, {"error", e.what()},
                                  {"rank_logs", (options.run_dir / "logs").string()}});
+    if (ranks) ranks->kill();  // now: a collective stuck on a hung rank then fails, and this process can exit
     throw;
   }
   loop.finish_run(peer_server ? peer_server->served() : 0);

@@ -123,18 +123,13 @@ torch::Tensor DistributedAdamW::full_master(size_t i) {
   torch::NoGradGuard no_grad;
   if (flat_.scalar_type() == torch::kFloat) return params_[i].detach().clone();
   const int64_t n = params_[i].numel(), off = offsets_[i];
-  // Rank j's part of [off, off + n): its intersection with [j·S, (j+1)·S).
-  const auto part = [&](int j) { return std::pair{std::max(j * shard_, off), std::min((j + 1) * shard_, off + n)}; };
-  auto mine = torch::zeros({n});  // (n) this rank's part in place
-  if (const auto [a, b] = part(rank_); a < b) mine.narrow(0, a - off, b - a).copy_(master_.narrow(0, a - rank_ * shard_, b - a));
-  if (d_ == 1) return mine.view(params_[i].sizes());
-  // Gathered, not summed: a sum would turn a master's −0 into +0; the read must be bitwise.
-  const auto all = dp_->all_gather(mine);
-  auto full = torch::empty({n});
-  for (int j = 0; j < d_; ++j) {
-    if (const auto [a, b] = part(j); a < b) full.narrow(0, a - off, b - a).copy_(all[j].narrow(0, a - off, b - a));
-  }
-  return full.view(params_[i].sizes());
+  const int64_t begin = rank_ * shard_, a = std::max(begin, off), b = std::min(begin + shard_, off + n);
+  auto mine = torch::zeros({n});  // (n) this rank's part of [off, off + n) in place, zeros elsewhere
+  if (a < b) mine.narrow(0, a - off, b - a).copy_(master_.narrow(0, a - begin, b - a));
+  // Summed over dp as 32-bit integers: every element is one rank's bits plus the others' zero bits, so the sum is
+  // those bits exactly (a float sum would turn −0 into +0), at an all-reduce's traffic.
+  if (d_ > 1) dp_->allreduce_sum(mine.view(torch::kInt));
+  return mine.view(params_[i].sizes());
 }
 
 void DistributedAdamW::save_state(const std::string& file) const {

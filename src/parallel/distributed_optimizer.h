@@ -81,7 +81,7 @@ class DistributedAdamW {
   /// Local; throws InputError on another shape.
   void set_parameter(size_t i, const torch::Tensor& value);
   /// The fp32 master of parameter i, whole (its shape): fp32 a copy of the compute copy (local); bf16 each dp
-  /// rank's part of it all-gathered over dp, bitwise (collective over dp; every dp rank calls it). Throws
+  /// rank's part of it summed over dp as integers, bitwise (collective over dp; every dp rank calls it). Throws
   /// CollectiveError.
   torch::Tensor full_master(size_t i);
   /// The step count, m and v of this rank's slice to `file` (torch::save; not atomic: the caller renames), and

@@ -116,6 +116,7 @@ class PipelineEngine final : public RankEngine {
     }
     rank_fault_point("optimizer");
     adamw_->step();
+    sync_tied_copy();
     return r;
   }
 
@@ -205,6 +206,25 @@ class PipelineEngine final : public RankEngine {
  private:
   Collective& pipeline() { return pp_comm_ ? *pp_comm_ : group_; }
 
+  // Tied embeddings over p > 1 stages: after an optimizer step the last stage's copy takes the first stage's wte
+  // (send/recv between them, the same TP and DP index), where the copies could drift: their steps are the same math
+  // on the same summed gradient, but a ring all-reduce over ≥ 3 replicas (d, or the dp baseline's learners) adds a
+  // tensor at another offset of another buffer in another order, an ulp apart. Not needed (not sent) otherwise.
+  void sync_tied_copy() {
+    const int p = schedule_.spec.stages;
+    const bool drift = d_ >= 3 || (replicas_ != nullptr && replicas_->world() >= 3);
+    if (p == 1 || !stage_->config().tie_embeddings || !drift) return;
+    constexpr int kTiedSyncTag = (1 << 24) + 2;  // above every tag of an iteration, gather_parameter and the check
+    torch::NoGradGuard no_grad;
+    if (stage_->first_stage()) {
+      pipeline().send(stage_->embedding().detach().contiguous(), p - 1, kTiedSyncTag);
+    } else if (stage_->last_stage()) {
+      auto copy = torch::empty_like(stage_->tied_head());
+      pipeline().recv(copy, 0, kTiedSyncTag);
+      stage_->tied_head().detach().copy_(copy);
+    }
+  }
+
   // Tied embeddings over p > 1 stages: the first stage's wte and the last stage's copy (same TP and DP index) are
   // stepped separately, at different offsets of their DP groups' flat buffers; they must stay bitwise equal.
   // Their hashes are exchanged between the two stages: "" or what differs (on both stages).
@@ -212,7 +232,7 @@ class PipelineEngine final : public RankEngine {
     const int p = schedule_.spec.stages;
     const bool first = stage_->first_stage();
     if (p == 1 || !stage_->config().tie_embeddings || !(first || stage_->last_stage())) return "";
-    const auto bytes = (first ? stage_->embedding() : stage_->tied_head()).detach().contiguous();
+    const auto bytes = (first ? stage_->embedding() : stage_->tied_head()).detach().cpu().contiguous();
     auto mine = torch::tensor(
         {static_cast<int64_t>(fnv1a64(std::string_view(static_cast<const char*>(bytes.data_ptr()), bytes.nbytes())))},
         torch::kLong);
@@ -310,6 +330,7 @@ class PipelineEngine final : public RankEngine {
     }
     rank_fault_point("optimizer");
     distributed_->step(lr, std::min(1.0, max_norm_of(train_) / (r.grad_norm + 1e-6)));
+    sync_tied_copy();
     return r;
   }
 
@@ -352,8 +373,8 @@ class PipelineEngine final : public RankEngine {
   std::unique_ptr<torch::optim::AdamW> adamw_;        // zero = 0
   std::unique_ptr<DistributedAdamW> distributed_;      // zero = 1
   std::map<const void*, size_t> distributed_index_;   // a stage tensor -> its index in distributed_
-  bool replicated_ = false;
-  double window_scale_ = 1;  // 1/W of the step running: what hook_main_grads scales a micro-batch's gradient by  // distributed_ not sharded over the DP group (bf16, zero = 0): main gradients averaged
+  bool replicated_ = false;  // distributed_ not sharded over the DP group (bf16, zero = 0): main gradients averaged
+  double window_scale_ = 1;  // 1/W of the step running: what hook_main_grads scales a micro-batch's gradient by
 };
 
 }  // namespace

@@ -74,8 +74,8 @@ class RankEngine {
   /// all-gathered over the engine's replica groups — the data-parallel replicas (every tensor they hold: the
   /// parameters, the bf16 copy or the fp32 masters; ZeRO-1/2 after their all-gather), and the TP ranks for the
   /// tensors each holds whole (norm gains). Returns "" when every replica holds the same bits, else the first
-  /// differing tensor with replica 0's hash and the other's. Kinds with nothing replicated (ZeRO-3 slices, a
-  /// SkipPipe node) return "" at once. Collective over those groups; throws CollectiveError.
+  /// differing tensor with replica 0's hash and the other's. Kinds with nothing replicated (ZeRO-3 slices) and
+  /// kinds not checked yet (SkipPipe) return "" at once. Collective over those groups; throws CollectiveError.
   virtual std::string replica_mismatch() { return ""; }
   /// The deadline of the collectives of the engine's own sub-groups (TP, PP, DP) from now on, s; the caller sets
   /// the group's (parallel/step_deadline.h: tightened around steps). Local.

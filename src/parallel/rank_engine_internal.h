@@ -85,7 +85,7 @@ inline std::string first_replica_mismatch(const std::vector<std::pair<std::strin
   if (replicas == nullptr || replicas->world() == 1 || held.empty()) return "";
   auto hashes = torch::empty({static_cast<int64_t>(held.size())}, torch::kLong);  // (n) the hash bits as int64
   for (size_t i = 0; i < held.size(); ++i) {
-    const auto bytes = held[i].second.detach().contiguous();
+    const auto bytes = held[i].second.detach().cpu().contiguous();
     const uint64_t h = fnv1a64(std::string_view(static_cast<const char*>(bytes.data_ptr()), bytes.nbytes()));
     hashes[static_cast<int64_t>(i)] = static_cast<int64_t>(h);
   }

@@ -21,6 +21,7 @@ struct Spec {
   std::string point;
   long step = 0;
   std::string file;
+  int signal = SIGKILL;  // or SIGSTOP (":stop")
 };
 
 Spec parse(const char* value) {
@@ -35,10 +36,14 @@ Spec parse(const char* value) {
     s.point = v.substr(a + 1, b - a - 1);
     s.step = std::stol(v.substr(b + 1, c - b - 1));
     s.file = v.substr(c + 1);
+    if (s.file.size() > 5 && s.file.compare(s.file.size() - 5, 5, ":stop") == 0) {
+      s.file.resize(s.file.size() - 5);
+      s.signal = SIGSTOP;
+    }
     const bool known = s.point == "forward" || s.point == "backward" || s.point == "reduce" || s.point == "optimizer";
     if (!known || s.rank < 0 || s.step < 1 || s.file.empty()) throw std::invalid_argument("values");
   } catch (const std::exception&) {
-    std::fprintf(stderr, "DLOCO_RANK_FAULT='%s' ignored: want RANK:POINT:STEP:FILE with POINT forward, backward, "
+    std::fprintf(stderr, "DLOCO_RANK_FAULT='%s' ignored: want RANK:POINT:STEP:FILE[:stop] with POINT forward, backward, "
                  "reduce or optimizer, RANK >= 0, STEP >= 1\n", value);
     return Spec{};
   }
@@ -72,7 +77,7 @@ void rank_fault_point(const char* point) {
     out.precision(17);
     out << std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count() << "\n";
   }
-  ::kill(::getpid(), SIGKILL);
+  ::kill(::getpid(), s.signal);
 }
 
 }  // namespace dloco

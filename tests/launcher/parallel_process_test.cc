@@ -231,10 +231,12 @@ TEST(ParallelLearners, ARankKilledMidStepFailsItsGroupAtOnceAtEveryPointOfTheSte
 
 // A rank that hangs (SIGSTOP: alive, its sockets open, silent) is given up within seconds, not after
 // parallel.timeout_s (issue 30 item 5; parallel/step_deadline.h): M = 2, learner 0 TP2 × PP2 with timeout_s = 60,
-// learner 1 one process. At learner 0's 20th step its rank 2 is stopped; the step's collectives have 20 × the slowest
-// recent step, floored at 5 s, so learner 0's group fails (group_failed) well inside 15 s of the stop — a fixed
-// 60 s deadline would wait a minute — the group restarts (the stopped rank dies with its leader) and the run
-// finishes with every token trained; learner 1 never waited.
+// learner 1 one process. Rank 2 stops itself (DLOCO_RANK_FAULT …:stop, parallel/rank_fault.h) after a backward of
+// its 20th step — inside a step, wherever the machine's speed puts the test's polling; the step's collectives have
+// 20 × the slowest recent step, floored at 5 s, so learner 0's group fails (group_failed) and its leader exits
+// (it kills its ranks, so no operation stuck on the hung rank holds the exit) well inside 15 s of the stop — a
+// fixed 60 s deadline would wait a minute — the group restarts and the run finishes with every token trained;
+// learner 1 never waited.
 TEST(ParallelLearners, AHungRankFailsItsGroupAtTheAdaptiveStepDeadline) {
   const fs::path root = testing_support::make_tiny_corpus("dloco_rank_hang", kDataTool);
   ASSERT_FALSE(root.empty()) << "dloco-data prepare failed on the tiny corpus";
@@ -243,27 +245,13 @@ TEST(ParallelLearners, AHungRankFailsItsGroupAtTheAdaptiveStepDeadline) {
       "restart_delay_s = 0.5\n[parallel]\ntimeout_s = 60\n"
       "[[parallel.learner]]\nid = 0\ntensor = 2\npipeline = 2\nmicro_batches = 2\n";
   const fs::path cfg = testing_support::write_decoupled_config(root, "hang", kTokens, groups, 8, 32, 2, 0);
-  const fs::path run = root / "hang";
-  const std::string cmd = kDloco + " train --config " + cfg.string() + " > " + (root / "hang.log").string() + " 2>&1";
-  std::thread launcher([&] { EXPECT_EQ(std::system(cmd.c_str()), 0) << "see " << (root / "hang.log"); });
-  pid_t victim = -1;
-  for (int i = 0; i < 3000 && victim < 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    int steps = 0;
-    for (const auto& e : read_events(run / "events" / "learner_0.jsonl")) steps += e["event"] == "step";
-    if (steps < 20) continue;
-    for (const auto& e : read_events(run / "events" / "learner_0_rank_2.jsonl")) {
-      if (e["event"] == "rank_joined" && victim < 0) victim = e["pid"];
-    }
-  }
-  if (victim <= 0) {
-    launcher.join();
-    FAIL() << "learner 0 never reached step 20 with its rank 2 joined";
-  }
-  EXPECT_EQ(testing_support::signal_child(victim, SIGSTOP, "learner 0's rank 2"), 0);
-  const double stopped_at = now_unix();
-  launcher.join();
-  double failed_at = 0;
+  const fs::path run = root / "hang", stop = root / "hang.stop";
+  const std::string cmd = "DLOCO_RANK_FAULT=2:backward:20:" + stop.string() + ":stop " + kDloco + " train --config " +
+                          cfg.string() + " > " + (root / "hang.log").string() + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << "see " << (root / "hang.log");
+  ASSERT_TRUE(fs::exists(stop)) << "rank 2 never reached the fault point";
+  double stopped_at = 0, failed_at = 0, restarted_at = 0;
+  std::ifstream(stop) >> stopped_at;
   std::string error;
   for (const auto& e : read_events(run / "events" / "learner_0.jsonl")) {
     if (e["event"] == "group_failed" && failed_at == 0) {
@@ -271,9 +259,16 @@ TEST(ParallelLearners, AHungRankFailsItsGroupAtTheAdaptiveStepDeadline) {
       error = e["error"];
     }
   }
+  for (const auto& e : read_events(run / "events" / "launcher.jsonl")) {
+    if (e["event"] == "learner_restarted" && restarted_at == 0) restarted_at = e["t"];
+  }
   ASSERT_GT(failed_at, 0) << "learner 0's group never failed after its rank 2 was stopped";
-  std::printf("[rank 2 stopped] learner 0's group failed %.2f s later: %s\n", failed_at - stopped_at, error.c_str());
+  ASSERT_GT(restarted_at, 0) << "learner 0 was never restarted";
+  const double exited_by = restarted_at - 0.5;  // run.restart_delay_s after the leader's exit
+  std::printf("[rank 2 stopped] learner 0's group failed %.2f s later, its leader had exited by %.2f s: %s\n",
+              failed_at - stopped_at, exited_by - stopped_at, error.c_str());
   EXPECT_LT(failed_at - stopped_at, 15.0) << "the group waited on a hung rank for its whole parallel.timeout_s";
+  EXPECT_LT(exited_by - stopped_at, 15.0) << "the leader's exit waited on an operation stuck on the hung rank";
   const json report = json::parse(std::ifstream(run / "report.json"));
   EXPECT_EQ(report["status"], "finished");
   EXPECT_EQ(report["tokens_trained"], kTokens);
