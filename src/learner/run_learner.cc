@@ -378,8 +378,7 @@ int run_learner(const Config& config, const LearnerOptions& options, wire::Trans
   // Adopt the global step: the lr schedule is global (re-warmed above when the moments are fresh).
   LearnerLoop loop(config, id, options.run_dir, joined.global_step, joined.stream_index, joined.streams,
                    joined.tokens_budget, job, sync, link, std::move(boot->stream_log), events, phase);
-  // Its /metrics endpoint (docs/monitoring.md), on a free port unless the config names one.
-  LearnerGauges gauges;
+  LearnerGauges gauges;  // its /metrics endpoint (docs/monitoring.md), on a free port unless the config names one
   gauges.id = id;
   const auto monitor = start_learner_monitor(config, id, gauges, events);
   if (monitor) loop.set_gauges(&gauges);
