@@ -7,10 +7,13 @@
 //      the VmPeak and VmHWM it needs;
 //   4. one process, plain AdamW, under the cap: expected to fail; the c10::Error / std::bad_alloc is caught and
 //      printed with the phase it happened in (build, forward, backward, optimizer step);
-//   5. ZeRO-3 over 4 rank processes under the same cap: the losses of --steps steps and each rank's VmPeak.
-// The model: the base-124m preset untied (ZeRO-3 needs it) with T shortened (--seq) so that steps stay fast; every
-// rank first builds the full GPT from the same seed (ZeroAdamW takes over a full model), so the cap must also
-// hold the full parameters once (4Ψ) next to the slices.
+//   5. ZeRO-3 over 4 rank processes under the same cap: the losses of --steps steps and each rank's VmPeak;
+//   6. ZeRO-3 × TP2 × DP2 in bf16 with sharded initialisation (parallel/sharded_init.h) over 4 rank processes
+//      under the same cap, through the learner group's engine (parallel/rank_engine.h): no rank ever builds the
+//      model, so the cap need not hold its full parameters.
+// The model: the base-124m preset untied (ZeRO-3 needs it) with T shortened (--seq) so that steps stay fast; in 5
+// every rank first builds the full GPT from the same seed (ZeroAdamW takes over a full model), so the cap must also
+// hold the full parameters once (4Ψ) next to the slices; in 6 it never does.
 // Deliberately not measured: speed, and whether the loss goes anywhere (a fixed random batch, a few steps).
 // Usage: bench_parallel_does_not_fit [--preset base-124m] [--seq 64] [--batch 1] [--steps 3] [--headroom-mib 1024]
 //                                    [--limit as|data] [--control-steps 1]
@@ -22,6 +25,7 @@
 #include <vector>
 
 #include "model/gpt.h"
+#include "parallel/rank_engine.h"
 #include "parallel/zero.h"
 #include "rank_processes.h"
 #include "train/trainer.h"
@@ -81,6 +85,30 @@ int rank_main(const Flags& f) {
       }
       const auto tokens = torch::cat(parts);                                                      // (rows, T + 1)
       const auto idx = tokens.narrow(1, 0, m.seq_len), targets = tokens.narrow(1, 1, m.seq_len);  // (rows, T)
+      if (mode == "zero3tp") {  // never builds the model: each rank draws its own slices
+        ParallelConfig parallel;
+        parallel.tensor = parallel.data = 2;
+        parallel.zero = 3;
+        parallel.precision = Precision::kBf16;
+        train.batch_size = 2 * b;  // d replicas × b rows; every rank the same window
+        phase = "sharded initialisation";
+        auto engine = make_rank_engine(m, 0, parallel, train, *group);
+        out["built"] = to_json(proc_status());
+        auto gen = at::detail::createCPUGenerator(100);
+        const auto windows = torch::randint(m.vocab_size, {1, train.batch_size * m.seq_len + 1}, gen, torch::kLong);
+        std::vector<double> losses;
+        for (int64_t s = 0; s < steps; ++s) {
+          phase = "ZeRO-3 x TP2 step " + std::to_string(s + 1);
+          losses.push_back(engine->step(windows, train.lr).loss);
+        }
+        out["losses"] = losses;
+        out["parameters"] = gpt_parameter_count(m);
+        out["ok"] = true;
+        out["phase"] = phase;
+        out["end"] = to_json(proc_status());
+        write_result(a.out, out);
+        return 0;
+      }
       phase = "build the model";
       torch::manual_seed(0);
       GPT model(m);
@@ -198,14 +226,29 @@ int parent_main(const Flags& f, int argc, char** argv) {
   for (const auto& j : z) all = all && j["ok"].get<bool>();
   std::printf("5. ZeRO-3 over 4 rank processes, each under the same cap: %s\n", all ? "trained" : "FAILED");
   for (int r = 0; r < 4; ++r) print_rank("ZeRO-3", r, z[r]);
-  return all && !plain[0]["ok"].get<bool>() ? 0 : 2;
+  const auto tp = run_ranks(4, with({"--mode", "zero3tp", "--cap", cap_s}), 3600, "fit_zero3tp");
+  if (tp.empty()) return 1;
+  bool all_tp = true;
+  for (const auto& j : tp) all_tp = all_tp && j["ok"].get<bool>();
+  std::printf("6. ZeRO-3 x TP2 x DP2 in bf16 with sharded initialisation, 4 rank processes under the same cap: %s "
+              "(the full fp32 parameters alone: %.0f MiB)\n",
+              all_tp ? "trained" : "FAILED", 4 * psi / kMiB);
+  for (int r = 0; r < 4; ++r) {
+    print_rank("ZeRO-3 x TP2", r, tp[r]);
+    if (tp[r].contains("built")) {
+      std::printf("    after sharded initialisation: VmPeak %.0f MiB, VmHWM %.0f MiB (idle VmPeak %.0f MiB)\n",
+                  tp[r]["built"]["peak"].get<double>() / kMiB, tp[r]["built"]["hwm"].get<double>() / kMiB,
+                  idle_peak / kMiB);
+    }
+  }
+  return all && all_tp && !plain[0]["ok"].get<bool>() ? 0 : 2;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   return bench_main("bench_parallel_does_not_fit",
-                    "A model whose training state does not fit one capped process trains across four with ZeRO-3",
+                    "A model whose training state does not fit one capped process trains across four with ZeRO-3 (and ZeRO-3 x TP2)",
                     {{"preset", "base-124m", "model preset, untied"},
                      {"seq", "64", "sequence length T"},
                      {"batch", "1", "sequences per step"},
@@ -213,7 +256,7 @@ int main(int argc, char** argv) {
                      {"headroom-mib", "1024", "the cap: the idle rank's VmPeak + this many MiB"},
                      {"limit", "as", "the rlimit: as (RLIMIT_AS) or data (RLIMIT_DATA)"},
                      {"control-steps", "1", "steps of the uncapped one-process control (0: none)"},
-                     {"mode", "idle", "what a rank does (set by the parent): idle, plain, zero3"},
+                     {"mode", "idle", "what a rank does (set by the parent): idle, plain, zero3, zero3tp"},
                      {"cap", "0", "the cap in bytes (set by the parent; 0: none)"}},
                     argc, argv, rank_main, parent_main);
 }

@@ -2,7 +2,11 @@
 // parallelism (parallel/mixed_precision.h, "stage" 4 here), and of Megatron's layout ("stage" 5: TP2 × PP2 × DP2
 // with the distributed optimizer in bf16, parallel/distributed_optimizer.h, 8 ranks, measured per parameter the
 // rank holds against 2 + 4 + 12/d = 12 bytes, counted after the last step: the engine frees each window's .grad
-// once it is in the fp32 main gradients, which persist), each rank a process.
+// once it is in the fp32 main gradients, which persist), and of FSDP × TP ("stage" 6: ZeRO-3 × TP2 × DP2 in bf16
+// with sharded initialisation, parallel/sharded_init.h, 4 ranks, per parameter the rank's TP part holds against
+// (4 master + 4 gradient + 8 m, v) / d = 8 bytes, plus its peak RSS while it builds its slices against its state
+// plus one full part of the model — the largest of wte, a block, lm_head — in fp32; "stage" 7 the same built from
+// a full GPT, for comparison), each rank a process.
 // Per stage, after a few steps, each rank reports (1) its live tensor bytes of model state by category, counted
 // from the tensors between backward and step of the last step (ZeroAdamW::memory(); for DP the parameters, their
 // .grad and AdamW's exp_avg / exp_avg_sq counted by hand; bf16: Bf16Optimizer::memory(), param = the bf16 copy +
@@ -18,7 +22,8 @@
 // Deliberately not measured: speed (bench_parallel_throughput), activations by category (they are in RSS only;
 // the per-rank batch is kept small so that state dominates), which transient buffer left which free pages.
 // Usage: bench_parallel_memory [--ranks 4] [--d-model 512] [--layers 8] [--vocab 8192] [--seq 128] [--batch 1]
-//                              [--steps 3] [--stages 0,1,2,3,4]
+//                              [--steps 3] [--stages 0,1,2,3,4,5,6,7]
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -65,14 +70,17 @@ int rank_main(const Flags& f) {
   const HeapStats base_heap = heap_stats();
   HeapStats measured_heap;  // between backward and step of the last step, where the live bytes are counted
 
-  torch::manual_seed(0);
-  GPT model(m);
+  GPT model{nullptr};  // stage 6 never builds it
+  if (zero != 6) {
+    torch::manual_seed(0);
+    model = GPT(m);
+  }
   auto gen = at::detail::createCPUGenerator(1000 + a.rank);
   const auto tokens = torch::randint(m.vocab_size, {b, m.seq_len + 1}, gen, torch::kLong);    // (b, T + 1)
   const auto idx = tokens.narrow(1, 0, m.seq_len), targets = tokens.narrow(1, 1, m.seq_len);  // (b, T)
   TrainConfig train;
   nlohmann::json out;
-  out["parameters"] = count_parameters(*model);
+  out["parameters"] = gpt_parameter_count(m);
   int64_t param_bytes = 0, grad_bytes = 0, adam_bytes = 0, sent = 0, peak_full_grad = 0, peak_gathered = 0;
   std::vector<double> losses;
   // After the last step, while the optimizer and the model still exist: RSS, tcmalloc's heap, then RSS once
@@ -83,7 +91,31 @@ int rank_main(const Flags& f) {
     release_free_memory();
     out["released"] = to_json(proc_status());
   };
-  if (zero == 5) {  // Megatron's layout in bf16 through the learner group's own engine
+  if (zero == 6 || zero == 7) {  // FSDP × TP in bf16 through the learner group's own engine
+    ParallelConfig parallel;
+    parallel.tensor = parallel.data = 2;
+    parallel.zero = 3;
+    parallel.precision = Precision::kBf16;
+    train.batch_size = 2 * b;  // d replicas × b sequences
+    auto engine = zero == 6 ? make_rank_engine(m, 0, parallel, train, *group) : make_rank_engine(model, parallel, train, *group);
+    model = GPT(nullptr);
+    out["start"] = to_json(proc_status());  // VmHWM now: the peak while the slices were built
+    auto gen_all = at::detail::createCPUGenerator(1000);  // every rank the same windows (W = 1)
+    const auto windows = torch::randint(m.vocab_size, {1, train.batch_size * m.seq_len + 1}, gen_all, torch::kLong);
+    for (int64_t s = 0; s < steps; ++s) {
+      const int64_t before = group->bytes_sent();
+      losses.push_back(engine->step(windows, train.lr).loss);
+      sent = group->bytes_sent() - before;
+    }
+    const ZeroMemory mem = engine->zero_optimizer()->memory();  // gradient slices persist between steps
+    param_bytes = mem.parameter_bytes;
+    grad_bytes = mem.gradient_bytes;
+    adam_bytes = mem.optimizer_state_bytes;
+    peak_gathered = mem.peak_gathered_parameter_bytes;
+    out["held"] = engine->zero_optimizer()->parameter_count();
+    measured_heap = heap_stats();
+    after_last_step();
+  } else if (zero == 5) {  // Megatron's layout in bf16 through the learner group's own engine
     ParallelConfig parallel;
     parallel.tensor = parallel.pipeline = parallel.data = 2;
     parallel.zero = 1;
@@ -211,7 +243,15 @@ int rank_main(const Flags& f) {
   return 0;
 }
 
-const char* kNames[] = {"DP (zero = 0)", "ZeRO-1", "ZeRO-2", "ZeRO-3", "bf16 DP", "TP2xPP2xDP2 Z1"};
+const char* kNames[] = {"DP (zero = 0)", "ZeRO-1", "ZeRO-2", "ZeRO-3", "bf16 DP", "TP2xPP2xDP2 Z1", "Z3xTP2 sharded",
+                        "Z3xTP2 full"};
+
+// The largest full part of the model in fp32 bytes: wte (V·C), a block (4C² + 3C·F + 2C), lm_head (C·V).
+double largest_part_bytes(const ModelConfig& m) {
+  const double C = static_cast<double>(m.d_model), V = static_cast<double>(m.vocab_size),
+               F = static_cast<double>(m.ff_dim());
+  return 4 * std::max(V * C, 4 * C * C + 3 * C * F + 2 * C);
+}
 
 int parent_main(const Flags& f, int argc, char** argv) {
   const int N = static_cast<int>(flag_int(f, "ranks", 4));
@@ -225,28 +265,28 @@ int parent_main(const Flags& f, int argc, char** argv) {
       static_cast<long long>(m.seq_len), psi, N, static_cast<long long>(flag_int(f, "batch", 1)),
       static_cast<long long>(flag_int(f, "steps", 3)));
   const double n = N;
-  const double target_live[] = {16, 8 + 8 / n, 4 + 12 / n, 16 / n, 18, 2 + 4 + 12 / 2.0};
+  const double target_live[] = {16, 8 + 8 / n, 4 + 12 / n, 16 / n, 18, 2 + 4 + 12 / 2.0, 16 / 2.0, 16 / 2.0};
   // Stage 5: its traffic goes over the engine's TP, PP and DP sub-groups, whose counters the engine keeps: not
   // measured here (0).
   const double target_traffic[] = {2 * (n - 1) / n * 4, 2 * (n - 1) / n * 4, 2 * (n - 1) / n * 4, 3 * (n - 1) / n * 4,
-                                   2 * (n - 1) / n * 4, 0};
+                                   2 * (n - 1) / n * 4, 0, 0, 0};
   std::printf(
       "live: tensor bytes / parameter between backward and step of the last step; heap: tcmalloc's bytes in\n"
       "use at that moment minus before the model; RSS, HWM: VmRSS after the last step and VmHWM minus VmRSS before\n"
       "the model; rel: VmRSS after tcmalloc returned its free pages; traffic: bytes sent in the last step / Psi\n");
   std::printf("%-14s %4s | %6s %6s %6s %7s %6s %6s | %6s | %6s %6s %6s | %7s %6s %6s\n", "stage", "rank", "param",
               "grad", "adam", "live", "target", "ratio", "heap", "RSS", "HWM", "rel", "traffic", "target", "ratio");
-  std::string stages = flag(f, "stages", "0,1,2,3,4,5");
-  for (int zero = 0; zero <= 5; ++zero) {
+  std::string stages = flag(f, "stages", "0,1,2,3,4,5,6,7");
+  for (int zero = 0; zero <= 7; ++zero) {
     if (stages.find(std::to_string(zero)) == std::string::npos) continue;
     std::vector<std::string> args = pass;
     args.insert(args.end(), {"--zero", std::to_string(zero)});
-    const int world = zero == 5 ? 8 : N;
+    const int world = zero == 5 ? 8 : zero >= 6 ? 4 : N;
     const auto ranks = run_ranks(world, args, 1800, "memory_zero" + std::to_string(zero));
     if (ranks.empty()) return 1;
     for (int r = 0; r < world; ++r) {
       const auto& j = ranks[r];
-      const double per = j.contains("held") ? j["held"].get<double>() : psi;  // stage 5: the rank's own parameters
+      const double per = j.contains("held") ? j["held"].get<double>() : psi;  // stages 5-7: the rank's own parameters
       const double pb = j["param_bytes"].get<double>() / per, gb = j["grad_bytes"].get<double>() / per,
                    ab = j["adam_bytes"].get<double>() / per, live = pb + gb + ab;
       const double base = j["base"]["rss"].get<double>();
@@ -262,6 +302,17 @@ int parent_main(const Flags& f, int argc, char** argv) {
         std::printf("%7.3f %6.2f %6.3f\n", traffic, target_traffic[zero], traffic / target_traffic[zero]);
       } else {
         std::printf("%7s %6s %6s\n", "-", "-", "-");  // the sub-groups' traffic is inside the engine
+      }
+    }
+    if (zero >= 6) {  // the peak while building: the state (16/d B per held parameter) plus one full fp32 part
+      for (int r = 0; r < world; ++r) {
+        const auto& j = ranks[r];
+        const double state = 16 / 2.0 * j["held"].get<double>(), part = largest_part_bytes(m);
+        const double start_hwm = j["start"]["hwm"].get<double>() - j["base"]["rss"].get<double>();
+        std::printf("%-14s %4d   start: peak RSS over the baseline %.1f MiB; state %.1f MiB + one full part %.1f "
+                    "MiB = %.1f MiB (ratio %.3f); the full fp32 model alone %.1f MiB\n",
+                    kNames[zero], r, start_hwm / (1 << 20), state / (1 << 20), part / (1 << 20),
+                    (state + part) / (1 << 20), start_hwm / (state + part), 4 * psi / (1 << 20));
       }
     }
     const auto& j0 = ranks[0];
@@ -282,8 +333,9 @@ int parent_main(const Flags& f, int argc, char** argv) {
 int main(int argc, char** argv) {
   return bench_main("bench_parallel_memory", "Memory per rank of DP, ZeRO-1/2/3 and bf16 DP, each rank a process",
                     {{"ranks", "4", "rank processes N"},
-                     {"stages", "0,1,2,3,4,5",
-                      "what to measure: 0 = DP, 1-3 = ZeRO-1/2/3, 4 = bf16 DP, 5 = TP2 x PP2 x DP2 + ZeRO-1 in bf16"},
+                     {"stages", "0,1,2,3,4,5,6,7",
+                      "what to measure: 0 = DP, 1-3 = ZeRO-1/2/3, 4 = bf16 DP, 5 = TP2 x PP2 x DP2 + ZeRO-1 in bf16, "
+                      "6 = ZeRO-3 x TP2 x DP2 in bf16 with sharded init, 7 = the same from a full GPT"},
                      {"layers", "8", "model: blocks L"},
                      {"d-model", "512", "model: C"},
                      {"heads", "8", "model: NH"},

@@ -56,18 +56,17 @@ void validate_group(const Config& c, const ParallelConfig& g, const std::string&
   require(g.zero >= 0 && g.zero <= 3, key + ".zero", "must be 0, 1, 2 or 3 (got " + std::to_string(g.zero) + ")");
   require(g.micro_batches >= 1 && g.chunks >= 1, key + ".micro_batches/chunks", "must be ≥ 1");
   require(g.timeout_s > 0, key + ".timeout_s", "must be > 0");
-  require(g.zero <= 1 || (g.tensor == 1 && g.pipeline == 1), key + ".zero",
-          "= " + std::to_string(g.zero) + " with " +
-              (g.tensor > 1 ? "tensor = " + std::to_string(g.tensor) : "pipeline = " + std::to_string(g.pipeline)) +
-              " is not wired yet: ZeRO-2 and ZeRO-3 run in purely data-parallel groups; with tensor or pipeline "
-              "parallelism use zero = 1 (Megatron's distributed optimizer) or 0 (replicated AdamW)");
-  require(!g.offload || (g.tensor == 1 && g.pipeline == 1), key + ".offload",
-          "is wired into purely data-parallel ZeRO groups only for now (tensor = pipeline = 1)");
-  require(g.precision == Precision::kFp32 || g.zero == 0 || (g.zero == 1 && (g.tensor > 1 || g.pipeline > 1)),
-          key + ".precision",
-          "= \"bf16\" runs with zero = 0, or zero = 1 (the distributed optimizer) with tensor or pipeline "
-          "parallelism, for now: not with ZeRO-" + std::to_string(g.zero) +
-              (g.tensor == 1 && g.pipeline == 1 ? " in a purely data-parallel group" : "") + " (docs/parallel.md)");
+  require(g.zero <= 1 || g.pipeline == 1, key + ".zero",
+          "= " + std::to_string(g.zero) + " with pipeline = " + std::to_string(g.pipeline) +
+              " is not built (DeepSpeed refuses ZeRO-2/3 with pipelines too): use zero = 1 (Megatron's distributed "
+              "optimizer) or 0 (replicated AdamW)");
+  require(g.zero != 2 || g.tensor == 1, key + ".zero",
+          "= 2 with tensor = " + std::to_string(g.tensor) + " is not built: use zero = 3 (FSDP × TP), 1 (the "
+          "distributed optimizer) or 0");
+  require(!g.offload || (g.pipeline == 1 && (g.tensor == 1 || g.zero == 3)), key + ".offload",
+          "is wired into ZeRO groups without pipelines only for now: zero ≥ 1 with tensor = 1, or zero = 3");
+  require(g.precision == Precision::kFp32 || g.zero != 2, key + ".precision",
+          "= \"bf16\" runs with zero = 0, 1 (the distributed optimizer) or 3, not with ZeRO-2 (docs/parallel.md)");
   require(!g.offload || g.zero >= 1, key + ".offload",
           "keeps ZeRO's sharded AdamW state in files on local disk: set data > 1 and zero ≥ 1 (or offload = false)");
   require(g.zero == 0 || g.data > 1, key + ".zero",
@@ -89,8 +88,9 @@ void validate_group(const Config& c, const ParallelConfig& g, const std::string&
   require(g.schedule != PipelineScheduleChoice::kInterleaved || g.micro_batches % g.pipeline == 0,
           key + ".micro_batches", "must be a multiple of pipeline for the interleaved schedule");
   require(g.micro_batches == 1 || g.pipeline > 1, key + ".micro_batches", "> 1 needs pipeline > 1");
-  require(!g.checkpoint_activations || g.pipeline > 1, key + ".checkpoint_activations",
-          "is wired into pipeline learners only for now (set pipeline > 1, or false)");
+  require(!g.checkpoint_activations || g.pipeline > 1 || g.zero == 3, key + ".checkpoint_activations",
+          "is wired into pipeline learners and ZeRO-3 (whose units always recompute) only for now (set pipeline > 1, "
+          "or false)");
   const bool plain = g.ranks() == 1 && g.precision == Precision::kFp32 && !g.offload;  // today's one-process learner
   require(plain || c.diloco.mode == Mode::kDecoupled || is_collective_mode(c.diloco.mode), key,
           "makes a learner of " + std::to_string(g.ranks()) + " rank(s) (precision \"" + to_string(g.precision) +

@@ -83,8 +83,8 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, const torch::Tensor& co
 
 GPTImpl::GPTImpl(const ModelConfig& cfg) : cfg_(cfg) {
   validate_model(cfg);  // throws InputError on an inconsistent model shape
-  const int64_t V = cfg.vocab_size, C = cfg.d_model, L = cfg.n_layer, T = cfg.seq_len;
-  const int64_t hs = C / cfg.n_head;
+  // The modules in construction order: parallel/tp_gpt.cc's part-by-part constructor repeats it (sharded init).
+  const int64_t V = cfg.vocab_size, C = cfg.d_model, L = cfg.n_layer;
   wte = register_module("wte", torch::nn::Embedding(V, C));
   h = register_module("h", torch::nn::ModuleList());
   for (int64_t i = 0; i < L; ++i) h->push_back(Block(cfg));
@@ -93,23 +93,32 @@ GPTImpl::GPTImpl(const ModelConfig& cfg) : cfg_(cfg) {
     lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(C, V).bias(false)));
   }
 
+  const auto tables = rope_and_mask(cfg);
+  rope_cos_ = register_buffer("rope_cos", tables.cos);
+  rope_sin_ = register_buffer("rope_sin", tables.sin);
+  causal_ = register_buffer("causal", tables.causal);
+
+  // Initialisation (GPT-2), after every module's constructor has drawn its own (overwritten) values: the order of
+  // draws parallel/sharded_init.cc replays tensor by tensor (GroupInnerJob.ShardedInitialisation… checks it).
+  torch::NoGradGuard no_grad;
+  for (auto& p : named_parameters()) init_parameter(p.key(), p.value(), cfg);
+}
+
+void GPTImpl::init_parameter(const std::string& name, torch::Tensor p, const ModelConfig& cfg) {
+  if (p.dim() < 2) return;  // norm gains stay 1
+  // normal(0, std); residual projections scaled by 1/sqrt(2L)
+  const bool residual = name.find("attn.proj") != std::string::npos || name.find("mlp.down") != std::string::npos;
+  torch::NoGradGuard no_grad;
+  p.normal_(0.0, residual ? cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layer)) : cfg.init_std);
+}
+
+GPTImpl::Tables GPTImpl::rope_and_mask(const ModelConfig& cfg) {
+  const int64_t T = cfg.seq_len, hs = cfg.d_model / cfg.n_head;
   // Rotary tables: angle(t, i) = t · theta^(−2i/hs), i < hs/2.
   auto inv_freq = torch::pow(cfg.rope_theta, -torch::arange(0, hs, 2, torch::kDouble) / hs);  // (hs/2)
   auto angles = torch::outer(torch::arange(T, torch::kDouble), inv_freq).to(torch::kFloat);   // (T, hs/2)
-  rope_cos_ = register_buffer("rope_cos", angles.cos());
-  rope_sin_ = register_buffer("rope_sin", angles.sin());
-  causal_ = register_buffer(
-      "causal", torch::full({T, T}, -std::numeric_limits<float>::infinity()).triu(1));  // additive mask
-
-  // Initialisation (GPT-2): normal(0, std); residual projections scaled by 1/sqrt(2L).
-  torch::NoGradGuard no_grad;
-  const double residual_std = cfg.init_std / std::sqrt(2.0 * L);
-  for (auto& p : named_parameters()) {
-    const auto& name = p.key();
-    if (p.value().dim() < 2) continue;  // norm gains stay 1
-    const bool residual = name.find("attn.proj") != std::string::npos || name.find("mlp.down") != std::string::npos;
-    p.value().normal_(0.0, residual ? residual_std : cfg.init_std);
-  }
+  return {angles.cos(), angles.sin(),
+          torch::full({T, T}, -std::numeric_limits<float>::infinity()).triu(1)};  // additive mask
 }
 
 void GPTImpl::set_active_blocks(std::vector<bool> active) {

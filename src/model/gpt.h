@@ -105,6 +105,15 @@ class GPTImpl : public torch::nn::Module {
   const std::vector<bool>& active_blocks() const { return active_; }
 
   const ModelConfig& config() const { return cfg_; }
+  /// The constructor's last pass on parameter `name` (after the modules' own initialisers): matrices (dim ≥ 2)
+  /// drawn normal(0, init_std) from torch's default generator, residual projections (attn.proj, mlp.down) with
+  /// init_std / sqrt(2L) (GPT-2); norm gains untouched. Sharded initialisation (parallel/sharded_init.h) replays it.
+  static void init_parameter(const std::string& name, torch::Tensor p, const ModelConfig& cfg);
+  /// The rotary tables cos, sin (T, hs/2) and the additive causal mask (T, T) (0 allowed, −inf masked), fp32.
+  struct Tables {
+    torch::Tensor cos, sin, causal;
+  };
+  static Tables rope_and_mask(const ModelConfig& cfg);
   /// True for the token embedding (and so the tied output head): merged with the plain weighted mean (§6).
   static bool is_embedding(const std::string& parameter_name) { return parameter_name == "wte.weight"; }
 

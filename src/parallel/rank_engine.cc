@@ -88,20 +88,12 @@ class TensorParallelEngine final : public RankEngine {
 class DataParallelEngine final : public RankEngine {
  public:
   DataParallelEngine(GPT full, int zero, const TrainConfig& train, Collective& group,
-                     const std::filesystem::path& offload_dir)
+                     const std::filesystem::path& offload_dir, torch::ScalarType compute_dtype)
       : train_(train), group_(group), model_(full) {
     if (zero == 0) {
       adamw_ = make_inner_adamw(model_->parameters(), train);
     } else {
-      ZeroOptions o;
-      o.stage = zero;
-      o.lr = train.lr;
-      o.beta1 = train.beta1;
-      o.beta2 = train.beta2;
-      o.eps = train.adam_eps;
-      o.weight_decay = train.weight_decay;
-      o.offload_dir = offload_dir;
-      zero_ = std::make_unique<ZeroAdamW>(model_, group, o);
+      zero_ = std::make_unique<ZeroAdamW>(model_, group, zero_options_of(train, zero, offload_dir, compute_dtype));
     }
   }
 
@@ -180,6 +172,7 @@ class DataParallelEngine final : public RankEngine {
       adamw_ = make_inner_adamw(model_->parameters(), train_);
     }
   }
+  const ZeroAdamW* zero_optimizer() const override { return zero_.get(); }
   std::string replica_mismatch() override {  // ZeRO-3 holds disjoint slices: nothing replicated
     if (zero_ && zero_->stage() == 3) return "";
     std::vector<std::pair<std::string, torch::Tensor>> held;
@@ -188,7 +181,8 @@ class DataParallelEngine final : public RankEngine {
   }
   std::string describe() const override {
     return (zero_ ? "ZeRO-" + std::to_string(zero_->stage()) : std::string("data-parallel")) + " over d = " +
-           std::to_string(group_.world()) + (zero_ && zero_->offloaded() ? ", AdamW state offloaded" : "");
+           std::to_string(group_.world()) + (zero_ && zero_->compute_dtype() == torch::kBFloat16 ? ", bf16" : "") +
+           (zero_ && zero_->offloaded() ? ", AdamW state offloaded" : "");
   }
 
  private:
@@ -305,22 +299,27 @@ std::unique_ptr<RankEngine> make_rank_engine(GPT full, const ParallelConfig& par
     throw InputError("a SkipPipe group (parallel.skippipe_schedule) has its own engine: skippipe/engine.h "
                      "(learner/group_engine.h picks it)");
   }
-  if ((parallel.tensor > 1 || parallel.pipeline > 1) && parallel.offload) {
-    throw InputError("offload runs in purely data-parallel ZeRO groups only for now (tensor = pipeline = 1)");
+  const bool zero3_tp = parallel.zero == 3 && parallel.tensor > 1 && parallel.pipeline == 1;
+  if ((parallel.tensor > 1 || parallel.pipeline > 1) && parallel.offload && !zero3_tp) {
+    throw InputError("offload runs in ZeRO groups without pipeline parallelism only for now (zero ≥ 1 with "
+                     "tensor = pipeline = 1, or zero = 3 with tensor > 1)");
   }
-  if (parallel.precision == Precision::kBf16) {
-    if (parallel.tensor > 1 || parallel.pipeline > 1) {
-      if (parallel.zero > 1) throw InputError("bf16 with tensor or pipeline parallelism takes zero = 0 or 1");
-      return make_pipeline_engine(full, parallel, train, group);  // bf16 stages, fp32 masters (sharded at zero = 1)
-    }
-    if (parallel.zero > 0) throw InputError("bf16 with ZeRO runs with tensor or pipeline parallelism only for now");
+  if (parallel.pipeline > 1 && parallel.zero > 1) {
+    throw InputError("ZeRO-" + std::to_string(parallel.zero) + " with pipeline parallelism is not built (DeepSpeed "
+                     "refuses it too: a stage's gradients accumulate over micro-batches): zero = 1 or 0");
+  }
+  if (parallel.tensor > 1 && parallel.zero == 2) {
+    throw InputError("ZeRO-2 with tensor parallelism is not built: zero = 3 (FSDP × TP), 1 (the distributed "
+                     "optimizer) or 0");
+  }
+  if (zero3_tp) return make_zero3_tp_engine(&full, full->config(), 0, parallel, train, group, offload_dir);
+  const bool bf16 = parallel.precision == Precision::kBf16;
+  if (bf16 && parallel.zero == 0 && parallel.tensor == 1 && parallel.pipeline == 1) {
     return std::make_unique<Bf16DataParallelEngine>(full, train, group);
   }
-  if (parallel.pipeline > 1 || (parallel.tensor > 1 && parallel.data > 1)) {
-    if (parallel.zero > 1) {
-      throw InputError("ZeRO-" + std::to_string(parallel.zero) + " with tensor or pipeline parallelism is not wired "
-                       "yet: zero = 1 (the distributed optimizer) or 0");
-    }
+  if (bf16 && parallel.zero == 2) throw InputError("bf16 with ZeRO-2 is not built: zero = 1 or 3");
+  if (parallel.pipeline > 1 || (parallel.tensor > 1 && parallel.data > 1) || (bf16 && parallel.zero == 1)) {
+    // bf16: bf16 stages and fp32 masters, sharded at zero = 1 (Megatron's distributed optimizer, also for p = t = 1)
     return make_pipeline_engine(full, parallel, train, group);
   }
   if (parallel.tensor > 1) return std::make_unique<TensorParallelEngine>(full, train, group);
@@ -328,7 +327,19 @@ std::unique_ptr<RankEngine> make_rank_engine(GPT full, const ParallelConfig& par
     throw InputError("offload keeps ZeRO's sharded AdamW state in files: it needs zero ≥ 1 and a folder");
   }
   return std::make_unique<DataParallelEngine>(full, static_cast<int>(parallel.zero), train, group,
-                                              parallel.offload ? offload_dir : std::filesystem::path());
+                                              parallel.offload ? offload_dir : std::filesystem::path(),
+                                              bf16 ? torch::kBFloat16 : torch::kFloat);
+}
+
+std::unique_ptr<RankEngine> make_rank_engine(const ModelConfig& model, uint64_t seed, const ParallelConfig& parallel,
+                                             const TrainConfig& train, Collective& group,
+                                             const std::filesystem::path& offload_dir) {
+  if (parallel.zero == 3 && parallel.tensor > 1 && parallel.pipeline == 1 && !parallel.skippipe() &&
+      group.world() == parallel.ranks()) {
+    return make_zero3_tp_engine(nullptr, model, seed, parallel, train, group, offload_dir);
+  }
+  torch::manual_seed(seed);
+  return make_rank_engine(GPT(model), parallel, train, group, offload_dir);
 }
 
 }  // namespace dloco

@@ -30,6 +30,7 @@
 namespace dloco {
 
 class DistributedAdamW;  // parallel/distributed_optimizer.h
+class ZeroAdamW;         // parallel/zero.h
 
 /// What one inner step did, the same on every rank of the group.
 struct EngineStep {
@@ -83,6 +84,9 @@ class RankEngine {
   /// The distributed optimizer of a TP/PP group with zero = 1 or bf16 (its memory() for the benchmarks); null for
   /// the other kinds.
   virtual const DistributedAdamW* distributed_optimizer() const { return nullptr; }
+  /// The ZeRO optimizer of a data-parallel ZeRO group or a ZeRO-3 × TP group (its memory() for the benchmarks);
+  /// null for the other kinds.
+  virtual const ZeroAdamW* zero_optimizer() const { return nullptr; }
 
  protected:
   Collective* replicas_ = nullptr;  // set_replicas
@@ -95,5 +99,12 @@ class RankEngine {
 /// the config does not fit (see ParallelConfig's checks), CollectiveError.
 std::unique_ptr<RankEngine> make_rank_engine(GPT full, const ParallelConfig& parallel, const TrainConfig& train,
                                              Collective& group, const std::filesystem::path& offload_dir = {});
+/// The same from the model config and the seed of its initial GPT (torch::manual_seed(seed); GPT(model)): a ZeRO-3
+/// × TP group (zero = 3, tensor > 1) initialises its slices without ever building the model (sharded
+/// initialisation, parallel/sharded_init.h: bitwise the same Θ₀); every other kind builds the GPT and calls the
+/// overload above. Throws as that one.
+std::unique_ptr<RankEngine> make_rank_engine(const ModelConfig& model, uint64_t seed, const ParallelConfig& parallel,
+                                             const TrainConfig& train, Collective& group,
+                                             const std::filesystem::path& offload_dir = {});
 
 }  // namespace dloco

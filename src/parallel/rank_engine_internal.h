@@ -16,6 +16,7 @@
 #include "core/check.h"
 #include "core/hash.h"
 #include "parallel/rank_engine.h"
+#include "parallel/zero.h"
 
 namespace dloco::rank_engine_detail {
 
@@ -23,6 +24,21 @@ namespace dloco::rank_engine_detail {
 inline std::pair<torch::Tensor, torch::Tensor> window_batch(const torch::Tensor& windows, int64_t w, int64_t B, int64_t T) {
   const auto row = windows[w];  // (B·T + 1)
   return {row.narrow(0, 0, B * T).view({B, T}), row.narrow(0, 1, B * T).view({B, T})};
+}
+
+// ZeroAdamW's hyperparameters from train/trainer.cc's recipe.
+inline ZeroOptions zero_options_of(const TrainConfig& train, int stage, const std::filesystem::path& offload_dir,
+                                   torch::ScalarType compute_dtype) {
+  ZeroOptions o;
+  o.stage = stage;
+  o.lr = train.lr;
+  o.beta1 = train.beta1;
+  o.beta2 = train.beta2;
+  o.eps = train.adam_eps;
+  o.weight_decay = train.weight_decay;
+  o.offload_dir = offload_dir;
+  o.compute_dtype = compute_dtype;
+  return o;
 }
 
 inline double max_norm_of(const TrainConfig& train) {
@@ -127,4 +143,9 @@ namespace dloco {
 /// The engine of pipeline = p (× tensor = t) groups (pipeline_engine.cc).
 std::unique_ptr<RankEngine> make_pipeline_engine(GPT full, const ParallelConfig& parallel, const TrainConfig& train,
                                                  Collective& group);
+/// The engine of zero = 3 × tensor = t groups (zero3_tp_engine.cc): from `full`, or (null) from `seed` by sharded
+/// initialisation.
+std::unique_ptr<RankEngine> make_zero3_tp_engine(const GPT* full, const ModelConfig& model, uint64_t seed,
+                                                 const ParallelConfig& parallel, const TrainConfig& train,
+                                                 Collective& group, const std::filesystem::path& offload_dir);
 }  // namespace dloco

@@ -2,6 +2,7 @@
 #include "parallel/tp_gpt.h"
 
 #include <cmath>
+#include <map>
 
 #include "core/check.h"
 
@@ -85,32 +86,78 @@ torch::Tensor TensorParallelBlockImpl::forward(const torch::Tensor& x, const tor
 
 TensorParallelGPTImpl::TensorParallelGPTImpl(const GPT& full, TensorParallelGroup& group)
     : cfg_(full->config()), group_(&group) {
-  check_divides(cfg_.vocab_size, group.world(), "model.vocab_size");
-  wte = register_module("wte", VocabParallelEmbedding(full->wte, group));
-  h = register_module("h", torch::nn::ModuleList());
-  for (size_t i = 0; i < full->h->size(); ++i) {
-    h->push_back(TensorParallelBlock(*full->h->ptr<BlockImpl>(i), cfg_, group));
+  build({[&] { return full->wte; }, [&](size_t i) { return Block(full->h->ptr<BlockImpl>(i)); },
+         [&] { return full->ln_f; }, [&] { return full->lm_head; }},
+        nullptr);
+}
+
+TensorParallelGPTImpl::TensorParallelGPTImpl(const ModelConfig& cfg, TensorParallelGroup& group,
+                                             const std::function<void(torch::nn::Module&)>& cut)
+    : cfg_(cfg), group_(&group) {
+  validate_model(cfg);
+  // GPTImpl's constructor, part by part (model/gpt.cc): the same modules in the same order draw the same values.
+  const int64_t V = cfg.vocab_size, C = cfg.d_model;
+  build({[&] { return torch::nn::Embedding(V, C); }, [&](size_t) { return Block(cfg); },
+         [&] { return RMSNorm(C, cfg.norm_eps); },
+         [&] { return torch::nn::Linear(torch::nn::LinearOptions(C, V).bias(false)); }},
+        cut);
+}
+
+void TensorParallelGPTImpl::build(const FullParts& parts, const std::function<void(torch::nn::Module&)>& cut) {
+  check_divides(cfg_.vocab_size, group_->world(), "model.vocab_size");
+  std::map<std::string, std::vector<int64_t>> full_sizes;  // every parameter's full shape, by full name
+  const auto record = [&](const std::string& prefix, torch::nn::Module& part) {
+    for (const auto& p : part.named_parameters()) full_sizes[prefix + "." + p.key()] = p.value().sizes().vec();
+  };
+  const auto done = [&](torch::nn::Module& part) {
+    if (cut) cut(part);
+  };
+  {
+    auto full_wte = parts.wte();
+    record("wte", *full_wte);
+    wte = register_module("wte", VocabParallelEmbedding(full_wte, *group_));
   }
-  ln_f = register_module("ln_f", copy_norm(*full->ln_f, cfg_));
-  if (!cfg_.tie_embeddings) lm_head = register_module("lm_head", ColumnParallelLinear(full->lm_head, group));
-  const auto buffers = full->named_buffers();
-  rope_cos_ = register_buffer("rope_cos", buffers["rope_cos"].clone());
-  rope_sin_ = register_buffer("rope_sin", buffers["rope_sin"].clone());
-  causal_ = register_buffer("causal", buffers["causal"].clone());
+  done(*wte);
+  h = register_module("h", torch::nn::ModuleList());
+  for (size_t i = 0; i < static_cast<size_t>(cfg_.n_layer); ++i) {
+    {
+      auto full_block = parts.block(i);
+      record("h." + std::to_string(i), *full_block);
+      h->push_back(TensorParallelBlock(*full_block, cfg_, *group_));
+    }
+    done(*h[i]);
+  }
+  {
+    auto full_ln_f = parts.ln_f();
+    record("ln_f", *full_ln_f);
+    ln_f = register_module("ln_f", copy_norm(*full_ln_f, cfg_));
+  }
+  done(*ln_f);
+  if (!cfg_.tie_embeddings) {
+    {
+      auto full_head = parts.lm_head();
+      record("lm_head", *full_head);
+      lm_head = register_module("lm_head", ColumnParallelLinear(full_head, *group_));
+    }
+    done(*lm_head);
+  }
+  const auto tables = GPTImpl::rope_and_mask(cfg_);  // the same values as the full model's buffers
+  rope_cos_ = register_buffer("rope_cos", tables.cos);
+  rope_sin_ = register_buffer("rope_sin", tables.sin);
+  causal_ = register_buffer("causal", tables.causal);
 
   // The split rule and full shape of every parameter, walking the modules as named_parameters() does (this
   // module holds no parameter itself, and cannot name itself before it sits in a shared_ptr).
-  const auto full_parameters = full->named_parameters();
   for (const auto& module : named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
     const auto* sharded = dynamic_cast<const ShardedModule*>(module.value().get());
     for (const auto& p : module.value()->named_parameters(/*recurse=*/false)) {
       const std::string name = module.key() + "." + p.key();
-      DLOCO_CHECK(full_parameters.contains(name));
+      DLOCO_CHECK(full_sizes.count(name) == 1);
       specs_.emplace_back(name, sharded ? sharded->shard_spec(p.key()) : ShardSpec{});
-      full_sizes_.emplace_back(name, full_parameters[name].sizes().vec());
+      full_sizes_.emplace_back(name, full_sizes.at(name));
     }
   }
-  DLOCO_CHECK_EQ(specs_.size(), full_parameters.size());
+  DLOCO_CHECK_EQ(specs_.size(), full_sizes.size());
 }
 
 torch::Tensor TensorParallelGPTImpl::forward(const torch::Tensor& idx) {
@@ -133,6 +180,13 @@ torch::Tensor TensorParallelGPTImpl::loss(const torch::Tensor& idx, const torch:
 ShardSpec TensorParallelGPTImpl::shard_spec(const std::string& parameter_name) const {
   for (const auto& [name, spec] : specs_) {
     if (name == parameter_name) return spec;
+  }
+  throw InputError("tensor-parallel GPT has no parameter '" + parameter_name + "'");
+}
+
+std::vector<int64_t> TensorParallelGPTImpl::full_size(const std::string& parameter_name) const {
+  for (const auto& [name, sizes] : full_sizes_) {
+    if (name == parameter_name) return sizes;
   }
   throw InputError("tensor-parallel GPT has no parameter '" + parameter_name + "'");
 }

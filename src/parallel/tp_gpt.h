@@ -16,6 +16,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -83,6 +84,13 @@ class TensorParallelGPTImpl : public torch::nn::Module {
   /// Shards `full` over `group` (copies; `full` is not kept). Throws InputError when NH, F or V is not a
   /// multiple of t.
   TensorParallelGPTImpl(const GPT& full, TensorParallelGroup& group);
+  /// Built part by part without a full GPT (sharded initialisation, parallel/sharded_init.h): each part of the full
+  /// model — wte, block 0 … L − 1, ln_f, lm_head (untied) — is constructed exactly as GPT(cfg)'s constructor does
+  /// (so torch's default generator makes the same draws), sharded, and freed before the next, and `cut` is called
+  /// with each TP part once it holds its shards (it may replace their storage). The parameters hold the
+  /// constructors' values, not GPT's final initialisation. Throws InputError as the other constructor.
+  TensorParallelGPTImpl(const ModelConfig& cfg, TensorParallelGroup& group,
+                        const std::function<void(torch::nn::Module&)>& cut);
 
   /// idx: (B, T) int64 token ids, the same on every rank, T ≤ seq_len. Returns this rank's logits (B, T, V/t),
   /// vocabulary ids [r·V/t, (r+1)·V/t).
@@ -105,6 +113,8 @@ class TensorParallelGPTImpl : public torch::nn::Module {
   double clip_grad_norm(double max_norm);
   /// The split rule of a parameter, by its full name; throws InputError for an unknown name.
   ShardSpec shard_spec(const std::string& parameter_name) const;
+  /// The full-model shape of a parameter, by its full name; throws InputError for an unknown name.
+  std::vector<int64_t> full_size(const std::string& parameter_name) const;
 
   const ModelConfig& config() const { return cfg_; }
 
@@ -114,6 +124,15 @@ class TensorParallelGPTImpl : public torch::nn::Module {
   ColumnParallelLinear lm_head{nullptr};  // null when tied
 
  private:
+  // The parts of a full GPT, one at a time, in its construction order; `cut` as in the constructor (may be null).
+  struct FullParts {
+    std::function<torch::nn::Embedding()> wte;
+    std::function<Block(size_t)> block;
+    std::function<RMSNorm()> ln_f;
+    std::function<torch::nn::Linear()> lm_head;  // untied only
+  };
+  void build(const FullParts& parts, const std::function<void(torch::nn::Module&)>& cut);
+
   ModelConfig cfg_;
   TensorParallelGroup* group_;
   std::vector<std::pair<std::string, ShardSpec>> specs_;                  // every parameter, named_parameters() order

@@ -11,8 +11,12 @@
 namespace dloco {
 
 namespace {
-// Fills `unit`'s layout from its params for rank `rank` of N, flattening the current values; see Unit.
-void build_unit(ZeroAdamW::Unit& u, int N, int rank, bool keep_full) {
+// Lays `unit` out from its params' shapes for rank `rank` of N (offsets, padding, slice, the decayed and counted
+// ranges of the slice; `replicated[i]`: parameter i is whole on every TP rank and counted only where `count_replicated`),
+// then fills it: stages 1, 2 flatten the current values and the params become views of `flat` (keep_full); stage 3
+// keeps the slice only — of the current values, or of what `init` writes — and releases the params.
+void build_unit(ZeroAdamW::Unit& u, int N, int rank, bool keep_full, const std::vector<bool>& replicated,
+                bool count_replicated, const ZeroUnitInit& init) {
   torch::NoGradGuard no_grad;
   for (const auto& p : u.params) {
     u.offsets.push_back(u.numel);
@@ -21,21 +25,25 @@ void build_unit(ZeroAdamW::Unit& u, int N, int rank, bool keep_full) {
   }
   u.padded = (u.numel + N - 1) / N * N;
   u.shard = u.padded / N;
-  auto flat = torch::zeros({u.padded});  // (padded); the tail past numel stays 0
-  for (size_t i = 0; i < u.params.size(); ++i) {
-    flat.narrow(0, u.offsets[i], u.params[i].numel()).copy_(u.params[i].reshape({-1}));
-  }
   const int64_t begin = rank * u.shard, end = begin + u.shard;
   for (size_t i = 0; i < u.params.size(); ++i) {
     const int64_t a = std::max(begin, u.offsets[i]), b = std::min(end, u.offsets[i] + u.params[i].numel());
-    if (u.params[i].dim() >= 2 && a < b) u.decay.emplace_back(a - begin, b - a);
+    if (a >= b) continue;
+    if (u.params[i].dim() >= 2) u.decay.emplace_back(a - begin, b - a);
+    if (count_replicated || !replicated[i]) u.counted.emplace_back(a - begin, b - a);
+  }
+  auto flat = torch::zeros({u.padded});  // (padded); the tail past numel stays 0
+  std::vector<torch::Tensor> views;
+  for (size_t i = 0; i < u.params.size(); ++i) views.push_back(flat.narrow(0, u.offsets[i], u.params[i].numel()).view(u.shapes[i]));
+  if (init) {
+    init(u.names, views);
+  } else {
+    for (size_t i = 0; i < u.params.size(); ++i) views[i].copy_(u.params[i]);
   }
   if (keep_full) {
     u.flat = flat;
     u.slice = flat.narrow(0, begin, u.shard);  // a view: the step updates the model in place
-    for (size_t i = 0; i < u.params.size(); ++i) {
-      u.params[i].set_data(flat.narrow(0, u.offsets[i], u.params[i].numel()).view(u.shapes[i]));
-    }
+    for (size_t i = 0; i < u.params.size(); ++i) u.params[i].set_data(views[i]);
   } else {
     u.slice = flat.narrow(0, begin, u.shard).clone();
     for (auto& p : u.params) p.set_data(torch::empty({0}));  // released until gathered
@@ -100,7 +108,25 @@ struct ZeroUnitFunction : torch::autograd::Function<ZeroUnitFunction> {
 };
 
 ZeroAdamW::ZeroAdamW(GPT model, Collective& group, ZeroOptions options)
-    : model_(std::move(model)), group_(group), options_(options) {
+    : model_(std::move(model)), cfg_(model_->config()), group_(group), options_(options) {
+  check_options(cfg_);
+  auto buffers = model_->named_buffers();
+  build_units(model_->named_parameters(), {buffers["rope_cos"], buffers["rope_sin"], buffers["causal"]}, {});
+}
+
+ZeroAdamW::ZeroAdamW(TensorParallelGPT model, TensorParallelGroup& tensor, Collective& group, ZeroOptions options,
+                     const ZeroUnitInit& init)
+    : model_(nullptr), tp_model_(std::move(model)), tp_(&tensor), cfg_(tp_model_->config()), group_(group),
+      options_(options) {
+  if (options_.stage != 3) {
+    throw InputError("ZeRO with tensor parallelism shards the parameters: stage 3 (ZeRO-1 with tensor parallelism "
+                     "is the distributed optimizer)");
+  }
+  check_options(cfg_);
+  build_units(tp_model_->named_parameters(), GPTImpl::rope_and_mask(cfg_), init);
+}
+
+void ZeroAdamW::check_options(const ModelConfig& cfg) const {
   if (options_.stage < 1 || options_.stage > 3) {
     throw InputError("ZeRO stage " + std::to_string(options_.stage) + " does not exist; use 1, 2 or 3");
   }
@@ -108,13 +134,21 @@ ZeroAdamW::ZeroAdamW(GPT model, Collective& group, ZeroOptions options)
     throw InputError("ZeroOptions::all_reduce_gradients applies to stage 1 only (stage " +
                      std::to_string(options_.stage) + " reduces gradients to their owners)");
   }
-  if (options_.stage == 3 && model_->config().tie_embeddings) {
+  if (options_.stage == 3 && cfg.tie_embeddings) {
     throw InputError("ZeRO-3 here shards the embedding and the head as separate units: set tie_embeddings = false");
   }
+  if (options_.compute_dtype != torch::kFloat && (options_.compute_dtype != torch::kBFloat16 || options_.stage != 3)) {
+    throw InputError("ZeroAdamW computes in fp32, or in bf16 at stage 3");
+  }
+}
+
+void ZeroAdamW::build_units(const torch::OrderedDict<std::string, torch::Tensor>& named, const GPTImpl::Tables& tables,
+                            const ZeroUnitInit& init) {
   const int N = group_.world();
-  const int64_t L = model_->config().n_layer;
+  const int64_t L = cfg_.n_layer;
   units_.resize(options_.stage == 3 ? static_cast<size_t>(L + 2) : 1);
-  for (const auto& item : model_->named_parameters()) {
+  std::vector<std::vector<bool>> replicated(units_.size());
+  for (const auto& item : named) {
     const std::string& name = item.key();
     size_t unit = 0;  // stages 1, 2: one unit; stage 3: wte | h.<i> | head (ln_f, lm_head)
     if (options_.stage == 3) {
@@ -124,12 +158,14 @@ ZeroAdamW::ZeroAdamW(GPT model, Collective& group, ZeroOptions options)
     }
     units_[unit].params.push_back(item.value());
     units_[unit].names.push_back(name);
+    replicated[unit].push_back(tp_model_ && tp_model_->shard_spec(name).replicated());
     parameter_count_ += item.value().numel();
   }
   for (auto& u : units_) {
-    build_unit(u, N, group_.rank(), /*keep_full=*/options_.stage < 3);
+    const size_t k = static_cast<size_t>(&u - units_.data());
+    build_unit(u, N, group_.rank(), /*keep_full=*/options_.stage < 3, replicated[k], tp_ == nullptr || tp_->rank() == 0,
+               init);
     if (!options_.offload_dir.empty()) {  // m, v in a zero-filled mapped file instead of anonymous memory
-      const size_t k = static_cast<size_t>(&u - units_.data());
       // v starts on a page boundary (1024 floats = 4 KiB), so whole pages of both moments can be released.
       const int64_t v_at = (u.shard + 1023) / 1024 * 1024;
       u.offload = std::make_unique<MappedState>(
@@ -145,10 +181,9 @@ ZeroAdamW::ZeroAdamW(GPT model, Collective& group, ZeroOptions options)
       hooks_.emplace_back(p, p.register_hook([this, k](const torch::Tensor& grad) { on_gradient(k, grad); }));
     }
   }
-  auto buffers = model_->named_buffers();
-  rope_cos_ = buffers["rope_cos"];
-  rope_sin_ = buffers["rope_sin"];
-  causal_ = buffers["causal"];
+  rope_cos_ = tables.cos.to(options_.compute_dtype);
+  rope_sin_ = tables.sin.to(options_.compute_dtype);
+  causal_ = tables.causal.to(options_.compute_dtype);
 }
 
 ZeroAdamW::~ZeroAdamW() {
@@ -156,8 +191,12 @@ ZeroAdamW::~ZeroAdamW() {
 }
 
 void ZeroAdamW::gather(Unit& u) {
-  auto full = torch::empty({u.padded});  // (padded)
-  group_.all_gather_flat(full, u.slice);
+  auto full = torch::empty({u.padded}, options_.compute_dtype);  // (padded)
+  if (options_.compute_dtype == torch::kBFloat16) {  // rounded once, moved as 2-byte words (Gloo has no bf16)
+    group_.all_gather_flat(full.view(torch::kHalf), u.slice.to(torch::kBFloat16).view(torch::kHalf));
+  } else {
+    group_.all_gather_flat(full, u.slice);
+  }
   for (size_t i = 0; i < u.params.size(); ++i) {
     u.params[i].set_data(full.narrow(0, u.offsets[i], c10::multiply_integers(u.shapes[i])).view(u.shapes[i]));
   }
@@ -167,19 +206,25 @@ void ZeroAdamW::gather(Unit& u) {
 
 void ZeroAdamW::release(Unit& u) {
   for (auto& p : u.params) p.set_data(torch::empty({0}));
-  live_gathered_bytes_ -= u.padded * static_cast<int64_t>(sizeof(float));
+  live_gathered_bytes_ -= u.padded * static_cast<int64_t>(c10::elementSize(options_.compute_dtype));
 }
 
 torch::Tensor ZeroAdamW::run_unit(size_t unit, const torch::Tensor& x, const torch::Tensor& aux) {
-  const int64_t L = model_->config().n_layer;
-  if (unit == 0) return model_->wte(x);  // (B, T) -> (B, T, C)
+  const int64_t L = cfg_.n_layer;
+  if (unit == 0) return tp_model_ ? tp_model_->wte(x) : model_->wte(x);  // (B, T) -> (B, T, C)
   if (unit <= static_cast<size_t>(L)) {
     const int64_t T = x.size(1);
-    return model_->h[unit - 1]->as<Block>()->forward(x, rope_cos_.narrow(0, 0, T), rope_sin_.narrow(0, 0, T),
-                                                      causal_.narrow(0, 0, T).narrow(1, 0, T));  // (B, T, C)
+    const auto cos = rope_cos_.narrow(0, 0, T), sin = rope_sin_.narrow(0, 0, T);
+    const auto causal = causal_.narrow(0, 0, T).narrow(1, 0, T);
+    if (tp_model_) return tp_model_->h[unit - 1]->as<TensorParallelBlock>()->forward(x, cos, sin, causal);
+    return model_->h[unit - 1]->as<Block>()->forward(x, cos, sin, causal);  // (B, T, C)
   }
-  auto logits = model_->lm_head(model_->ln_f(x));  // (B, T, V)
-  return cross_entropy(logits.view({-1, model_->config().vocab_size}), aux.reshape({-1}));
+  if (tp_model_) {  // this rank's (B, T, V/t) logits, the vocab-parallel cross-entropy in fp32
+    auto logits = tp_model_->lm_head(tp_model_->ln_f(x)).to(torch::kFloat);
+    return vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), aux.reshape({-1}), *tp_);
+  }
+  auto logits = model_->lm_head(model_->ln_f(x)).to(torch::kFloat);  // (B, T, V), the loss in fp32
+  return cross_entropy(logits.view({-1, cfg_.vocab_size}), aux.reshape({-1}));
 }
 
 void ZeroAdamW::reduce_unit_gradient(Unit& u, const std::vector<torch::Tensor>& grads) {
@@ -218,7 +263,7 @@ void ZeroAdamW::on_gradient(size_t k, const torch::Tensor& grad) {
 }
 
 torch::Tensor ZeroAdamW::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
-  if (options_.stage < 3) return model_->loss(idx, targets);
+  if (options_.stage < 3) return model_->loss(idx, targets);  // stages 1, 2 have no TP model
   const auto L = static_cast<int64_t>(units_.size()) - 2;
   const auto no_aux = torch::empty({0}, torch::kLong);  // (0) autograd functions take no undefined inputs
   auto x = ZeroUnitFunction::apply(idx, no_aux, units_[0].anchor, this, int64_t{0});  // (B, T, C)
@@ -296,10 +341,14 @@ ZeroStepStats ZeroAdamW::step(double max_grad_norm, bool skip) {
       offset += u.grad.numel();
     }
   }
-  // ‖g‖ over the whole model: the slices partition it (the padding is zero), so Σ over ranks of Σ over slices.
+  // ‖g‖ over the whole model: the slices partition it (the padding is zero), so Σ over ranks of Σ over slices;
+  // with TP, then Σ over the TP ranks, each replicated gain counted on TP rank 0 only.
   auto square_sum = torch::zeros({1}, torch::kDouble);
-  for (const auto& u : units_) square_sum += u.grad.to(torch::kDouble).square().sum();
+  for (const auto& u : units_) {
+    for (const auto& [start, length] : u.counted) square_sum += u.grad.narrow(0, start, length).to(torch::kDouble).square().sum();
+  }
   group_.allreduce_sum(square_sum);
+  if (tp_ != nullptr) tp_->allreduce_sum(square_sum, TensorParallelCall::kNorm);
   ZeroStepStats stats;
   stats.grad_norm = std::sqrt(square_sum.item<double>());
   stats.skipped = skip || !std::isfinite(stats.grad_norm);

@@ -22,12 +22,23 @@
 // Global-norm clipping and the non-finite guard of train/trainer.cc run on the reduced slices (one all-reduce of a
 // scalar), so every rank takes the same decision.
 // Offload (ZeroOptions::offload_dir): m and v in mapped files that each step streams through (parallel/offload.h).
-// Deliberately not here: bucketing and overlap of communication with compute, mixed precision.
+// ZeRO-3 × tensor parallelism (FSDP × TP, torchtitan's 2D layout): the model is a TensorParallelGPT (tp_gpt.h) and
+// the units are its TP-local parts, sharded over the data-parallel group of one TP index; a unit's forward runs
+// the TP part (its f/g all-reduces over the TP group) between the DP all-gather and the release. Every rank sees
+// the same sequence DP gather, TP collectives, DP reduce-scatter, so the two groups cannot deadlock. The global
+// norm adds the TP ranks' sums, replicated gains counted on TP rank 0 only.
+// bf16 (ZeroOptions::compute_dtype, stage 3): the slices stay fp32 (the masters); a unit is gathered as bf16
+// (rounded once, moved as 2-byte words: Gloo has no bf16), runs in bf16 with an fp32 loss, and its bf16 gradient
+// is widened to fp32 before the reduce-scatter (fp32 main gradients, as torchtitan's FSDP2 mixed precision with
+// reduce_dtype = fp32). Per parameter held: (4 master + 4 gradient + 8 m, v) / N bytes, plus one gathered unit.
+// Deliberately not here: bucketing and overlap of communication with compute, bf16 at stages 1 and 2 (the
+// distributed optimizer covers ZeRO-1 in bf16: parallel/distributed_optimizer.h).
 #pragma once
 
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <string>
 #include <utility>
@@ -35,6 +46,7 @@
 
 #include "collective/process_group.h"
 #include "model/gpt.h"
+#include "parallel/tp_gpt.h"
 
 namespace dloco {
 
@@ -51,7 +63,13 @@ struct ZeroOptions {
   std::filesystem::path offload_dir;  // non-empty: m and v live in mapped files here and leave the resident set
                                       // after every step (parallel/offload.h; ZeRO-Offload)
   int64_t offload_chunk = 1 << 18;    // elements the offloaded step updates before handing their pages back
+  torch::ScalarType compute_dtype = torch::kFloat;  // kBFloat16 (stage 3): bf16 forward and backward, fp32 slices
 };
+
+/// Sharded initialisation (parallel/sharded_init.h): instead of flattening the model's values, ZeroAdamW calls it
+/// once per stage-3 unit, in unit order, with the unit's parameter names and a view of each (the model's — with
+/// tensor parallelism the TP-local — shape, fp32) to fill; it keeps this rank's slice and drops the rest.
+using ZeroUnitInit = std::function<void(const std::vector<std::string>& names, std::vector<torch::Tensor>& values)>;
 
 /// Live tensor bytes of model state on this rank (counted from the tensors' sizes, not RSS).
 struct ZeroMemory {
@@ -78,6 +96,11 @@ class ZeroAdamW {
   /// Takes over `model`'s parameter storage (stages 1, 2: views of one flat buffer; stage 3: released, only the
   /// slices stay). Throws InputError for a stage outside 1..3 or stage 3 with tied embeddings.
   ZeroAdamW(GPT model, Collective& group, ZeroOptions options);
+  /// ZeRO-3 × TP: `model` is this rank's TP part, `tensor` its TP group, `group` the DP group of its TP index.
+  /// With `init`, the model's tensors are placeholders of the right shapes (their values are never read) and
+  /// `init` gives the values unit by unit. Throws InputError unless options.stage = 3 and embeddings are untied.
+  ZeroAdamW(TensorParallelGPT model, TensorParallelGroup& tensor, Collective& group, ZeroOptions options,
+            const ZeroUnitInit& init = {});
   ~ZeroAdamW();
   ZeroAdamW(const ZeroAdamW&) = delete;
   ZeroAdamW& operator=(const ZeroAdamW&) = delete;
@@ -104,9 +127,10 @@ class ZeroAdamW {
   /// save_checkpoint_files (train/checkpoint.h): the safetensors format stays unchanged.
   std::vector<std::pair<std::string, torch::Tensor>> gather_full(int root = 0, int moment = 0);
 
-  /// The full parameter `name` (model->named_parameters() name and shape) on rank `root`, undefined elsewhere.
-  /// Stages 1, 2: a copy of the local one (no communication); stage 3: every rank must call it (all-gathers the
-  /// parameter's unit). Throws InputError for an unknown name, CollectiveError.
+  /// The full parameter `name` (model->named_parameters() name and shape; with TP this rank's TP part) on rank
+  /// `root` (−1: every rank), undefined elsewhere. Stages 1, 2: a copy of the local one (no communication); stage
+  /// 3: every rank must call it (all-gathers the parameter's unit, fp32). Throws InputError for an unknown name,
+  /// CollectiveError.
   torch::Tensor gather_parameter(const std::string& name, int root = 0);
   /// Overwrites parameter `name` with `full` (its full shape; the same on every rank) in place: stages 1, 2 the
   /// local copy, stage 3 this rank's part of its slice. Moments are kept. Local; throws InputError on an unknown
@@ -122,6 +146,15 @@ class ZeroAdamW {
   /// Live bytes per category now (see ZeroMemory); call between backward() and step() for the gradient peak.
   ZeroMemory memory() const;
   int stage() const { return options_.stage; }
+  const ModelConfig& config() const { return cfg_; }
+  torch::ScalarType compute_dtype() const { return options_.compute_dtype; }
+  /// ZeRO-3 × TP: this rank's TP part (its tensors are released between units; for shard_spec and full_size);
+  /// null without TP.
+  const TensorParallelGPT& tensor_parallel_model() const { return tp_model_; }
+  /// ZeRO-3 × TP: the parts of this rank's slices that hold replicated parameters (norm gains), named
+  /// "<name>[a, b)" by their element range in the parameter; the TP ranks of one DP index hold the same ones.
+  /// Empty without TP. For the replica check (parallel/rank_engine.h replica_mismatch). Local.
+  std::vector<std::pair<std::string, torch::Tensor>> replicated_slices() const;
   bool offloaded() const { return !options_.offload_dir.empty(); }
   /// Σ numel of the model's parameters (Ψ), without padding.
   int64_t parameter_count() const { return parameter_count_; }
@@ -131,6 +164,9 @@ class ZeroAdamW {
  private:
   std::pair<Unit*, size_t> find(const std::string& name);  // the unit holding parameter `name` and its index there
   friend struct ZeroUnitFunction;
+  void check_options(const ModelConfig& cfg) const;
+  void build_units(const torch::OrderedDict<std::string, torch::Tensor>& named, const GPTImpl::Tables& tables,
+                   const ZeroUnitInit& init);
   void gather(Unit& unit);
   void release(Unit& unit);
   torch::Tensor run_unit(size_t unit, const torch::Tensor& x, const torch::Tensor& aux);
@@ -138,7 +174,10 @@ class ZeroAdamW {
   void on_gradient(size_t param, const torch::Tensor& grad);
   void adamw_on_slice(Unit& unit);
 
-  GPT model_;
+  GPT model_;                               // null with TP
+  TensorParallelGPT tp_model_{nullptr};     // ZeRO-3 × TP: this rank's TP part
+  TensorParallelGroup* tp_ = nullptr;       // its TP group
+  ModelConfig cfg_;
   Collective& group_;
   Collective* replicas_ = nullptr;
   ZeroOptions options_;
@@ -148,7 +187,7 @@ class ZeroAdamW {
   // stage 2: parameters whose hook has run since the last free (their full .grad is freed at the next hook)
   std::vector<size_t> reduced_;
   std::vector<std::pair<torch::Tensor, unsigned>> hooks_;  // stage 2: (parameter, hook handle), removed on destruction
-  torch::Tensor rope_cos_, rope_sin_, causal_;             // the model's buffers (T, hs/2), (T, hs/2), (T, T)
+  torch::Tensor rope_cos_, rope_sin_, causal_;  // the model's buffers (T, hs/2), (T, hs/2), (T, T), compute dtype
   int64_t live_full_gradient_bytes_ = 0, peak_full_gradient_bytes_ = 0;
   int64_t live_gathered_bytes_ = 0, peak_gathered_bytes_ = 0;
 };

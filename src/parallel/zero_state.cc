@@ -20,12 +20,30 @@ std::pair<ZeroAdamW::Unit*, size_t> ZeroAdamW::find(const std::string& name) {
 torch::Tensor ZeroAdamW::gather_parameter(const std::string& name, int root) {
   auto [u, i] = find(name);
   const int64_t n = c10::multiply_integers(u->shapes[i]);
+  const bool mine = root < 0 || group_.rank() == root;
   if (options_.stage < 3) {
-    return group_.rank() == root ? u->flat.narrow(0, u->offsets[i], n).view(u->shapes[i]).clone() : torch::Tensor();
+    return mine ? u->flat.narrow(0, u->offsets[i], n).view(u->shapes[i]).clone() : torch::Tensor();
   }
   auto full = torch::empty({u->padded});  // (padded) the parameter's unit
   group_.all_gather_flat(full, u->slice);
-  return group_.rank() == root ? full.narrow(0, u->offsets[i], n).view(u->shapes[i]).clone() : torch::Tensor();
+  return mine ? full.narrow(0, u->offsets[i], n).view(u->shapes[i]).clone() : torch::Tensor();
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> ZeroAdamW::replicated_slices() const {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  if (!tp_model_) return out;
+  for (const auto& u : units_) {
+    const int64_t begin = group_.rank() * u.shard;
+    for (size_t i = 0; i < u.names.size(); ++i) {
+      if (!tp_model_->shard_spec(u.names[i]).replicated()) continue;
+      const int64_t n = c10::multiply_integers(u.shapes[i]);
+      const int64_t a = std::max(begin, u.offsets[i]), b = std::min(begin + u.shard, u.offsets[i] + n);
+      if (a >= b) continue;
+      out.emplace_back(u.names[i] + "[" + std::to_string(a - u.offsets[i]) + ", " + std::to_string(b - u.offsets[i]) + ")",
+                       u.slice.narrow(0, a - begin, b - a));
+    }
+  }
+  return out;
 }
 
 void ZeroAdamW::set_parameter(const std::string& name, const torch::Tensor& full) {

@@ -26,6 +26,8 @@ struct ZeroAdamW::Unit {
                                              // before the views below so that it outlives them
   torch::Tensor exp_avg, exp_avg_sq;         // (S) AdamW's m and v (views of `offload` when offloaded)
   std::vector<std::pair<int64_t, int64_t>> decay;  // (start, length) ranges of the slice with weight decay
+  std::vector<std::pair<int64_t, int64_t>> counted;  // ranges of the slice this rank adds to ‖g‖² (with TP, the
+                                                     // replicated gains on TP rank 0 only)
   torch::Tensor anchor;  // (0) requires grad: makes autograd call the unit's backward even when its input has none
 };
 

@@ -52,10 +52,20 @@ TEST(ParallelConfig, RefusalsNameTheKeyAndWhy) {
   EXPECT_EQ(error_of(t + "[parallel]\ntensor = 2\ndata = 2\n"), "") << "TP × DP is supported";
   EXPECT_EQ(error_of(t + "[parallel]\ntensor = 2\npipeline = 2\ndata = 2\nzero = 1\n"), "")
       << "Megatron's layout: TP × PP × DP with the distributed optimizer";
-  EXPECT_NE(error_of(t + "[parallel]\ntensor = 2\ndata = 2\nzero = 2\n").find("ZeRO-2 and ZeRO-3 run in purely"),
+  EXPECT_NE(error_of(t + "[parallel]\ntensor = 2\ndata = 2\nzero = 2\n").find("= 2 with tensor = 2 is not built"),
+            std::string::npos);
+  EXPECT_NE(error_of(t + "[parallel]\npipeline = 2\ndata = 2\nzero = 3\n").find("DeepSpeed refuses"),
             std::string::npos);
   EXPECT_NE(error_of(t + "[parallel]\npipeline = 2\ndata = 2\nzero = 1\noffload = true\n")
-                .find("parallel.offload is wired into purely data-parallel ZeRO groups only"),
+                .find("parallel.offload is wired into ZeRO groups without pipelines only"),
+            std::string::npos);
+  const std::string untied = "[model]\npreset = \"tiny\"\ntie_embeddings = false\n[diloco]\nlearners = 2\n";
+  EXPECT_EQ(error_of(untied + "[parallel]\nprecision = \"bf16\"\ntensor = 2\ndata = 2\nzero = 3\n"
+                              "offload = true\ncheckpoint_activations = true\n"),
+            "")
+      << "ZeRO-3 × TP (FSDP × TP) in bf16, offloaded, checkpointed";
+  EXPECT_EQ(error_of(untied + "[parallel]\nprecision = \"bf16\"\ndata = 2\nzero = 3\n"), "") << "bf16 ZeRO-3";
+  EXPECT_NE(error_of(t + "[parallel]\nprecision = \"bf16\"\ndata = 2\nzero = 2\n").find("not with ZeRO-2"),
             std::string::npos);
   EXPECT_EQ(error_of(t + "[parallel]\ntensor = 2\npipeline = 2\n"), "") << "tensor × pipeline is supported";
   EXPECT_NE(error_of(t + "[parallel]\nzero = 2\n").find("parallel.zero shards over the data-parallel ranks"),
@@ -68,8 +78,8 @@ TEST(ParallelConfig, RefusalsNameTheKeyAndWhy) {
   EXPECT_NE(error_of(t + "[parallel]\npipeline = 3\n").find("must not exceed model.n_layer (2)"), std::string::npos);
   EXPECT_EQ(error_of(t + "[parallel]\nprecision = \"bf16\"\ntensor = 2\npipeline = 2\ndata = 2\nzero = 1\n"), "")
       << "Megatron's layout in bf16";
-  EXPECT_NE(error_of(t + "[parallel]\nprecision = \"bf16\"\ndata = 2\nzero = 1\n").find("in a purely data-parallel"),
-            std::string::npos);
+  EXPECT_EQ(error_of(t + "[parallel]\nprecision = \"bf16\"\ndata = 2\nzero = 1\n"), "")
+      << "the distributed optimizer in a purely data-parallel bf16 group";
   EXPECT_EQ(error_of(t + "[parallel]\nprecision = \"bf16\"\n"), "") << "a one-process bf16 learner";
   EXPECT_NE(error_of(t + "[parallel]\nprecision = \"fp16\"\n").find("fp16 matmul does not exist"), std::string::npos);
   EXPECT_NE(error_of(t + "[parallel]\noffload = true\n").find("set data > 1 and zero ≥ 1"), std::string::npos);
