@@ -274,9 +274,9 @@ std::unique_ptr<InnerJob> Worker::make_job() {
     return job;
   }
   auto group = ranks_->join();
-  torch::manual_seed(config_.run.seed + 1 + static_cast<uint64_t>(slot_));  // the ranks' initial GPT (run_group_rank)
-  auto engine = make_group_engine(GPT(config_.model), parallel_, config_.train, *group,
-                                 options_.run_dir / "offload" / ("learner_" + std::to_string(slot_) + "_rank_0"));
+  auto engine = make_group_engine(config_.model, config_.run.seed + 1 + static_cast<uint64_t>(slot_),  // Θ₀
+                                  parallel_, config_.train, *group,
+                                  options_.run_dir / "offload" / ("learner_" + std::to_string(slot_) + "_rank_0"));
   if (mode_ == Mode::kDp) engine->set_replicas(&group_);  // the leaders are rank 0 of every group
   events_.emit("group_formed", {{"ranks", parallel_.ranks()}, {"group", engine->describe()},
                                 {"store", ranks_->store()}, {"pids", ranks_->pids()}});

@@ -23,4 +23,15 @@ inline std::unique_ptr<RankEngine> make_group_engine(GPT full, const ParallelCon
   return make_skippipe_engine(std::move(full), parallel, train, group);
 }
 
+/// The same from the model config and the seed of the initial GPT: a ZeRO-3 × TP group initialises its slices
+/// without building the model (parallel/sharded_init.h, bitwise the same Θ₀); every other kind builds GPT(model)
+/// after torch::manual_seed(seed).
+inline std::unique_ptr<RankEngine> make_group_engine(const ModelConfig& model, uint64_t seed,
+                                                     const ParallelConfig& parallel, const TrainConfig& train,
+                                                     Collective& group, const std::filesystem::path& offload_dir = {}) {
+  if (!parallel.skippipe()) return make_rank_engine(model, seed, parallel, train, group, offload_dir);
+  torch::manual_seed(seed);
+  return make_group_engine(GPT(model), parallel, train, group, offload_dir);
+}
+
 }  // namespace dloco

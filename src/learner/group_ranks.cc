@@ -144,9 +144,9 @@ int run_group_rank(const Config& config, const GroupRankOptions& options) {
   fs::create_directories(options.run_dir / "events");
   const std::string who = "learner_" + std::to_string(options.id) + "_rank_" + std::to_string(options.rank);
   EventLog events(options.run_dir / "events" / (who + ".jsonl"), Role::kLearner, options.id);
-  torch::manual_seed(config.run.seed + 1 + static_cast<uint64_t>(options.id));  // the leader's initial GPT
-  GPT model(config.model);
-  const FragmentLayout layout = model_layout(model, config.diloco);
+  // The leader's initial GPT: built here only when the group kind needs it whole (not ZeRO-3 × TP's sharded init).
+  const uint64_t seed = config.run.seed + 1 + static_cast<uint64_t>(options.id);
+  const FragmentLayout layout = model_layout(config.model, config.diloco);
   try {
     CollectiveOptions o;
     apply_run_security(o, config);
@@ -157,7 +157,7 @@ int run_group_rank(const Config& config, const GroupRankOptions& options) {
     o.timeout_s = group_timeout_s(config, options.id);
     o.rendezvous_timeout_s = rendezvous_s(options.group, 120, o.timeout_s);  // the leader passes its own
     Collective group(o);
-    auto engine = make_group_engine(model, parallel, config.train, group, options.run_dir / "offload" / who);
+    auto engine = make_group_engine(config.model, seed, parallel, config.train, group, options.run_dir / "offload" / who);
     std::unique_ptr<Collective> replicas;  // the dp baseline: this rank of every learner
     if (options.group.replicas > 0) {  // checked above
       CollectiveOptions ro = o;

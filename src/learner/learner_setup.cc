@@ -72,9 +72,9 @@ std::unique_ptr<InnerJob> make_inner_job(const Config& config, int id, const fs:
   }
   const ParallelConfig& parallel = config.parallel_for(id);
   auto group = ranks->join();
-  torch::manual_seed(config.run.seed + 1 + static_cast<uint64_t>(id));  // the ranks' initial GPT
-  auto engine = make_group_engine(GPT(config.model), parallel, config.train, *group,
-                                 run_dir / "offload" / ("learner_" + std::to_string(id) + "_rank_0"));
+  auto engine = make_group_engine(config.model, config.run.seed + 1 + static_cast<uint64_t>(id),  // the ranks' Θ₀
+                                  parallel, config.train, *group,
+                                  run_dir / "offload" / ("learner_" + std::to_string(id) + "_rank_0"));
   events.emit("group_formed", {{"ranks", parallel.ranks()}, {"group", engine->describe()},
                                {"store", ranks->store()}, {"pids", ranks->pids()}});
   spdlog::info("[learner {}] a group of {} ranks: {}", id, static_cast<long long>(parallel.ranks()),

@@ -65,7 +65,7 @@ class PipelineEngine final : public RankEngine {
   EngineStep step(const torch::Tensor& windows, double lr) override {
     rank_fault_step(group_.rank());
     if (distributed_) return distributed_step(windows, lr);
-    const int64_t W = windows.size(0), B = train_.batch_size, T = stage_->config().seq_len;
+    const int64_t W = windows.size(0);
     set_lr(*adamw_, lr);
     stage_->zero_grad();
     EngineStep r;
@@ -73,13 +73,8 @@ class PipelineEngine final : public RankEngine {
     // An iteration ends with the tied-embedding exchange, which adds the peer's whole .grad: each window's
     // gradients are therefore taken out of .grad before the next (else the first window's would be added twice).
     std::vector<torch::Tensor> sum(params.size());
-    const int64_t b = B / d_;  // rows of each window this replica trains
     for (int64_t w = 0; w < W; ++w) {
-      const auto [x, y] = window_batch(windows, w, B, T);
-      r.loss += run_pipeline_iteration(*stage_, pipeline(), schedule_, x.narrow(0, dp_index_ * b, b),
-                                       y.narrow(0, dp_index_ * b, b))
-                    .loss /
-                static_cast<double>(W);
+      r.loss += run_window(windows, w) / static_cast<double>(W);
       if (W == 1) break;
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < params.size(); ++i) {
@@ -290,8 +285,17 @@ class PipelineEngine final : public RankEngine {
   // One step under the distributed optimizer: each window's gradients go into the fp32 main gradients (so the
   // tied-embedding exchange's .grad never carries an earlier window), the loss is averaged over the replicas, the
   // gradient reduce-scattered over them, ‖g‖² summed over every rank's slice, then clip and AdamW on the slices.
+  // One pipeline iteration over this replica's rows [dp·B/d, (dp+1)·B/d) of window w; returns its mean loss.
+  double run_window(const torch::Tensor& windows, int64_t w) {
+    const int64_t B = train_.batch_size, b = B / d_;
+    const auto [x, y] = window_batch(windows, w, B, stage_->config().seq_len);
+    return run_pipeline_iteration(*stage_, pipeline(), schedule_, x.narrow(0, dp_index_ * b, b),
+                                  y.narrow(0, dp_index_ * b, b))
+        .loss;
+  }
+
   EngineStep distributed_step(const torch::Tensor& windows, double lr) {
-    const int64_t W = windows.size(0), B = train_.batch_size, T = stage_->config().seq_len, b = B / d_;
+    const int64_t W = windows.size(0);
     auto params = stage_->parameters();
     const auto& main = distributed_->main_grads();
     distributed_->zero_grad();
@@ -299,11 +303,7 @@ class PipelineEngine final : public RankEngine {
     window_scale_ = 1.0 / static_cast<double>(W);
     EngineStep r;
     for (int64_t w = 0; w < W; ++w) {
-      const auto [x, y] = window_batch(windows, w, B, T);
-      r.loss += run_pipeline_iteration(*stage_, pipeline(), schedule_, x.narrow(0, dp_index_ * b, b),
-                                       y.narrow(0, dp_index_ * b, b))
-                    .loss /
-                static_cast<double>(W);
+      r.loss += run_window(windows, w) / static_cast<double>(W);
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < params.size(); ++i) {
         if (!params[i].grad().defined()) continue;

@@ -12,8 +12,30 @@ std::vector<TensorSpec> parameter_specs(GPT& model) {
   return specs;
 }
 
+std::vector<TensorSpec> parameter_specs(const ModelConfig& cfg) {
+  const int64_t V = cfg.vocab_size, C = cfg.d_model, F = cfg.ff_dim();
+  std::vector<TensorSpec> specs{{"wte.weight", {V, C}}};
+  for (int64_t i = 0; i < cfg.n_layer; ++i) {
+    const std::string h = "h." + std::to_string(i) + ".";
+    specs.push_back({h + "ln_1.weight", {C}});
+    specs.push_back({h + "attn.qkv.weight", {3 * C, C}});
+    specs.push_back({h + "attn.proj.weight", {C, C}});
+    specs.push_back({h + "ln_2.weight", {C}});
+    specs.push_back({h + "mlp.gate.weight", {F, C}});
+    specs.push_back({h + "mlp.up.weight", {F, C}});
+    specs.push_back({h + "mlp.down.weight", {C, F}});
+  }
+  specs.push_back({"ln_f.weight", {C}});
+  if (!cfg.tie_embeddings) specs.push_back({"lm_head.weight", {V, C}});
+  return specs;
+}
+
 FragmentLayout model_layout(GPT& model, const DilocoConfig& diloco) {
   return make_fragment_layout(parameter_specs(model), static_cast<int>(diloco.fragments), diloco.split_large_tensors);
+}
+
+FragmentLayout model_layout(const ModelConfig& cfg, const DilocoConfig& diloco) {
+  return make_fragment_layout(parameter_specs(cfg), static_cast<int>(diloco.fragments), diloco.split_large_tensors);
 }
 
 std::vector<torch::Tensor> layout_parameters(GPT& model, const FragmentLayout& layout) {

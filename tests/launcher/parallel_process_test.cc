@@ -278,6 +278,45 @@ TEST(ParallelLearners, AHungRankFailsItsGroupAtTheAdaptiveStepDeadline) {
   testing_support::remove_unless_kept(root);
 }
 
+// A two-learner decoupled run whose learner 0 is a group of `ranks` processes beside its leader: the run finished with
+// every one of `tokens` trained and merges, learner 0 formed one group and every one of its (> 10) steps had a finite
+// loss, and both learners end holding Θ (their fragments equal the syncer's; `tokens_per_step` for the analysis).
+// Returns the group's description for the caller's own check.
+std::string expect_group_learner_ends_on_theta(const fs::path& run, int64_t tokens, int64_t tokens_per_step,
+                                               size_t ranks, const char* what) {
+  const json report = json::parse(std::ifstream(run / "report.json"));
+  EXPECT_EQ(report["status"], "finished");
+  EXPECT_EQ(report["tokens_trained"], tokens);
+  EXPECT_GT(report["merges"].get<int64_t>(), 4);
+  std::vector<std::string> kinds;
+  json pids;
+  int steps = 0, finite = 0;
+  for (const auto& e : read_events(run / "events" / "learner_0.jsonl")) {
+    if (e["event"] == "group_formed") {
+      kinds.push_back(e["group"]);
+      pids = e["pids"];
+    }
+    if (e["event"] == "step") {
+      ++steps;
+      finite += e.contains("loss") && e["loss"].is_number() && std::isfinite(e["loss"].get<double>());
+    }
+  }
+  EXPECT_EQ(kinds.size(), 1u);
+  EXPECT_EQ(pids.size(), ranks) << "the ranks as processes beside the leader";
+  EXPECT_GT(steps, 10);
+  EXPECT_EQ(finite, steps) << "every step of learner 0's group has a finite loss";
+  const dloco::ChaosAnalysis a = dloco::analyze_chaos_run(run, {2, 4, 4, tokens_per_step, 2.0});
+  EXPECT_EQ(a.version_regressions, 0);
+  EXPECT_EQ(a.learners_finished, 2);
+  EXPECT_EQ(a.fragments_checked, 2 * 4);
+  EXPECT_EQ(a.fragments_equal, a.fragments_checked);
+  for (const auto& m : a.copy_mismatches) ADD_FAILURE() << m;
+  const std::string kind = kinds.empty() ? "" : kinds[0];
+  std::printf("[%s] %d steps of learner 0, %lld merges, group: %s\n", what, steps,
+              static_cast<long long>(report["merges"].get<int64_t>()), kind.c_str());
+  return kind;
+}
+
 // Megatron's layout in bf16 as one Decoupled DiLoCo learner (issue 30): M = 2, learner 0 TP2 × PP2 × DP2 with the
 // distributed optimizer (ZeRO-1) in bf16 — 8 rank processes — learner 1 one fp32 process. The run finishes with
 // every token trained, learner 0's group is that layout, its losses are finite, merges happen, and every learner
@@ -296,36 +335,27 @@ TEST(ParallelLearners, MegatronsLayoutInBf16IsOneDecoupledLearnerThatEndsHolding
                           " 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << "see " << (root / "megatron.log");
 
-  const json report = json::parse(std::ifstream(run / "report.json"));
-  EXPECT_EQ(report["status"], "finished");
-  EXPECT_EQ(report["tokens_trained"], kTokens);
-  EXPECT_GT(report["merges"].get<int64_t>(), 4);
-  std::vector<std::string> kinds;
-  json pids;
-  int steps = 0, finite = 0;
-  for (const auto& e : read_events(run / "events" / "learner_0.jsonl")) {
-    if (e["event"] == "group_formed") {
-      kinds.push_back(e["group"]);
-      pids = e["pids"];
-    }
-    if (e["event"] == "step") {
-      ++steps;
-      finite += e.contains("loss") && e["loss"].is_number() && std::isfinite(e["loss"].get<double>());
-    }
-  }
-  ASSERT_EQ(kinds.size(), 1u);
-  EXPECT_NE(kinds[0].find("bf16 + distributed optimizer (ZeRO-1)"), std::string::npos) << kinds[0];
-  EXPECT_EQ(pids.size(), 7u) << "ranks 1 … 7 as processes beside the leader";
-  EXPECT_GT(steps, 10);
-  EXPECT_EQ(finite, steps) << "every step of the bf16 group has a finite loss";
-  const dloco::ChaosAnalysis a = dloco::analyze_chaos_run(run, {2, 4, 4, kTokensPerStep, 2.0});
-  EXPECT_EQ(a.version_regressions, 0);
-  EXPECT_EQ(a.learners_finished, 2);
-  EXPECT_EQ(a.fragments_checked, 2 * 4);
-  EXPECT_EQ(a.fragments_equal, a.fragments_checked);
-  for (const auto& m : a.copy_mismatches) ADD_FAILURE() << m;
-  std::printf("[megatron learner] %d steps of learner 0, %lld merges, group: %s\n", steps,
-              static_cast<long long>(report["merges"].get<int64_t>()), kinds[0].c_str());
+  const std::string kind = expect_group_learner_ends_on_theta(run, kTokens, kTokensPerStep, 7, "megatron learner");
+  EXPECT_NE(kind.find("bf16 + distributed optimizer (ZeRO-1)"), std::string::npos) << kind;
+  testing_support::remove_unless_kept(root);
+}
+
+// FSDP × TP in bf16 as one Decoupled DiLoCo learner (issue 30 item 3): M = 2, learner 0 ZeRO-3 × TP2 × DP2 in bf16
+// (4 rank processes, untied embeddings), learner 1 one fp32 process; the same checks as above.
+TEST(ParallelLearners, FsdpTimesTpInBf16IsOneDecoupledLearnerThatEndsHoldingTheta) {
+  const fs::path root = testing_support::make_tiny_corpus("dloco_fsdp_tp_learner", kDataTool);
+  ASSERT_FALSE(root.empty()) << "dloco-data prepare failed on the tiny corpus";
+  constexpr int64_t kTokensPerStep = 8 * 32, kTokens = 2 * 40 * kTokensPerStep;  // 2 learners × 40 steps
+  const std::string groups =
+      "[parallel]\ntimeout_s = 30\n"
+      "[[parallel.learner]]\nid = 0\nprecision = \"bf16\"\ntensor = 2\ndata = 2\nzero = 3\n";
+  const fs::path cfg = testing_support::write_decoupled_config(root, "fsdp_tp", kTokens, groups, 8, 32, 2, 0);
+  const fs::path run = root / "fsdp_tp";
+  const std::string cmd = kDloco + " train --config " + cfg.string() + " --set model.tie_embeddings=false > " +
+                          (root / "fsdp_tp.log").string() + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << "see " << (root / "fsdp_tp.log");
+  const std::string kind = expect_group_learner_ends_on_theta(run, kTokens, kTokensPerStep, 3, "fsdp x tp learner");
+  EXPECT_NE(kind.find("ZeRO-3 × tensor t = 2 over d = 2, bf16"), std::string::npos) << kind;
   testing_support::remove_unless_kept(root);
 }
 
@@ -383,36 +413,8 @@ TEST(ParallelLearners, ASkipPipePipelineIsOneDecoupledLearner) {
                           " 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << "see " << (root / "skippipe.log");
 
-  const json report = json::parse(std::ifstream(run / "report.json"));
-  EXPECT_EQ(report["status"], "finished");
-  EXPECT_EQ(report["tokens_trained"], kTokens);
-  EXPECT_GT(report["merges"].get<int64_t>(), 4);
-  std::vector<std::string> kinds;
-  json pids;
-  int steps = 0, finite = 0;
-  for (const auto& e : read_events(run / "events" / "learner_0.jsonl")) {
-    if (e["event"] == "group_formed") {
-      kinds.push_back(e["group"]);
-      pids = e["pids"];
-    }
-    if (e["event"] == "step") {
-      ++steps;
-      finite += e.contains("loss") && e["loss"].is_number() && std::isfinite(e["loss"].get<double>());
-    }
-  }
-  ASSERT_EQ(kinds.size(), 1u);
-  EXPECT_EQ(kinds[0].rfind("SkipPipe pipeline of 5 nodes in 3 stages, 6 micro-batches per step", 0), 0u) << kinds[0];
-  EXPECT_EQ(pids.size(), 4u) << "ranks 1 … 4 as processes beside the leader";
-  EXPECT_GT(steps, 10);
-  EXPECT_EQ(finite, steps) << "every step of the pipeline learner has a finite loss";
-  const dloco::ChaosAnalysis a = dloco::analyze_chaos_run(run, {2, 4, 4, kTokensPerStep, 2.0});
-  EXPECT_EQ(a.version_regressions, 0);
-  EXPECT_EQ(a.learners_finished, 2);
-  EXPECT_EQ(a.fragments_checked, 2 * 4);
-  EXPECT_EQ(a.fragments_equal, a.fragments_checked);
-  for (const auto& m : a.copy_mismatches) ADD_FAILURE() << m;
-  std::printf("[skippipe learner] %d steps of learner 0, %lld merges, group: %s\n", steps,
-              static_cast<long long>(report["merges"].get<int64_t>()), kinds[0].c_str());
+  const std::string kind = expect_group_learner_ends_on_theta(run, kTokens, kTokensPerStep, 4, "skippipe learner");
+  EXPECT_EQ(kind.rfind("SkipPipe pipeline of 5 nodes in 3 stages, 6 micro-batches per step", 0), 0u) << kind;
   testing_support::remove_unless_kept(root);
 }
 

@@ -12,6 +12,7 @@
 #include "model/stages.h"
 #include "process/safetensors_file.h"
 #include "train/checkpoint.h"
+#include "train/fragment_io.h"
 #include "train/run.h"
 #include "train/trainer.h"
 
@@ -434,3 +435,21 @@ TEST_F(TrainTest, PathsFromASourceAndAStageNoPathVisitsIsLeftAlone) {
 
 }  // namespace
 }  // namespace dloco
+
+// The (name, shape) list from the config alone is the one GPT(cfg) registers, tied and untied, with d_ff set or not.
+TEST(FragmentIo, SpecsFromTheConfigAreTheModels) {
+  for (const bool tied : {true, false}) {
+    for (const int64_t d_ff : {int64_t{0}, int64_t{96}}) {
+      dloco::ModelConfig m = dloco::model_preset("tiny");
+      m.tie_embeddings = tied;
+      m.d_ff = d_ff;
+      dloco::GPT model(m);
+      const auto from_model = dloco::parameter_specs(model), from_config = dloco::parameter_specs(m);
+      ASSERT_EQ(from_config.size(), from_model.size()) << "tied " << tied;
+      for (size_t i = 0; i < from_model.size(); ++i) {
+        EXPECT_EQ(from_config[i].name, from_model[i].name) << i;
+        EXPECT_EQ(from_config[i].shape, from_model[i].shape) << from_model[i].name;
+      }
+    }
+  }
+}
