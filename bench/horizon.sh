@@ -14,9 +14,12 @@
 # M = 4's best of ETA_GRID at 1/4 of the budget, μ = 0.9) are swept on shorter runs and carried to every run.
 # Every run uses one frozen copy of the binary (runs/<NAME>/bin/dloco, with the commit it was built from in
 # runs/<NAME>/bin/COMMIT), so rebuilding while it runs changes nothing; run it under `nice` beside other work.
+# Outer momentum (docs/measurements.md "Quality at the scaling-law horizon": μ = 0.9 cost 0.17–0.41 nats/token at
+# 8–77 outer steps): stage "outer" sweeps (η, μ) over ETA_GRID × MU_GRID for decoupled M = 4 at 1/10 of the budget;
+# stage "outer1" runs diloco and decoupled M = 4 at the full budget with MU and ETA (default: that sweep's best).
 # Usage (repository root, after scripts/build.sh and `dloco data prepare --kjv --out data/kjv`):
 #   [NAME=horizon] [STAGES="sweep 10 4 1 seed2"] [LR_GRID="3e-3 6e-3 1.2e-2"] [ETA_GRID="0.4 0.7 1.0"]
-#   [LR=…] [ETA=…] nice -n 10 bench/horizon.sh
+#   [MU_GRID="0 0.5 0.7"] [LR=…] [ETA=…] [MU=0.9] nice -n 10 bench/horizon.sh
 # Results: runs/<NAME>-<stage>/compare.md and compare.json; bench/horizon_table.py prints the table of
 # docs/measurements.md from them.
 set -euo pipefail
@@ -49,7 +52,7 @@ common() {  # budget_tokens lr eta
   echo "${model[@]}" --set train.total_tokens="$tokens" --set train.lr="$2" --set train.warmup_steps="$warmup" \
        --set train.min_lr_ratio=0.05 --set train.beta2=0.99 --set train.eval_interval=$(( steps / 5 + 1 )) \
        --set diloco.inner_steps=30 --set diloco.fragments=10 --set diloco.overlap=2 --set diloco.outer_lr="$3" \
-       --set diloco.outer_momentum=0.9 --set diloco.grace_window=false
+       --set diloco.outer_momentum="${MU:-0.9}" --set diloco.grace_window=false
 }
 variant() {  # name mode M
   local batch=$((32 / $3)) quorum=$3
@@ -115,7 +118,23 @@ for stage in $STAGES; do
       ETA=${ETA:-$(best sweep-eta diloco-m4-eta diloco.outer_lr)}
       compare seed2 2 "$D" "$LR" "$ETA" "$(variant dp dp 4)" "$(variant decoupled-m4 decoupled 4)"
       ;;
-    *) echo "unknown stage '$stage' (sweep, 10, 4, 1, seed2)" >&2; exit 2 ;;
+    outer)
+      LR=${LR:-$(best "sweep-lr sweep-lr-edge" dp-lr train.lr)}
+      outers=()
+      for eta in ${ETA_GRID}; do
+        for mu in ${MU_GRID:-0 0.5 0.7}; do
+          outers+=("$(variant "decoupled-m4-eta$eta-mu$mu" decoupled 4);diloco.outer_lr=$eta;diloco.outer_momentum=$mu")
+        done
+      done
+      compare outer 1 $((D / 10)) "$LR" 0.7 "${outers[@]}"
+      ;;
+    outer1)
+      LR=${LR:-$(best "sweep-lr sweep-lr-edge" dp-lr train.lr)}
+      ETA=${ETA:-$(best outer decoupled-m4-eta diloco.outer_lr)}
+      MU=${MU:-$(best outer decoupled-m4-eta diloco.outer_momentum)}
+      compare "outer1-eta$ETA-mu$MU" 1 "$D" "$LR" "$ETA" "$(variant diloco-m4 diloco 4)" "$(variant decoupled-m4 decoupled 4)"
+      ;;
+    *) echo "unknown stage '$stage' (sweep, 10, 4, 1, seed2, outer, outer1)" >&2; exit 2 ;;
   esac
   echo "[horizon] $stage done: LR=${LR:-?} ETA=${ETA:-?}"
 done

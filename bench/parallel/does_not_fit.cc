@@ -10,7 +10,8 @@
 //   5. ZeRO-3 over 4 rank processes under the same cap: the losses of --steps steps and each rank's VmPeak;
 //   6. ZeRO-3 × TP2 × DP2 in bf16 with sharded initialisation (parallel/sharded_init.h) over 4 rank processes
 //      under the same cap, through the learner group's engine (parallel/rank_engine.h): no rank ever builds the
-//      model, so the cap need not hold its full parameters.
+//      model (at t·d = 4 its state, 4 B per parameter, is as large as the full fp32 model, so this cap does not
+//      separate it from building the model first; docs/measurements.md).
 // The model: the base-124m preset untied (ZeRO-3 needs it) with T shortened (--seq) so that steps stay fast; in 5
 // every rank first builds the full GPT from the same seed (ZeroAdamW takes over a full model), so the cap must also
 // hold the full parameters once (4Ψ) next to the slices; in 6 it never does.

@@ -91,22 +91,27 @@ int rank_main(const Flags& f) {
     release_free_memory();
     out["released"] = to_json(proc_status());
   };
+  // `steps` steps of a learner group's engine on one window (W = 1) the same on every rank; the last one's traffic.
+  const auto train_engine = [&](RankEngine& engine, const TrainConfig& train) {
+    auto gen_all = at::detail::createCPUGenerator(1000);
+    const auto windows = torch::randint(m.vocab_size, {1, train.batch_size * m.seq_len + 1}, gen_all, torch::kLong);
+    for (int64_t s = 0; s < steps; ++s) {
+      const int64_t before = group->bytes_sent();
+      losses.push_back(engine.step(windows, train.lr).loss);
+      sent = group->bytes_sent() - before;
+    }
+  };
   if (zero == 6 || zero == 7) {  // FSDP × TP in bf16 through the learner group's own engine
     ParallelConfig parallel;
     parallel.tensor = parallel.data = 2;
     parallel.zero = 3;
     parallel.precision = Precision::kBf16;
     train.batch_size = 2 * b;  // d replicas × b sequences
-    auto engine = zero == 6 ? make_rank_engine(m, 0, parallel, train, *group) : make_rank_engine(model, parallel, train, *group);
+    auto engine = zero == 6 ? make_rank_engine(m, 0, parallel, train, *group)
+                            : make_rank_engine(model, parallel, train, *group);
     model = GPT(nullptr);
     out["start"] = to_json(proc_status());  // VmHWM now: the peak while the slices were built
-    auto gen_all = at::detail::createCPUGenerator(1000);  // every rank the same windows (W = 1)
-    const auto windows = torch::randint(m.vocab_size, {1, train.batch_size * m.seq_len + 1}, gen_all, torch::kLong);
-    for (int64_t s = 0; s < steps; ++s) {
-      const int64_t before = group->bytes_sent();
-      losses.push_back(engine->step(windows, train.lr).loss);
-      sent = group->bytes_sent() - before;
-    }
+    train_engine(*engine, train);
     const ZeroMemory mem = engine->zero_optimizer()->memory();  // gradient slices persist between steps
     param_bytes = mem.parameter_bytes;
     grad_bytes = mem.gradient_bytes;
@@ -124,13 +129,7 @@ int rank_main(const Flags& f) {
     train.batch_size = 2 * 2 * b;  // d replicas × m micro-batches × b sequences
     auto engine = make_rank_engine(model, parallel, train, *group);
     model = GPT(nullptr);  // the stage holds copies of its own share
-    auto gen_all = at::detail::createCPUGenerator(1000);  // every rank the same windows (W = 1)
-    const auto windows = torch::randint(m.vocab_size, {1, train.batch_size * m.seq_len + 1}, gen_all, torch::kLong);
-    for (int64_t s = 0; s < steps; ++s) {
-      const int64_t before = group->bytes_sent();
-      losses.push_back(engine->step(windows, train.lr).loss);
-      sent = group->bytes_sent() - before;
-    }
+    train_engine(*engine, train);
     const DistributedMemory mem = engine->distributed_optimizer()->memory();  // main gradients persist
     param_bytes = mem.parameter_bytes + mem.master_bytes;
     grad_bytes = mem.gradient_bytes;

@@ -274,7 +274,7 @@ std::unique_ptr<InnerJob> Worker::make_job() {
     return job;
   }
   auto group = ranks_->join();
-  auto engine = make_group_engine(config_.model, config_.run.seed + 1 + static_cast<uint64_t>(slot_),  // Θ₀
+  auto engine = make_group_engine(config_.model, config_.run.seed + 1 + static_cast<uint64_t>(slot_),
                                   parallel_, config_.train, *group,
                                   options_.run_dir / "offload" / ("learner_" + std::to_string(slot_) + "_rank_0"));
   if (mode_ == Mode::kDp) engine->set_replicas(&group_);  // the leaders are rank 0 of every group

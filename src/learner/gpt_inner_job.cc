@@ -26,7 +26,7 @@ GptInnerJob::GptInnerJob(GPT model, const FragmentLayout& layout, const TrainCon
 
 InnerStep GptInnerJob::step(int64_t step) {
   const StepResult r = trainer_.step(stream_, step);
-  return {r.loss, r.tokens, r.skipped};
+  return {r.loss, r.tokens, r.skipped, r.grad_norm};
 }
 
 void GptInnerJob::read_fragment(int p, std::span<float> out) { gather_parameters(params_, layout_, p, out); }

@@ -8,6 +8,7 @@
 
 #include "core/check.h"
 #include "parallel/rank_engine.h"
+#include "parallel/sharded_init.h"
 #include "skippipe/engine.h"
 
 namespace dloco {
@@ -30,8 +31,7 @@ inline std::unique_ptr<RankEngine> make_group_engine(const ModelConfig& model, u
                                                      const ParallelConfig& parallel, const TrainConfig& train,
                                                      Collective& group, const std::filesystem::path& offload_dir = {}) {
   if (!parallel.skippipe()) return make_rank_engine(model, seed, parallel, train, group, offload_dir);
-  torch::manual_seed(seed);
-  return make_group_engine(GPT(model), parallel, train, group, offload_dir);
+  return make_group_engine(seeded_gpt(model, seed), parallel, train, group, offload_dir);
 }
 
 }  // namespace dloco

@@ -202,7 +202,7 @@ InnerStep GroupInnerJob::step(int64_t step) {
     command(kStep, static_cast<double>(W), lr);
     group_->broadcast(windows, 0);
     const EngineStep r = timed_step(*engine_, *group_, deadline_, windows, lr);
-    return InnerStep{r.loss, W * (n - 1), r.skipped};
+    return InnerStep{r.loss, W * (n - 1), r.skipped, r.grad_norm};
   });
 }
 

@@ -144,7 +144,8 @@ int run_group_rank(const Config& config, const GroupRankOptions& options) {
   fs::create_directories(options.run_dir / "events");
   const std::string who = "learner_" + std::to_string(options.id) + "_rank_" + std::to_string(options.rank);
   EventLog events(options.run_dir / "events" / (who + ".jsonl"), Role::kLearner, options.id);
-  // The leader's initial GPT: built here only when the group kind needs it whole (not ZeRO-3 × TP's sharded init).
+  // The group's initial GPT (the leader's seed): built here only when the group kind needs it whole (not ZeRO-3 ×
+  // TP's sharded initialisation).
   const uint64_t seed = config.run.seed + 1 + static_cast<uint64_t>(options.id);
   const FragmentLayout layout = model_layout(config.model, config.diloco);
   try {

@@ -19,6 +19,7 @@ struct InnerStep {
   double loss = 0;       // mean training loss of the step, nats/token (NaN allowed: a skipped step)
   int64_t tokens = 0;    // tokens consumed (B·T·accum), also when skipped
   bool skipped = false;  // non-finite loss or gradients: parameters and moments untouched
+  double grad_norm = 0;  // global gradient norm before clipping (the whole model's, the same on every rank)
 };
 
 class InnerJob {

@@ -282,9 +282,6 @@ class PipelineEngine final : public RankEngine {
     }
   }
 
-  // One step under the distributed optimizer: each window's gradients go into the fp32 main gradients (so the
-  // tied-embedding exchange's .grad never carries an earlier window), the loss is averaged over the replicas, the
-  // gradient reduce-scattered over them, ‖g‖² summed over every rank's slice, then clip and AdamW on the slices.
   // One pipeline iteration over this replica's rows [dp·B/d, (dp+1)·B/d) of window w; returns its mean loss.
   double run_window(const torch::Tensor& windows, int64_t w) {
     const int64_t B = train_.batch_size, b = B / d_;
@@ -293,6 +290,10 @@ class PipelineEngine final : public RankEngine {
                                   y.narrow(0, dp_index_ * b, b))
         .loss;
   }
+
+  // One step under the distributed optimizer: each window's gradients go into the fp32 main gradients (so the
+  // tied-embedding exchange's .grad never carries an earlier window), the loss is averaged over the replicas, the
+  // gradient reduce-scattered over them, ‖g‖² summed over every rank's slice, then clip and AdamW on the slices.
 
   EngineStep distributed_step(const torch::Tensor& windows, double lr) {
     const int64_t W = windows.size(0);

@@ -11,6 +11,7 @@
 #include "core/check.h"
 #include "parallel/mixed_precision.h"
 #include "parallel/rank_engine_internal.h"
+#include "parallel/sharded_init.h"
 #include "parallel/tp_gpt.h"
 #include "parallel/zero.h"
 #include "train/trainer.h"
@@ -299,6 +300,9 @@ std::unique_ptr<RankEngine> make_rank_engine(GPT full, const ParallelConfig& par
     throw InputError("a SkipPipe group (parallel.skippipe_schedule) has its own engine: skippipe/engine.h "
                      "(learner/group_engine.h picks it)");
   }
+  if (parallel.offload && (parallel.zero == 0 || offload_dir.empty())) {
+    throw InputError("offload keeps ZeRO's sharded AdamW state in files: it needs zero ≥ 1 and a folder");
+  }
   const bool zero3_tp = parallel.zero == 3 && parallel.tensor > 1 && parallel.pipeline == 1;
   if ((parallel.tensor > 1 || parallel.pipeline > 1) && parallel.offload && !zero3_tp) {
     throw InputError("offload runs in ZeRO groups without pipeline parallelism only for now (zero ≥ 1 with "
@@ -323,9 +327,6 @@ std::unique_ptr<RankEngine> make_rank_engine(GPT full, const ParallelConfig& par
     return make_pipeline_engine(full, parallel, train, group);
   }
   if (parallel.tensor > 1) return std::make_unique<TensorParallelEngine>(full, train, group);
-  if (parallel.offload && (parallel.zero == 0 || offload_dir.empty())) {
-    throw InputError("offload keeps ZeRO's sharded AdamW state in files: it needs zero ≥ 1 and a folder");
-  }
   return std::make_unique<DataParallelEngine>(full, static_cast<int>(parallel.zero), train, group,
                                               parallel.offload ? offload_dir : std::filesystem::path(),
                                               bf16 ? torch::kBFloat16 : torch::kFloat);
@@ -334,12 +335,17 @@ std::unique_ptr<RankEngine> make_rank_engine(GPT full, const ParallelConfig& par
 std::unique_ptr<RankEngine> make_rank_engine(const ModelConfig& model, uint64_t seed, const ParallelConfig& parallel,
                                              const TrainConfig& train, Collective& group,
                                              const std::filesystem::path& offload_dir) {
-  if (parallel.zero == 3 && parallel.tensor > 1 && parallel.pipeline == 1 && !parallel.skippipe() &&
-      group.world() == parallel.ranks()) {
+  if (group.world() != parallel.ranks()) {  // before any model is built
+    throw InputError("a group of " + std::to_string(parallel.ranks()) + " ranks (tensor · pipeline · data) over a " +
+                     "collective of " + std::to_string(group.world()));
+  }
+  if (parallel.zero == 3 && parallel.tensor > 1 && parallel.pipeline == 1 && !parallel.skippipe()) {
+    if (parallel.offload && offload_dir.empty()) {
+      throw InputError("offload keeps ZeRO's sharded AdamW state in files: it needs zero ≥ 1 and a folder");
+    }
     return make_zero3_tp_engine(nullptr, model, seed, parallel, train, group, offload_dir);
   }
-  torch::manual_seed(seed);
-  return make_rank_engine(GPT(model), parallel, train, group, offload_dir);
+  return make_rank_engine(seeded_gpt(model, seed), parallel, train, group, offload_dir);
 }
 
 }  // namespace dloco

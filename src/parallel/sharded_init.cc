@@ -9,12 +9,18 @@
 
 namespace dloco {
 
-namespace {
-
-std::mutex& generator_lock() {
+std::mutex& torch_generator_lock() {
   static std::mutex lock;
   return lock;
 }
+
+GPT seeded_gpt(const ModelConfig& cfg, uint64_t seed) {
+  std::lock_guard<std::mutex> hold(torch_generator_lock());
+  torch::manual_seed(seed);
+  return GPT(cfg);
+}
+
+namespace {
 
 // A part's tensors become placeholders: their shapes (which ZeroAdamW lays its units out by) over one element.
 void to_placeholders(torch::nn::Module& part) {
@@ -27,11 +33,11 @@ void to_placeholders(torch::nn::Module& part) {
 std::unique_ptr<ZeroAdamW> make_sharded_zero3(const ModelConfig& cfg, uint64_t seed, TensorParallelGroup& tensor,
                                               Collective& data, const ZeroOptions& options) {
   if (options.stage != 3) throw InputError("sharded initialisation builds ZeRO-3 slices: stage 3");
-  std::lock_guard<std::mutex> hold(generator_lock());
+  std::lock_guard<std::mutex> hold(torch_generator_lock());
   torch::manual_seed(seed);
   TensorParallelGPT skeleton(cfg, tensor, to_placeholders);  // (1) the modules' own draws, one part at a time
   // (2) GPTImpl::init_parameter's draws, parameter by parameter in named_parameters() order (= unit order).
-  const ZeroUnitInit init = [&](const std::vector<std::string>& names, std::vector<torch::Tensor>& values) {
+  const ZeroUnitInit init = [&](const std::vector<std::string>& names, const std::vector<torch::Tensor>& values) {
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < names.size(); ++i) {
       const auto sizes = skeleton->full_size(names[i]);

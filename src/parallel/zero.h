@@ -24,8 +24,10 @@
 // Offload (ZeroOptions::offload_dir): m and v in mapped files that each step streams through (parallel/offload.h).
 // ZeRO-3 × tensor parallelism (FSDP × TP, torchtitan's 2D layout): the model is a TensorParallelGPT (tp_gpt.h) and
 // the units are its TP-local parts, sharded over the data-parallel group of one TP index; a unit's forward runs
-// the TP part (its f/g all-reduces over the TP group) between the DP all-gather and the release. Every rank sees
-// the same sequence DP gather, TP collectives, DP reduce-scatter, so the two groups cannot deadlock. The global
+// the TP part (its f/g all-reduces over the TP group) between the DP all-gather and the release. Within each
+// subgroup every member issues the same calls in the same order, and every rank interleaves the two groups in the
+// same program order (unit by unit: DP gather, TP collectives, DP reduce-scatter; the norm: DP, then TP), so no
+// cycle of waits can form; a rank that fails alone leaves its peers waiting until the step deadline. The global
 // norm adds the TP ranks' sums, replicated gains counted on TP rank 0 only.
 // bf16 (ZeroOptions::compute_dtype, stage 3): the slices stay fp32 (the masters); a unit is gathered as bf16
 // (rounded once, moved as 2-byte words: Gloo has no bf16), runs in bf16 with an fp32 loss, and its bf16 gradient
@@ -69,7 +71,8 @@ struct ZeroOptions {
 /// Sharded initialisation (parallel/sharded_init.h): instead of flattening the model's values, ZeroAdamW calls it
 /// once per stage-3 unit, in unit order, with the unit's parameter names and a view of each (the model's — with
 /// tensor parallelism the TP-local — shape, fp32) to fill; it keeps this rank's slice and drops the rest.
-using ZeroUnitInit = std::function<void(const std::vector<std::string>& names, std::vector<torch::Tensor>& values)>;
+using ZeroUnitInit =
+    std::function<void(const std::vector<std::string>& names, const std::vector<torch::Tensor>& values)>;
 
 /// Live tensor bytes of model state on this rank (counted from the tensors' sizes, not RSS).
 struct ZeroMemory {
@@ -122,23 +125,23 @@ class ZeroAdamW {
   /// learner; step() averages this rank's reduced gradient slices over it before the norm. Null: none.
   void set_replicas(Collective* replicas) { replicas_ = replicas; }
 
-  /// The full parameters by name (model->named_parameters() names and shapes) on rank `root`, empty elsewhere;
-  /// every rank must call it (stage 3 all-gathers). With `moment` = 1 or 2, the full m or v instead. For
-  /// save_checkpoint_files (train/checkpoint.h): the safetensors format stays unchanged.
+  /// The full parameters by name (model->named_parameters() names and shapes; with TP this rank's TP part) on rank
+  /// `root`, empty elsewhere; every rank must call it (stage 3 all-gathers). With `moment` = 1 or 2, the full m or v
+  /// instead. For save_checkpoint_files (train/checkpoint.h): the safetensors format stays unchanged.
   std::vector<std::pair<std::string, torch::Tensor>> gather_full(int root = 0, int moment = 0);
 
-  /// The full parameter `name` (model->named_parameters() name and shape; with TP this rank's TP part) on rank
-  /// `root` (−1: every rank), undefined elsewhere. Stages 1, 2: a copy of the local one (no communication); stage
+  /// The full parameter `name` (model->named_parameters() name and shape; with TP this rank's TP part, whole) on
+  /// rank `root`, undefined elsewhere. Stages 1, 2: a copy of the local one (no communication); stage
   /// 3: every rank must call it (all-gathers the parameter's unit, fp32). Throws InputError for an unknown name,
   /// CollectiveError.
   torch::Tensor gather_parameter(const std::string& name, int root = 0);
-  /// Overwrites parameter `name` with `full` (its full shape; the same on every rank) in place: stages 1, 2 the
-  /// local copy, stage 3 this rank's part of its slice. Moments are kept. Local; throws InputError on an unknown
-  /// name or another shape.
+  /// Overwrites parameter `name` with `full` (the model's shape — with TP the TP part's; the same on every rank of
+  /// the DP group) in place: stages 1, 2 the local copy, stage 3 this rank's part of its slice. Moments are kept.
+  /// Local; throws InputError on an unknown name or another shape.
   void set_parameter(const std::string& name, const torch::Tensor& full);
   /// This rank's optimizer state (step count, m and v of its slices) to `file` (torch::save; not atomic: the
   /// caller writes to a temporary name), and back. load_state throws InputError when the file was written by
-  /// another stage, group size, rank or model.
+  /// another stage, DP or TP group size or rank, or model.
   void save_state(const std::string& file) const;
   void load_state(const std::string& file);
   /// Zero moments and step count (a fresh optimizer over the same parameters). Local.
@@ -156,7 +159,7 @@ class ZeroAdamW {
   /// Empty without TP. For the replica check (parallel/rank_engine.h replica_mismatch). Local.
   std::vector<std::pair<std::string, torch::Tensor>> replicated_slices() const;
   bool offloaded() const { return !options_.offload_dir.empty(); }
-  /// Σ numel of the model's parameters (Ψ), without padding.
+  /// Σ numel of the model's parameters (Ψ; with TP the TP part's, about Ψ/t), without padding.
   int64_t parameter_count() const { return parameter_count_; }
 
   struct Unit;  // one flat, sharded group of parameters (parallel/zero_unit.h)

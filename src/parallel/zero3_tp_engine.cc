@@ -63,8 +63,8 @@ class Zero3TensorParallelEngine final : public RankEngine {
   }
 
   torch::Tensor gather_parameter(const std::string& name) override {
-    const auto local = zero_->gather_parameter(name, -1);  // every rank: its TP part, whole (the DP all-gather)
-    if (dp_index_ != 0) return torch::Tensor();            // DP index 0's TP ranks assemble it
+    const auto local = zero_->gather_parameter(name, 0);  // its TP part, whole, on DP rank 0 (= DP index 0)
+    if (dp_index_ != 0) return torch::Tensor();           // DP index 0's TP ranks assemble it
     auto full = gather_shards(local, tp_model().shard_spec(name), tp_model().full_size(name), *tp_group_);
     return group_.rank() == 0 ? full : torch::Tensor();
   }

@@ -20,7 +20,7 @@ std::pair<ZeroAdamW::Unit*, size_t> ZeroAdamW::find(const std::string& name) {
 torch::Tensor ZeroAdamW::gather_parameter(const std::string& name, int root) {
   auto [u, i] = find(name);
   const int64_t n = c10::multiply_integers(u->shapes[i]);
-  const bool mine = root < 0 || group_.rank() == root;
+  const bool mine = group_.rank() == root;
   if (options_.stage < 3) {
     return mine ? u->flat.narrow(0, u->offsets[i], n).view(u->shapes[i]).clone() : torch::Tensor();
   }
@@ -65,7 +65,8 @@ void ZeroAdamW::set_parameter(const std::string& name, const torch::Tensor& full
 
 void ZeroAdamW::save_state(const std::string& file) const {
   std::vector<torch::Tensor> state{torch::tensor({static_cast<int64_t>(options_.stage), int64_t{group_.world()},
-                                                  int64_t{group_.rank()}, parameter_count_, step_count_})};
+                                                  int64_t{group_.rank()}, parameter_count_, step_count_,
+                                                  int64_t{tp_ ? tp_->world() : 1}, int64_t{tp_ ? tp_->rank() : 0}})};
   for (const auto& u : units_) {
     state.push_back(u.exp_avg);
     state.push_back(u.exp_avg_sq);
@@ -80,17 +81,22 @@ void ZeroAdamW::load_state(const std::string& file) {
   } catch (const c10::Error& e) {
     throw InputError("cannot read the ZeRO state '" + file + "': " + e.what_without_backtrace());
   }
-  if (state.size() != 1 + 2 * units_.size() || state[0].numel() != 5) {
+  if (state.size() != 1 + 2 * units_.size() || state[0].numel() != 7) {
     throw InputError("the ZeRO state '" + file + "' was written for another model or stage");
   }
   const auto meta = state[0];
+  const int64_t tp_world = tp_ ? tp_->world() : 1, tp_rank = tp_ ? tp_->rank() : 0;
   if (meta[0].item<int64_t>() != options_.stage || meta[1].item<int64_t>() != group_.world() ||
-      meta[2].item<int64_t>() != group_.rank() || meta[3].item<int64_t>() != parameter_count_) {
+      meta[2].item<int64_t>() != group_.rank() || meta[3].item<int64_t>() != parameter_count_ ||
+      meta[5].item<int64_t>() != tp_world || meta[6].item<int64_t>() != tp_rank) {
     throw InputError("the ZeRO state '" + file + "' was written by stage " + std::to_string(meta[0].item<int64_t>()) +
-                     ", rank " + std::to_string(meta[2].item<int64_t>()) + " of " +
-                     std::to_string(meta[1].item<int64_t>()) + " for " + std::to_string(meta[3].item<int64_t>()) +
-                     " parameters; this is stage " + std::to_string(options_.stage) + ", rank " +
-                     std::to_string(group_.rank()) + " of " + std::to_string(group_.world()));
+                     ", DP rank " + std::to_string(meta[2].item<int64_t>()) + " of " +
+                     std::to_string(meta[1].item<int64_t>()) + ", TP rank " + std::to_string(meta[6].item<int64_t>()) +
+                     " of " + std::to_string(meta[5].item<int64_t>()) + " for " +
+                     std::to_string(meta[3].item<int64_t>()) + " parameters; this is stage " +
+                     std::to_string(options_.stage) + ", DP rank " + std::to_string(group_.rank()) + " of " +
+                     std::to_string(group_.world()) + ", TP rank " + std::to_string(tp_rank) + " of " +
+                     std::to_string(tp_world));
   }
   for (size_t k = 0; k < units_.size(); ++k) {
     if (state[1 + 2 * k].sizes() != units_[k].exp_avg.sizes() ||

@@ -317,6 +317,19 @@ std::string expect_group_learner_ends_on_theta(const fs::path& run, int64_t toke
   return kind;
 }
 
+// Runs `dloco train` (decoupled, M = 2, 40 steps each of 8 × 32 tokens) whose learner 0 is the group
+// [[parallel.learner]] `group` (`set`: more --set flags) and returns its run folder; fails the test if it did not exit 0.
+fs::path train_two_learners(const fs::path& root, const std::string& name, const std::string& group,
+                            const std::string& set = "") {
+  constexpr int64_t kTokens = 2 * 40 * 8 * 32;
+  const std::string groups = "[parallel]\ntimeout_s = 30\n[[parallel.learner]]\nid = 0\n" + group;
+  const fs::path cfg = testing_support::write_decoupled_config(root, name, kTokens, groups, 8, 32, 2, 0);
+  const std::string cmd = kDloco + " train --config " + cfg.string() + set + " > " + (root / (name + ".log")).string() +
+                          " 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << "see " << (root / (name + ".log"));
+  return root / name;
+}
+
 // Megatron's layout in bf16 as one Decoupled DiLoCo learner (issue 30): M = 2, learner 0 TP2 × PP2 × DP2 with the
 // distributed optimizer (ZeRO-1) in bf16 — 8 rank processes — learner 1 one fp32 process. The run finishes with
 // every token trained, learner 0's group is that layout, its losses are finite, merges happen, and every learner
@@ -325,16 +338,8 @@ TEST(ParallelLearners, MegatronsLayoutInBf16IsOneDecoupledLearnerThatEndsHolding
   const fs::path root = testing_support::make_tiny_corpus("dloco_megatron_learner", kDataTool);
   ASSERT_FALSE(root.empty()) << "dloco-data prepare failed on the tiny corpus";
   constexpr int64_t kTokensPerStep = 8 * 32, kTokens = 2 * 40 * kTokensPerStep;  // 2 learners × 40 steps
-  const std::string groups =
-      "[parallel]\ntimeout_s = 30\n"
-      "[[parallel.learner]]\nid = 0\nprecision = \"bf16\"\ntensor = 2\npipeline = 2\ndata = 2\nzero = 1\n"
-      "micro_batches = 2\n";
-  const fs::path cfg = testing_support::write_decoupled_config(root, "megatron", kTokens, groups, 8, 32, 2, 0);
-  const fs::path run = root / "megatron";
-  const std::string cmd = kDloco + " train --config " + cfg.string() + " > " + (root / "megatron.log").string() +
-                          " 2>&1";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << "see " << (root / "megatron.log");
-
+  const fs::path run = train_two_learners(
+      root, "megatron", "precision = \"bf16\"\ntensor = 2\npipeline = 2\ndata = 2\nzero = 1\nmicro_batches = 2\n");
   const std::string kind = expect_group_learner_ends_on_theta(run, kTokens, kTokensPerStep, 7, "megatron learner");
   EXPECT_NE(kind.find("bf16 + distributed optimizer (ZeRO-1)"), std::string::npos) << kind;
   testing_support::remove_unless_kept(root);
@@ -346,14 +351,8 @@ TEST(ParallelLearners, FsdpTimesTpInBf16IsOneDecoupledLearnerThatEndsHoldingThet
   const fs::path root = testing_support::make_tiny_corpus("dloco_fsdp_tp_learner", kDataTool);
   ASSERT_FALSE(root.empty()) << "dloco-data prepare failed on the tiny corpus";
   constexpr int64_t kTokensPerStep = 8 * 32, kTokens = 2 * 40 * kTokensPerStep;  // 2 learners × 40 steps
-  const std::string groups =
-      "[parallel]\ntimeout_s = 30\n"
-      "[[parallel.learner]]\nid = 0\nprecision = \"bf16\"\ntensor = 2\ndata = 2\nzero = 3\n";
-  const fs::path cfg = testing_support::write_decoupled_config(root, "fsdp_tp", kTokens, groups, 8, 32, 2, 0);
-  const fs::path run = root / "fsdp_tp";
-  const std::string cmd = kDloco + " train --config " + cfg.string() + " --set model.tie_embeddings=false > " +
-                          (root / "fsdp_tp.log").string() + " 2>&1";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << "see " << (root / "fsdp_tp.log");
+  const fs::path run = train_two_learners(root, "fsdp_tp", "precision = \"bf16\"\ntensor = 2\ndata = 2\nzero = 3\n",
+                                          " --set model.tie_embeddings=false");
   const std::string kind = expect_group_learner_ends_on_theta(run, kTokens, kTokensPerStep, 3, "fsdp x tp learner");
   EXPECT_NE(kind.find("ZeRO-3 × tensor t = 2 over d = 2, bf16"), std::string::npos) << kind;
   testing_support::remove_unless_kept(root);
