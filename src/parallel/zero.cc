@@ -165,13 +165,20 @@ void ZeroAdamW::build_units(const torch::OrderedDict<std::string, torch::Tensor>
     const size_t k = static_cast<size_t>(&u - units_.data());
     build_unit(u, N, group_.rank(), /*keep_full=*/options_.stage < 3, replicated[k], tp_ == nullptr || tp_->rank() == 0,
                init);
-    if (!options_.offload_dir.empty()) {  // m, v in a zero-filled mapped file instead of anonymous memory
-      // v starts on a page boundary (1024 floats = 4 KiB), so whole pages of both moments can be released.
-      const int64_t v_at = (u.shard + 1023) / 1024 * 1024;
-      u.offload = std::make_unique<MappedState>(
-          options_.offload_dir / ("zero_unit_" + std::to_string(k) + ".state"), v_at + u.shard);
+    if (!options_.offload_dir.empty()) {  // m, v (stage 3: and the fp32 slice) in a zero-filled mapped file
+      // v and the slice start on page boundaries (1024 floats = 4 KiB), so whole pages of each can be released.
+      const int64_t pages = (u.shard + 1023) / 1024 * 1024, v_at = pages, slice_at = 2 * pages;
+      const bool masters = options_.stage == 3;  // the slice is the only copy: the fp32 master (bf16 or not)
+      u.offload = std::make_unique<MappedState>(options_.offload_dir / ("zero_unit_" + std::to_string(k) + ".state"),
+                                                masters ? slice_at + u.shard : v_at + u.shard);
       u.exp_avg = u.offload->tensor().narrow(0, 0, u.shard);
       u.exp_avg_sq = u.offload->tensor().narrow(0, v_at, u.shard);
+      if (masters) {
+        auto mapped = u.offload->tensor().narrow(0, slice_at, u.shard);
+        mapped.copy_(u.slice);
+        u.slice = mapped;
+        u.offload->release(slice_at, u.shard);
+      }
     }
     if (options_.stage >= 2) u.grad = torch::zeros({u.shard});
   }
@@ -205,6 +212,7 @@ void ZeroAdamW::gather(Unit& u) {
 }
 
 void ZeroAdamW::release(Unit& u) {
+  if (u.offload) u.offload->release(u.slice.storage_offset(), u.shard);  // stage 3: the offloaded masters read
   for (auto& p : u.params) p.set_data(torch::empty({0}));
   live_gathered_bytes_ -= u.padded * static_cast<int64_t>(c10::elementSize(options_.compute_dtype));
 }
@@ -304,6 +312,7 @@ void ZeroAdamW::adamw_on_slice(Unit& u) {
     if (u.offload) {
       u.offload->release(a, n);
       u.offload->release(u.exp_avg_sq.storage_offset() + a, n);
+      if (options_.stage == 3) u.offload->release(u.slice.storage_offset() + a, n);  // the masters
     }
   }
 }
@@ -391,7 +400,9 @@ std::vector<std::pair<std::string, torch::Tensor>> ZeroAdamW::gather_full(int ro
 ZeroMemory ZeroAdamW::memory() const {
   ZeroMemory m;
   for (const auto& u : units_) {
-    m.parameter_bytes += options_.stage < 3 ? bytes_of(u.flat) : bytes_of(u.slice);
+    const bool offloaded_slice = u.offload && options_.stage == 3;
+    m.parameter_bytes += options_.stage < 3 ? bytes_of(u.flat) : offloaded_slice ? 0 : bytes_of(u.slice);
+    m.offloaded_parameter_bytes += offloaded_slice ? bytes_of(u.slice) : 0;
     m.gradient_bytes += bytes_of(u.grad);
     if (u.offload) {
       m.offloaded_state_bytes += bytes_of(u.exp_avg) + bytes_of(u.exp_avg_sq);

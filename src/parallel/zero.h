@@ -21,7 +21,9 @@
 // slices, with weight decay on matrices only (train/trainer.cc's recipe). Everything is fp32 on the CPU.
 // Global-norm clipping and the non-finite guard of train/trainer.cc run on the reduced slices (one all-reduce of a
 // scalar), so every rank takes the same decision.
-// Offload (ZeroOptions::offload_dir): m and v in mapped files that each step streams through (parallel/offload.h).
+// Offload (ZeroOptions::offload_dir): m and v in mapped files that each step streams through (parallel/offload.h);
+// at stage 3 the fp32 slices too (the masters, also in bf16): a unit's gather and the step read them and hand
+// their pages back.
 // ZeRO-3 × tensor parallelism (FSDP × TP, torchtitan's 2D layout): the model is a TensorParallelGPT (tp_gpt.h) and
 // the units are its TP-local parts, sharded over the data-parallel group of one TP index; a unit's forward runs
 // the TP part (its f/g all-reduces over the TP group) between the DP all-gather and the release. Within each
@@ -62,8 +64,8 @@ struct ZeroOptions {
   double weight_decay = 1e-2;  // decoupled, on parameters with dim ≥ 2 only
   ReduceScatterAlgo reduce_scatter = ReduceScatterAlgo::kAllToAll;  // stages 1 and 3
   bool all_reduce_gradients = false;  // stage 1 only: all-reduce the full gradient and slice (plain DP's traffic)
-  std::filesystem::path offload_dir;  // non-empty: m and v live in mapped files here and leave the resident set
-                                      // after every step (parallel/offload.h; ZeRO-Offload)
+  std::filesystem::path offload_dir;  // non-empty: m and v (stage 3: and the fp32 slices) live in mapped files
+                                      // here and leave the resident set after use (parallel/offload.h; ZeRO-Offload)
   int64_t offload_chunk = 1 << 18;    // elements the offloaded step updates before handing their pages back
   torch::ScalarType compute_dtype = torch::kFloat;  // kBFloat16 (stage 3): bf16 forward and backward, fp32 slices
 };
@@ -78,8 +80,10 @@ using ZeroUnitInit =
 struct ZeroMemory {
   int64_t parameter_bytes = 0;        // held between steps: the flat model (stages 1, 2) or the slices (stage 3)
   int64_t gradient_bytes = 0;         // held between backward() and step(): full .grad (stage 1) or slices
-  int64_t optimizer_state_bytes = 0;  // m and v of the own slices (offloaded: only their resident pages)
+  int64_t optimizer_state_bytes = 0;  // m and v of the own slices (offloaded: the offload files' resident pages,
+                                      // at stage 3 the offloaded slices' pages too)
   int64_t offloaded_state_bytes = 0;  // m and v of the own slices held in offload files
+  int64_t offloaded_parameter_bytes = 0;  // stage 3 offloaded: the fp32 slices (the masters) held in offload files
   int64_t peak_full_gradient_bytes = 0;    // stages 2, 3: largest transient full gradients alive at once
   int64_t peak_gathered_parameter_bytes = 0;  // stage 3: largest gathered (full) unit parameters alive at once
 };

@@ -477,11 +477,17 @@ TEST(GroupInnerJob, Bf16LearnersTrackTheFp32LearnerOver50Steps) {
 
 // ZeRO-3 (pure data parallelism and FSDP × TP) in bf16; its units always recompute in backward (checkpointed).
 TEST(GroupInnerJob, Bf16Zero3LearnersTrackTheFp32LearnerOver50Steps) {
+  const auto offloaded = [](ParallelConfig g) {
+    g.offload = true;
+    return g;
+  };
   expect_bf16_tracks_fp32(false, {
                                      {"d = 1 (one process)", bf16_layout(1, 1, 1, 0, false)},
                                      {"d = 2 + ZeRO-3", bf16_layout(1, 1, 2, 3, false)},
                                      {"t2 x d2 + ZeRO-3", bf16_layout(2, 1, 2, 3, true)},
                                      {"t2 x d2 + ZeRO-3, sharded init", bf16_layout(2, 1, 2, 3, true), true},
+                                     {"t2 x d2 + ZeRO-3, masters and moments offloaded",
+                                      offloaded(bf16_layout(2, 1, 2, 3, false))},
                                  });
 }
 
