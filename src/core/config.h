@@ -262,11 +262,13 @@ struct ParallelConfig {
   int64_t micro_batches = 1;       // m: pipeline micro-batches per micro-batch of train.batch_size (B % m == 0)
   PipelineScheduleChoice schedule = PipelineScheduleChoice::k1F1B;  // "gpipe" | "1f1b" | "interleaved"
   int64_t chunks = 1;              // v: model chunks per stage ("interleaved" only)
-  Precision precision = Precision::kFp32;  // "fp32" | "bf16" (bf16 compute, fp32 masters and AdamW: data-parallel
-                                           // or one-process learners without ZeRO for now); "fp16" is refused
-  bool checkpoint_activations = false;     // recompute each block in backward (pipeline learners)
-  bool offload = false;            // ZeRO's AdamW state (m, v) in mapped files under run_dir/offload that each step
-                                   // streams through, out of the ranks' resident memory (needs zero ≥ 1)
+  Precision precision = Precision::kFp32;  // "fp32" | "bf16" (bf16 compute, fp32 masters and AdamW; with zero =
+                                           // 0, 1 or 3, not 2); "fp16" is refused
+  bool checkpoint_activations = false;     // recompute each block in backward (pipeline learners; ZeRO-3's units
+                                           // always do, so it is accepted there too)
+  bool offload = false;            // ZeRO's AdamW state (m, v; at zero = 3 also the fp32 slices, the masters) in
+                                   // mapped files under run_dir/offload that each step streams through, out of the
+                                   // ranks' resident memory (needs zero ≥ 1, no pipeline, with tensor only zero = 3)
   double timeout_s = 60;           // deadline of the group's collectives and of a rank's wait for its leader, s
   // A SkipPipe pipeline as the learner (docs/skippipe.md "A SkipPipe learner"): one rank per node of the setting,
   // micro-batches on the schedule's paths; both files set, or neither. Paths: relative to the config file.

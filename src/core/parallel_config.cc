@@ -1,5 +1,5 @@
 // The [parallel] section and its [[parallel.learner]] tables: parsing, TOML output and the checks against the
-// model, the batch and the mode (docs/parallel.md "Configuring a group"). What a group does not support yet is
+// model, the batch and the mode (docs/parallel.md "Configuring learner groups"). What a group does not support yet is
 // refused here with the reason, never silently run as something else.
 #include <cmath>
 #include <fstream>
