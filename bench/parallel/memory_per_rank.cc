@@ -200,13 +200,7 @@ int rank_main(const Flags& f) {
     }
     after_last_step();
   } else {
-    ZeroOptions o;
-    o.stage = zero;
-    o.lr = train.lr;
-    o.beta1 = train.beta1;
-    o.beta2 = train.beta2;
-    o.weight_decay = train.weight_decay;
-    ZeroAdamW opt(model, *group, o);
+    ZeroAdamW opt(model, *group, zero_options(train, zero));
     model = GPT(nullptr);  // ZeroAdamW holds the model now; stage 3 has released the full parameters
     for (int64_t s = 0; s < steps; ++s) {
       const int64_t before = group->bytes_sent();

@@ -94,7 +94,7 @@ class DataParallelEngine final : public RankEngine {
     if (zero == 0) {
       adamw_ = make_inner_adamw(model_->parameters(), train);
     } else {
-      zero_ = std::make_unique<ZeroAdamW>(model_, group, zero_options_of(train, zero, offload_dir, compute_dtype));
+      zero_ = std::make_unique<ZeroAdamW>(model_, group, zero_options(train, zero, offload_dir, compute_dtype));
     }
   }
 
@@ -288,22 +288,32 @@ class Bf16DataParallelEngine final : public RankEngine {
   std::map<std::string, size_t> index_;  // parameter name -> position in masters()
 };
 
-}  // namespace
+// ZeRO-3 × TP (zero3_tp_engine.cc): the kind that can initialise its slices from the seed.
+bool is_zero3_tp(const ParallelConfig& parallel) {
+  return parallel.zero == 3 && parallel.tensor > 1 && parallel.pipeline == 1 && !parallel.skippipe();
+}
 
-std::unique_ptr<RankEngine> make_rank_engine(GPT full, const ParallelConfig& parallel, const TrainConfig& train,
-                                             Collective& group, const std::filesystem::path& offload_dir) {
+// What both factories check before they build anything: the group's size, offload's folder.
+void check_group(const ParallelConfig& parallel, const Collective& group, const std::filesystem::path& offload_dir) {
   if (group.world() != parallel.ranks()) {
     throw InputError("a group of " + std::to_string(parallel.ranks()) + " ranks (tensor · pipeline · data) over a " +
                      "collective of " + std::to_string(group.world()));
   }
+  if (parallel.offload && (parallel.zero == 0 || offload_dir.empty())) {
+    throw InputError("offload keeps ZeRO's sharded AdamW state in files: it needs zero ≥ 1 and a folder");
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<RankEngine> make_rank_engine(GPT full, const ParallelConfig& parallel, const TrainConfig& train,
+                                             Collective& group, const std::filesystem::path& offload_dir) {
+  check_group(parallel, group, offload_dir);
   if (parallel.skippipe()) {
     throw InputError("a SkipPipe group (parallel.skippipe_schedule) has its own engine: skippipe/engine.h "
                      "(learner/group_engine.h picks it)");
   }
-  if (parallel.offload && (parallel.zero == 0 || offload_dir.empty())) {
-    throw InputError("offload keeps ZeRO's sharded AdamW state in files: it needs zero ≥ 1 and a folder");
-  }
-  const bool zero3_tp = parallel.zero == 3 && parallel.tensor > 1 && parallel.pipeline == 1;
+  const bool zero3_tp = is_zero3_tp(parallel);
   if ((parallel.tensor > 1 || parallel.pipeline > 1) && parallel.offload && !zero3_tp) {
     throw InputError("offload runs in ZeRO groups without pipeline parallelism only for now (zero ≥ 1 with "
                      "tensor = pipeline = 1, or zero = 3 with tensor > 1)");
@@ -335,16 +345,8 @@ std::unique_ptr<RankEngine> make_rank_engine(GPT full, const ParallelConfig& par
 std::unique_ptr<RankEngine> make_rank_engine(const ModelConfig& model, uint64_t seed, const ParallelConfig& parallel,
                                              const TrainConfig& train, Collective& group,
                                              const std::filesystem::path& offload_dir) {
-  if (group.world() != parallel.ranks()) {  // before any model is built
-    throw InputError("a group of " + std::to_string(parallel.ranks()) + " ranks (tensor · pipeline · data) over a " +
-                     "collective of " + std::to_string(group.world()));
-  }
-  if (parallel.zero == 3 && parallel.tensor > 1 && parallel.pipeline == 1 && !parallel.skippipe()) {
-    if (parallel.offload && offload_dir.empty()) {
-      throw InputError("offload keeps ZeRO's sharded AdamW state in files: it needs zero ≥ 1 and a folder");
-    }
-    return make_zero3_tp_engine(nullptr, model, seed, parallel, train, group, offload_dir);
-  }
+  check_group(parallel, group, offload_dir);  // before any model is built
+  if (is_zero3_tp(parallel)) return make_zero3_tp_engine(nullptr, model, seed, parallel, train, group, offload_dir);
   return make_rank_engine(seeded_gpt(model, seed), parallel, train, group, offload_dir);
 }
 

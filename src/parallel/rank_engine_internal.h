@@ -26,21 +26,6 @@ inline std::pair<torch::Tensor, torch::Tensor> window_batch(const torch::Tensor&
   return {row.narrow(0, 0, B * T).view({B, T}), row.narrow(0, 1, B * T).view({B, T})};
 }
 
-// ZeroAdamW's hyperparameters from train/trainer.cc's recipe.
-inline ZeroOptions zero_options_of(const TrainConfig& train, int stage, const std::filesystem::path& offload_dir,
-                                   torch::ScalarType compute_dtype) {
-  ZeroOptions o;
-  o.stage = stage;
-  o.lr = train.lr;
-  o.beta1 = train.beta1;
-  o.beta2 = train.beta2;
-  o.eps = train.adam_eps;
-  o.weight_decay = train.weight_decay;
-  o.offload_dir = offload_dir;
-  o.compute_dtype = compute_dtype;
-  return o;
-}
-
 inline double max_norm_of(const TrainConfig& train) {
   return train.grad_clip > 0 ? train.grad_clip : std::numeric_limits<double>::infinity();
 }

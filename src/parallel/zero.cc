@@ -30,7 +30,13 @@ void build_unit(ZeroAdamW::Unit& u, int N, int rank, bool keep_full, const std::
     const int64_t a = std::max(begin, u.offsets[i]), b = std::min(end, u.offsets[i] + u.params[i].numel());
     if (a >= b) continue;
     if (u.params[i].dim() >= 2) u.decay.emplace_back(a - begin, b - a);
-    if (count_replicated || !replicated[i]) u.counted.emplace_back(a - begin, b - a);
+    if (count_replicated || !replicated[i]) {
+      if (!u.counted.empty() && u.counted.back().first + u.counted.back().second == a - begin) {
+        u.counted.back().second += b - a;  // adjacent: one reduction, not one per parameter
+      } else {
+        u.counted.emplace_back(a - begin, b - a);
+      }
+    }
   }
   auto flat = torch::zeros({u.padded});  // (padded); the tail past numel stays 0
   std::vector<torch::Tensor> views;

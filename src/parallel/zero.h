@@ -70,6 +70,22 @@ struct ZeroOptions {
   torch::ScalarType compute_dtype = torch::kFloat;  // kBFloat16 (stage 3): bf16 forward and backward, fp32 slices
 };
 
+/// ZeroAdamW's hyperparameters from the trainer's recipe (train/trainer.cc: lr, β₁, β₂, ε, weight decay) for `stage`,
+/// with the moments offloaded to `offload_dir` when it is not empty, computing in `compute_dtype`.
+inline ZeroOptions zero_options(const TrainConfig& train, int stage, const std::filesystem::path& offload_dir = {},
+                                torch::ScalarType compute_dtype = torch::kFloat) {
+  ZeroOptions o;
+  o.stage = stage;
+  o.lr = train.lr;
+  o.beta1 = train.beta1;
+  o.beta2 = train.beta2;
+  o.eps = train.adam_eps;
+  o.weight_decay = train.weight_decay;
+  o.offload_dir = offload_dir;
+  o.compute_dtype = compute_dtype;
+  return o;
+}
+
 /// Sharded initialisation (parallel/sharded_init.h): instead of flattening the model's values, ZeroAdamW calls it
 /// once per stage-3 unit, in unit order, with the unit's parameter names and a view of each (the model's — with
 /// tensor parallelism the TP-local — shape, fp32) to fill; it keeps this rank's slice and drops the rest.

@@ -4,8 +4,6 @@
 // between steps. DP index dp trains rows [dp·B/d, (dp+1)·B/d) of every window; the t ranks of one DP index the same
 // rows. Built from a full GPT, or from the seed alone (sharded initialisation, parallel/sharded_init.h).
 // Dimension letters: W windows, B sequences per window, T tokens, t TP degree, d DP degree.
-#include <map>
-
 #include "parallel/rank_engine_internal.h"
 #include "parallel/sharded_init.h"
 #include "parallel/tp_gpt.h"
@@ -31,7 +29,7 @@ class Zero3TensorParallelEngine final : public RankEngine {
     tp_comm_ = group.subgroup(tp_ranks, "tp");
     tp_group_ = std::make_unique<TensorParallelGroup>(*tp_comm_);
     dp_comm_ = group.subgroup(dp_ranks, "dp");
-    const ZeroOptions o = zero_options_of(train, 3, parallel.offload ? offload_dir : std::filesystem::path(),
+    const ZeroOptions o = zero_options(train, 3, parallel.offload ? offload_dir : std::filesystem::path(),
                                           parallel.precision == Precision::kBf16 ? torch::kBFloat16 : torch::kFloat);
     sharded_init_ = full == nullptr;
     if (full != nullptr) {
