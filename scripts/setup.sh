@@ -7,7 +7,8 @@
 # test of the GPT against an independent PyTorch implementation, tests/model/golden_gpt.py) with gRPC + protobuf
 # (python3-grpcio, python3-protobuf: the Python learner, python/, and its tests in tests/python), cpp-httplib (the
 # monitoring endpoint: /metrics, /status.json, the dashboard), Chromium (headless, the dashboard's browser test),
-# slurm-wlm + munge (the one-node Slurm cluster of tests/slurm), iproute2 (network namespaces: tests/launcher) and
+# slurm-wlm + munge (the one-node Slurm cluster of tests/slurm), iproute2 (network namespaces: tests/launcher),
+# iptables + libnetfilter-queue (bench/wan's delay line: a link's latency on kernels without sch_netem) and
 # openssl (scripts/make-certs.sh: a run's TLS certificates), clang 14 with its libFuzzer runtime (scripts/fuzz.sh:
 # the fuzz targets under fuzz/).
 set -euo pipefail
@@ -20,7 +21,7 @@ packages=(
   libcli11-dev libspdlog-dev libfmt-dev libtomlplusplus-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   bible-kjv gnuplot-nox python3 python3-torch python3-numpy python3-grpcio python3-protobuf
-  libcpp-httplib-dev prometheus-cpp-dev chromium slurm-wlm munge iproute2 openssl libssl-dev
+  libcpp-httplib-dev prometheus-cpp-dev chromium slurm-wlm munge iproute2 iptables libnetfilter-queue-dev openssl libssl-dev
   clang-14 libclang-rt-14-dev
 )
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Utilisation over constrained links, on real processes (issue 32 items 1–2): every learner (decoupled) or worker
-# (dp, diloco, streaming) sits in its own network namespace — a "site" — whose link to the others is shaped with tc
-# netem (RATE Mbit/s each way, RTT ms round trip, on both ends of the site's veth); the syncer's link is unshaped.
+# (dp, diloco, streaming) sits in its own network namespace — a "site" — whose link to the others is shaped: RATE
+# Mbit/s each way (tc TBF on both ends of the site's veth; the syncer's link has no rate limit) and RTT_MS ms between
+# any two hosts (a delay line on every host's ingress, bench/wan/delay_line.cc: the kernel here has no sch_netem).
 # For each rate, each method trains a fixed number of steps and its utilisation is its training throughput over
 # the same processes' throughput with every link unshaped:
 #   throughput = Σ over learners (or workers) of (steps − 1) · B · T / (last step's time − first step's time)
@@ -17,7 +18,9 @@
 #   METHODS: any of dp, diloco (H = 12), diloco-hH (H = 30, say), streaming (H = P = 12, τ = 2) — the baselines, each
 #   worker at a site, OUTER_STEPS steps (diloco and streaming) — and decoupled (fp32 both ways), decoupled-bf16 and
 #   decoupled-q4 (that codec both ways, with error feedback).
-#   RATES: Mbit/s, 0 = unshaped (the reference: the mean of a method's unshaped runs). Prints a table (Markdown) and
+#   RATES: Mbit/s, 0 = unshaped (the reference: the mean of a method's unshaped runs). RTT_MS: the round trip between
+#   any two hosts at every shaped rate (0: none); the bench measures it (a TCP connect, site 1 to the syncer's host)
+#   at the first shaped rate, prints it and writes it to rtt.txt. Prints a table (Markdown) and
 #   writes it with every run's folder under runs/wan-<date>/ (OUT=DIR: there instead), and the raw rows as
 #   results.txt ("method rate tokens/s utilisation"). DATA=DIR trains on another prepared corpus, SETS="--set K=V …"
 #   adds config overrides after the bench's own (a smaller model; not train.batch_size or model.seq_len: B = 8 and
@@ -46,6 +49,7 @@ for m in $METHODS; do
   [[ $m =~ ^(dp|diloco|diloco-h[1-9][0-9]*|streaming|decoupled|decoupled-bf16|decoupled-q4)$ ]] ||
     bad "unknown method '$m' (dp, diloco, diloco-hH, streaming, decoupled, decoupled-bf16, decoupled-q4)"
 done
+[[ $RTT_MS =~ ^[0-9]+$ ]] && [ "$RTT_MS" -le 10000 ] || bad "RTT_MS: '$RTT_MS' is not a whole number of ms in 0…10000"
 for n in DP_STEPS DEC_STEPS OUTER_STEPS; do [[ ${!n} =~ ^[0-9]+$ ]] && [ "${!n}" -ge 3 ] || bad "$n must be ≥ 3"; done
 DLOCO=${DLOCO:-$PWD/build/bin/dloco}
 PY=/usr/bin/python3
@@ -54,7 +58,10 @@ mkdir -p "$out"
 p="dw$(( $$ % 10000 ))"
 net="10.76.$(( $$ % 250 + 1 ))"
 hosts=(s $(seq 1 $M))  # s: the syncer (and nothing for dp); 1 … M: the sites
+delay_lines=()
 cleanup() {
+  # the delay lines first, so each writes its counts (packets, most held, lateness) to its log
+  [ ${#delay_lines[@]} -eq 0 ] || { kill -TERM "${delay_lines[@]}" 2> /dev/null || true; sleep 0.3; }
   for h in "${hosts[@]}" w; do
     ip netns pids "$p$h" 2> /dev/null | xargs -r kill -9 2> /dev/null || true
     ip netns del "$p$h" 2> /dev/null || true
@@ -65,32 +72,63 @@ source scripts/netns.sh
 bridge_hosts "$p" "$net" "${hosts[@]}"
 addr() { [ "$1" = s ] && echo "$net.1" || echo "$net.$(($1 + 1))"; }
 
-# Kernels without sch_netem (this machine's 6.18 has none: "Specified qdisc kind is unknown") get TBF: the rate
-# without the added delay. Its bucket holds 128 KiB, above a veth's largest GSO packet (a smaller one drops them).
-if ip netns exec "${p}1" tc qdisc add dev "${p}1a" root netem delay 1ms 2> /dev/null; then
-  ip netns exec "${p}1" tc qdisc del dev "${p}1a" root
-  qdisc=netem
-else
-  qdisc=tbf
-  echo "[wan] no sch_netem in this kernel ($(uname -r)): links shaped by TBF, rate only, no added delay" >&2
+# Links: TBF for the rate (this machine's kernel, 6.18, has no sch_netem: "Specified qdisc kind is unknown"; TBF's
+# bucket holds 128 KiB, above a veth's largest GSO packet, a smaller one drops them) on both ends of each site's veth;
+# the latency from a delay line per host (bench/wan/delay_line.cc: netfilter queues every packet arriving on the
+# host's veth, the line holds it RTT/2 and lets it in), so any two hosts — syncer and learner, or two dp workers — are
+# RTT apart. On ingress, not egress: a packet held on its way out still counts against its socket's TCP small-queue
+# budget (~1 ms of data), which caps a delayed sender far below the link (5 of 100 Mbit/s at 40 ms, measured).
+# Unshaped (rate 0) means no rate limit and no added delay. Without the delay line (no libnetfilter_queue at build
+# time) or iptables, RTT is 0 and the bench says so.
+DELAY_LINE=${DELAY_LINE:-$(dirname "$DLOCO")/bench_wan_delay_line}
+if [ "$RTT_MS" != 0 ] && { [ ! -x "$DELAY_LINE" ] || ! command -v iptables > /dev/null; }; then
+  echo "[wan] no $DELAY_LINE or no iptables (scripts/setup.sh, scripts/build.sh): no added delay, RTT 0" >&2
   RTT_MS=0
 fi
+if [ "$RTT_MS" != 0 ]; then
+  for h in "${hosts[@]}"; do
+    ip netns exec "$p$h" chrt -f 10 "$DELAY_LINE" --queue 0 --delay-us $((RTT_MS * 500)) > "$out/delay_line.$h.log" 2>&1 &
+    delay_lines+=($!)
+  done
+  for h in "${hosts[@]}"; do  # bound before any packet is queued to it (a queue with no reader drops)
+    for _ in $(seq 50); do grep -q ready "$out/delay_line.$h.log" 2> /dev/null && break; sleep 0.1; done
+    grep -q ready "$out/delay_line.$h.log" || bad "the delay line of host $h did not start: $(cat "$out/delay_line.$h.log")"
+  done
+fi
 
-# shape RATE: every site's link RATE Mbit/s each way (both ends of its veth), with RTT_MS round trip under netem
-# (half on each end); 0 = unshaped
+# shape RATE: every site's link RATE Mbit/s each way (both ends of its veth) and every host's packets in held RTT/2;
+# 0 = unshaped (no limit, no delay)
 shape() {
+  for h in "${hosts[@]}"; do
+    [ "$RTT_MS" = 0 ] && break
+    ip netns exec "$p$h" iptables -F INPUT
+    [ "$RATE" = 0 ] || ip netns exec "$p$h" iptables -A INPUT -i "$p${h}a" -j NFQUEUE --queue-num 0
+  done
   for h in $(seq 1 $M); do
     for end in "$p$h ${p}${h}a" "${p}w ${p}${h}b"; do
       set -- $end
       ip netns exec "$1" tc qdisc del dev "$2" root 2> /dev/null || true
       [ "$RATE" = 0 ] && continue
-      if [ "$qdisc" = netem ]; then
-        ip netns exec "$1" tc qdisc add dev "$2" root netem delay "$((RTT_MS / 2))ms" rate "${RATE}mbit" limit 100000
-      else
-        ip netns exec "$1" tc qdisc add dev "$2" root tbf rate "${RATE}mbit" burst 131072 latency 200ms
-      fi
+      ip netns exec "$1" tc qdisc add dev "$2" root tbf rate "${RATE}mbit" burst 131072 latency 200ms
     done
   done
+}
+
+# rtt: the measured round trip between site 1 and the syncer's host (a TCP connect's median over 10), ms
+rtt() {
+  ip netns exec "${p}s" "$PY" -c "
+import socket, time
+s = socket.socket(); s.bind(('$(addr s)', 7199)); s.listen(64); time.sleep(15)" &
+  local listener=$!
+  sleep 0.5
+  ip netns exec "${p}1" "$PY" -c "
+import socket, statistics, time
+ts = []
+for _ in range(10):
+    t0 = time.perf_counter(); socket.create_connection(('$(addr s)', 7199), timeout=5).close()
+    ts.append(time.perf_counter() - t0)
+print(f'{statistics.median(ts) * 1e3:.1f}')" || echo "?"
+  kill "$listener" 2> /dev/null || true
 }
 
 common=(--set model.d_model=64 --set model.n_layer=4 --set model.n_head=4 --set train.batch_size=$B
@@ -164,6 +202,11 @@ run_decoupled() {  # name [codec] → its folder; the syncer on its unshaped lin
 results=()
 for RATE in $RATES; do
   shape
+  if [ "$RATE" != 0 ] && [ -z "${measured_rtt:-}" ]; then
+    measured_rtt=$(rtt)
+    echo "$measured_rtt" > "$out/rtt.txt"
+    echo "[wan] RTT between site 1 and the syncer's host: $measured_rtt ms measured (RTT_MS=$RTT_MS)"
+  fi
   for method in $METHODS; do
     name="$method-r$RATE-$(( ${#results[@]} ))"
     echo "[wan] $method at $([ "$RATE" = 0 ] && echo "unshaped links" || echo "$RATE Mbit/s, RTT $RTT_MS ms")"

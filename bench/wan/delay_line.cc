@@ -1,0 +1,141 @@
+// A delay line for the emulated sites of bench/wan/utilisation.sh (issue 32 item 1), for kernels without sch_netem
+// (this machine's 6.18 has none, docs/measurements.md "Utilisation over constrained links"): every packet netfilter
+// queues to it (iptables … -j NFQUEUE --queue-num Q, in the site's namespace) is held for --delay-us and then
+// accepted, in arrival order. One line per namespace delays its egress and its ingress; with every host's line at
+// RTT/4 any two hosts see RTT/2 each way. Rate limits stay with tc (TBF) on the veth, after the OUTPUT hook.
+//
+// Only the packet's metadata crosses to user space (NFQNL_COPY_META) and GSO packets stay whole (NFQA_CFG_F_GSO),
+// so a line costs a recv and a verdict per packet. It prints "ready" once bound (add the iptables rules after it)
+// and, on SIGTERM or SIGINT, a line of counts: packets, the most held at once, and the largest lateness of a release
+// (its timer's slack on a loaded machine: run it with a real-time priority, chrt -f).
+//
+// Usage: bench_wan_delay_line --queue Q --delay-us D [--max-queued N]
+// Exit status 1 when netfilter's queue cannot be opened or bound (not root, no nfnetlink_queue), with the reason.
+#include <arpa/inet.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <linux/netfilter.h>
+#include <libnetfilter_queue/libnetfilter_queue.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+
+#include <CLI/CLI.hpp>
+
+namespace {
+
+volatile sig_atomic_t stop = 0;
+
+int64_t now_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+
+struct Held {
+  uint32_t id;
+  int64_t due_ns;
+};
+
+struct Line {
+  int64_t delay_ns = 0;
+  std::deque<Held> held;
+  uint64_t packets = 0;
+  size_t most_held = 0;
+  int64_t latest_ns = 0;  // the largest lateness of a release
+};
+
+int on_packet(nfq_q_handle*, nfgenmsg*, nfq_data* data, void* arg) {
+  auto* line = static_cast<Line*>(arg);
+  const nfqnl_msg_packet_hdr* hdr = nfq_get_msg_packet_hdr(data);
+  if (hdr == nullptr) return 0;
+  line->held.push_back({ntohl(hdr->packet_id), now_ns() + line->delay_ns});
+  line->packets++;
+  line->most_held = std::max(line->most_held, line->held.size());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int queue = 0;
+  int64_t delay_us = 0;
+  uint32_t max_queued = 65536;
+  CLI::App app{"Hold every NFQUEUE'd packet for a fixed delay (an emulated link's latency)", "bench_wan_delay_line"};
+  app.add_option("--queue", queue, "netfilter queue number (iptables -j NFQUEUE --queue-num)")
+      ->required()
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--delay-us", delay_us, "how long each packet is held, µs")->required()->check(CLI::Range(0, 10000000));
+  app.add_option("--max-queued", max_queued, "packets the kernel may hold for this line before it drops")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  CLI11_PARSE(app, argc, argv);
+
+  Line line;
+  line.delay_ns = delay_us * 1000;
+  nfq_handle* h = nfq_open();
+  if (h == nullptr) {
+    std::fprintf(stderr, "delay_line: nfq_open failed: %s (root and nfnetlink_queue needed)\n", std::strerror(errno));
+    return 1;
+  }
+  nfq_q_handle* qh = nfq_create_queue(h, static_cast<uint16_t>(queue), &on_packet, &line);
+  if (qh == nullptr) {
+    std::fprintf(stderr, "delay_line: cannot bind queue %d: %s\n", queue, std::strerror(errno));
+    nfq_close(h);
+    return 1;
+  }
+  if (nfq_set_mode(qh, NFQNL_COPY_META, 0) < 0 || nfq_set_queue_maxlen(qh, max_queued) < 0 ||
+      nfq_set_queue_flags(qh, NFQA_CFG_F_GSO, NFQA_CFG_F_GSO) < 0) {
+    std::fprintf(stderr, "delay_line: cannot configure queue %d: %s\n", queue, std::strerror(errno));
+    nfq_destroy_queue(qh);
+    nfq_close(h);
+    return 1;
+  }
+  const int fd = nfq_fd(h);
+  nfnl_rcvbufsiz(nfq_nfnlh(h), 16u << 20);  // a burst of queued packets must not overflow the socket (ENOBUFS)
+  int on = 1;
+  setsockopt(fd, SOL_NETLINK, NETLINK_NO_ENOBUFS, &on, sizeof on);
+
+  struct sigaction sa{};
+  sa.sa_handler = [](int) { stop = 1; };
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  std::printf("ready\n");
+  std::fflush(stdout);
+
+  alignas(8) static char buf[1 << 16];
+  while (!stop) {
+    // release what is due, then wait for a packet or the next due time
+    const int64_t t = now_ns();
+    while (!line.held.empty() && line.held.front().due_ns <= t) {
+      line.latest_ns = std::max(line.latest_ns, t - line.held.front().due_ns);
+      nfq_set_verdict(qh, line.held.front().id, NF_ACCEPT, 0, nullptr);
+      line.held.pop_front();
+    }
+    timespec wait{1, 0};
+    if (!line.held.empty()) {
+      const int64_t left = std::max<int64_t>(0, line.held.front().due_ns - now_ns());
+      wait = {static_cast<time_t>(left / 1000000000), static_cast<long>(left % 1000000000)};
+    }
+    pollfd p{fd, POLLIN, 0};
+    if (ppoll(&p, 1, &wait, nullptr) <= 0) continue;  // timeout, or a signal
+    for (;;) {
+      const ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+      if (n <= 0) break;
+      nfq_handle_packet(h, buf, static_cast<int>(n));
+    }
+  }
+  for (const Held& p : line.held) nfq_set_verdict(qh, p.id, NF_ACCEPT, 0, nullptr);
+  std::printf("packets %llu, most held %zu, latest release %.3f ms late\n",
+              static_cast<unsigned long long>(line.packets), line.most_held, line.latest_ns / 1e6);
+  nfq_destroy_queue(qh);
+  nfq_close(h);
+  return 0;
+}
