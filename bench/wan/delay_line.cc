@@ -1,13 +1,15 @@
 // A delay line for the emulated sites of bench/wan/utilisation.sh (issue 32 item 1), for kernels without sch_netem
 // (this machine's 6.18 has none, docs/measurements.md "Utilisation over constrained links"): every packet netfilter
-// queues to it (iptables … -j NFQUEUE --queue-num Q, in the site's namespace) is held for --delay-us and then
-// accepted, in arrival order. One line per namespace delays its egress and its ingress; with every host's line at
-// RTT/4 any two hosts see RTT/2 each way. Rate limits stay with tc (TBF) on the veth, after the OUTPUT hook.
+// queues to it (iptables -A INPUT -i VETH -j NFQUEUE --queue-num Q, in the host's namespace) is held for --delay-us
+// and then let in, in arrival order. With every host's line at RTT/2 on its ingress any two hosts are RTT apart.
+// Rate limits stay with tc (TBF) on the veths. On ingress, not egress: a packet held on its way out still counts
+// against its socket's TCP small-queue budget and caps the sender (5 of 100 Mbit/s at 40 ms RTT, measured).
 //
-// Only the packet's metadata crosses to user space (NFQNL_COPY_META) and GSO packets stay whole (NFQA_CFG_F_GSO),
-// so a line costs a recv and a verdict per packet. It prints "ready" once bound (add the iptables rules after it)
-// and, on SIGTERM or SIGINT, a line of counts: packets, the most held at once, and the largest lateness of a release
-// (its timer's slack on a loaded machine: run it with a real-time priority, chrt -f).
+// Only the packet's metadata crosses to user space (NFQNL_COPY_META), GSO packets stay whole (NFQA_CFG_F_GSO), and
+// the packets due at one wake-up (or within 0.2 ms of it) go with one batch verdict. It prints "ready" once bound
+// (add the iptables rules after it: a queue with no reader drops) and, on SIGTERM or SIGINT, a line of counts:
+// packets, the most held at once, and the largest lateness of a release (the timer's slack on a loaded machine:
+// run it with a real-time priority, chrt -f).
 //
 // Usage: bench_wan_delay_line --queue Q --delay-us D [--max-queued N]
 // Exit status 1 when netfilter's queue cannot be opened or bound (not root, no nfnetlink_queue), with the reason.
@@ -32,6 +34,7 @@
 namespace {
 
 volatile sig_atomic_t stop = 0;
+constexpr int64_t kSlackNs = 200000;  // a packet due within 0.2 ms goes with the ones due now
 
 int64_t now_ns() {
   timespec ts{};
@@ -112,16 +115,21 @@ int main(int argc, char** argv) {
 
   alignas(8) static char buf[1 << 16];
   while (!stop) {
-    // release what is due, then wait for a packet or the next due time
+    // release what is due (and what falls due within kSlackNs: one wake-up for packets that arrived together) with
+    // one batch verdict: ids grow in arrival order, so accepting every id up to the last one due is exactly those
     const int64_t t = now_ns();
-    while (!line.held.empty() && line.held.front().due_ns <= t) {
+    uint32_t last_due = 0;
+    bool any = false;
+    while (!line.held.empty() && line.held.front().due_ns <= t + kSlackNs) {
       line.latest_ns = std::max(line.latest_ns, t - line.held.front().due_ns);
-      nfq_set_verdict(qh, line.held.front().id, NF_ACCEPT, 0, nullptr);
+      last_due = line.held.front().id;
+      any = true;
       line.held.pop_front();
     }
+    if (any) nfq_set_verdict_batch(qh, last_due, NF_ACCEPT);
     timespec wait{1, 0};
     if (!line.held.empty()) {
-      const int64_t left = std::max<int64_t>(0, line.held.front().due_ns - now_ns());
+      const int64_t left = std::max<int64_t>(0, line.held.front().due_ns - now_ns());  // > kSlackNs - (time since t)
       wait = {static_cast<time_t>(left / 1000000000), static_cast<long>(left % 1000000000)};
     }
     pollfd p{fd, POLLIN, 0};
@@ -132,7 +140,7 @@ int main(int argc, char** argv) {
       nfq_handle_packet(h, buf, static_cast<int>(n));
     }
   }
-  for (const Held& p : line.held) nfq_set_verdict(qh, p.id, NF_ACCEPT, 0, nullptr);
+  if (!line.held.empty()) nfq_set_verdict_batch(qh, line.held.back().id, NF_ACCEPT);
   std::printf("packets %llu, most held %zu, latest release %.3f ms late\n",
               static_cast<unsigned long long>(line.packets), line.most_held, line.latest_ns / 1e6);
   nfq_destroy_queue(qh);
