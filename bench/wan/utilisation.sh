@@ -298,7 +298,7 @@ if shutil.which("gnuplot") and series:
             plots.append(f"'{out}/plot-{method}.dat' using 1:3 with lines dt 2 lc {k + 1} title '{method} (sim)'")
     with open(f"{out}/utilisation.gp", "w") as g:
         g.write(f"set terminal pngcairo size 960,600 font 'Sans,11'\nset output '{out}/utilisation.png'\n"
-                f"set title 'Utilisation vs link rate, M = {M} sites, fp32 (unshaped = 1)'\n"
+                f"set title 'Utilisation vs link rate, M = {M} sites, RTT {rtt} ms on shaped links (unshaped = 1)'\n"
                 "set xlabel 'link, Mbit/s each way'\nset ylabel 'tokens/s over unshaped'\nset logscale x\n"
                 "set yrange [0:1.15]\nset grid\nset key outside right\nplot " + ", \\\n  ".join(plots) + "\n")
     subprocess.run(["gnuplot", f"{out}/utilisation.gp"], check=False)
