@@ -160,6 +160,12 @@ void SyncerService::offer_orphaned_streams(double now) {
   for (const auto& [stream, until] : declined_until_) {
     if (until > now) excluded.insert(stream);
   }
+  // A stream nobody has trained yet stays its slot's for the syncer's first kNeverStartedGrace_s: a learner slow to
+  // start (a Python learner importing torch on a loaded machine) must not find its stream taken by one that spent
+  // its own share meanwhile (seen: a tiny model's 150 steps in under a second, the Python learner then trained nothing).
+  for (int64_t s = 0; now < kNeverStartedGrace_s && s < streams_.size(); ++s) {
+    if (streams_.tokens(s) == 0) excluded.insert(s);
+  }
   const auto is_live = [&](int who) { return state_->is_live(who, now); };
   for (int id : takes_over_) {
     const auto rec = state_->learners().find(id);

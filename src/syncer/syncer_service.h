@@ -183,6 +183,7 @@ class SyncerService final : public wire::SyncerHandler {
   std::map<int64_t, double> declined_until_;
   static constexpr double kOfferTimeout_s = 10.0;  // an offer unanswered this long is withdrawn (its learner is gone)
   static constexpr double kDeclinedFor_s = 5.0;    // a declined stream is not offered again for one liveness lease
+  static constexpr double kNeverStartedGrace_s = 30.0;  // an untrained stream is not offered before this, s
   std::thread merger_;
 };
 
