@@ -17,9 +17,13 @@
 # Outer momentum (docs/measurements.md "Quality at the scaling-law horizon": μ = 0.9 cost 0.17–0.41 nats/token at
 # 8–77 outer steps): stage "outer" sweeps (η, μ) over ETA_GRID × MU_GRID for decoupled M = 4 at 1/10 of the budget;
 # stage "outer1" runs diloco and decoupled M = 4 at the full budget with MU and ETA (default: that sweep's best).
+# Data order (the same section): ORDER=shuffled trains every run with data.order = "shuffled" (each stream samples
+# the whole text; src/data/stream.h) instead of contiguous; stages "pick10" and "pick1" run only the variants named
+# in PICK (default "dp diloco-m4 decoupled-m4") at 1/10 or all of the budget, SEEDS seeds.
 # Usage (repository root, after scripts/build.sh and `dloco data prepare --kjv --out data/kjv`):
 #   [NAME=horizon] [STAGES="sweep 10 4 1 seed2"] [LR_GRID="3e-3 6e-3 1.2e-2"] [ETA_GRID="0.4 0.7 1.0"]
-#   [MU_GRID="0 0.5 0.7"] [LR=…] [ETA=…] [MU=0.9] nice -n 10 bench/horizon.sh
+#   [MU_GRID="0 0.5 0.7"] [LR=…] [ETA=…] [MU=0.9] [ORDER=contiguous|shuffled] [PICK="…"] [SEEDS=1]
+#   nice -n 10 bench/horizon.sh
 # Results: runs/<NAME>-<stage>/compare.md and compare.json; bench/horizon_table.py prints the table of
 # docs/measurements.md from them.
 set -euo pipefail
@@ -52,7 +56,7 @@ common() {  # budget_tokens lr eta
   echo "${model[@]}" --set train.total_tokens="$tokens" --set train.lr="$2" --set train.warmup_steps="$warmup" \
        --set train.min_lr_ratio=0.05 --set train.beta2=0.99 --set train.eval_interval=$(( steps / 5 + 1 )) \
        --set diloco.inner_steps=30 --set diloco.fragments=10 --set diloco.overlap=2 --set diloco.outer_lr="$3" \
-       --set diloco.outer_momentum="${MU:-0.9}" --set diloco.grace_window=false
+       --set diloco.outer_momentum="${MU:-0.9}" --set diloco.grace_window=false --set data.order="${ORDER:-contiguous}"
 }
 variant() {  # name mode M
   local batch=$((32 / $3)) quorum=$3
@@ -134,7 +138,18 @@ for stage in $STAGES; do
       MU=${MU:-$(best outer decoupled-m4-eta diloco.outer_momentum)}
       compare "outer1-eta$ETA-mu$MU" 1 "$D" "$LR" "$ETA" "$(variant diloco-m4 diloco 4)" "$(variant decoupled-m4 decoupled 4)"
       ;;
-    *) echo "unknown stage '$stage' (sweep, 10, 4, 1, seed2, outer, outer1)" >&2; exit 2 ;;
+    pick10|pick1)  # the variants named in PICK (of all_variants) at 1/10 or all of the budget, SEEDS seeds
+      LR=${LR:-$(best "sweep-lr sweep-lr-edge" dp-lr train.lr)}
+      ETA=${ETA:-$(best sweep-eta diloco-m4-eta diloco.outer_lr)}
+      picked=()
+      for v in ${PICK:-dp diloco-m4 decoupled-m4}; do
+        line=$(all_variants | grep -- "--variant=$v:") || { echo "no variant '$v' in all_variants" >&2; exit 2; }
+        picked+=("$line")
+      done
+      compare "$stage-$(echo "${PICK:-dp diloco-m4 decoupled-m4}" | tr ' ' '+')" "${SEEDS:-1}" $((D / ${stage#pick})) \
+        "$LR" "$ETA" "${picked[@]}"
+      ;;
+    *) echo "unknown stage '$stage' (sweep, 10, 4, 1, seed2, outer, outer1, pick10, pick1)" >&2; exit 2 ;;
   esac
   echo "[horizon] $stage done: LR=${LR:-?} ETA=${ETA:-?}"
 done

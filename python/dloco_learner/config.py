@@ -29,6 +29,7 @@ FIELDS = [
     ("model", "init_std", "float", 0.02),
     ("data", "dir", "str", "data/kjv"),
     ("data", "streams", "int", 0),
+    ("data", "order", ("contiguous", "shuffled"), "contiguous"),
     ("train", "batch_size", "int", 16),
     ("train", "grad_accum", "int", 1),
     ("train", "total_tokens", "int", 2000000),

@@ -70,25 +70,75 @@ class TokenSplit:
         return out
 
 
-class DataStream:
-    """Stream `index` of `count` over a split, read through a cursor {stream, position, epoch, tokens_served}."""
+_M64 = (1 << 64) - 1
 
-    def __init__(self, split, index, count, batch_size, seq_len, cursor):
+
+def _splitmix64(x):
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+class DataStream:
+    """Stream `index` of `count` over a split, read through a cursor {stream, position, epoch, tokens_served}; laid out
+    as data.order says (src/data/stream.h): "contiguous" (the index-th of count ranges, in order) or "shuffled" (every
+    count-th slot of B·T tokens of the whole split, in a seeded pseudo-random permutation per epoch)."""
+
+    def __init__(self, split, index, count, batch_size, seq_len, cursor, order="contiguous"):
         self.split, self.step_tokens = split, batch_size * seq_len
-        self.length = split.size // count
-        self.begin = index * self.length
+        self.index, self.count, self.order = index, count, order
         self.cursor = dict(cursor)
-        if self.length < self.step_tokens + 1:
-            raise ConfigError("data stream %d of %d holds %d tokens, fewer than one batch window of %d: use fewer "
-                              "streams, a smaller batch, or more data" % (index, count, self.length,
-                                                                          self.step_tokens + 1))
-        if self.cursor["stream"] != index or self.cursor["position"] + self.step_tokens + 1 > self.length:
-            raise ConfigError("data stream cursor %s does not belong to stream %d of length %d"
-                              % (json.dumps(self.cursor), index, self.length))
+        if order == "shuffled":
+            n = (split.size - 1) // self.step_tokens
+            self.slots = (n - index + count - 1) // count if n > index else 0
+            self.length, self.begin = self.slots * self.step_tokens + 1, 0
+            if self.slots < 1:
+                raise ConfigError('data stream %d of %d (data.order = "shuffled") gets no window slot: the split\'s %d '
+                                  "tokens hold %d slots of B·T = %d tokens; use fewer streams, a smaller batch, or "
+                                  "more data" % (index, count, split.size, n, self.step_tokens))
+        else:
+            self.length = split.size // count
+            self.begin = index * self.length
+            if self.length < self.step_tokens + 1:
+                raise ConfigError("data stream %d of %d holds %d tokens, fewer than one batch window of %d: use fewer "
+                                  "streams, a smaller batch, or more data" % (index, count, self.length,
+                                                                              self.step_tokens + 1))
+        if self.cursor["stream"] != index or self.cursor["position"] + self.step_tokens + 1 > self.length or \
+                (order == "shuffled" and self.cursor["position"] % self.step_tokens):
+            raise ConfigError("data stream cursor %s does not belong to stream %d of length %d (batch windows of %d "
+                              "tokens)" % (json.dumps(self.cursor), index, self.length, self.step_tokens))
+        self._draw_permutation()
+
+    def _draw_permutation(self):
+        if self.order != "shuffled":
+            return
+        self.key = _splitmix64(_splitmix64(self.index) ^ self.cursor["epoch"])
+        self.half_bits = 1
+        while (1 << (2 * self.half_bits)) < self.slots:
+            self.half_bits += 1
+
+    def _permuted(self, k):
+        """π(k): a 4-round Feistel network keyed by the epoch's key, cycle-walked below n_s (as the C++)."""
+        mask, x = (1 << self.half_bits) - 1, k
+        while True:
+            left, right = x >> self.half_bits, x & mask
+            for r in range(4):
+                left, right = right, left ^ (_splitmix64(right ^ _splitmix64((self.key + r) & _M64)) & mask)
+            x = (left << self.half_bits) | right
+            if x < self.slots:
+                return x
+
+    def window_begin(self):
+        """The first token of the window the cursor points at, in the split."""
+        if self.order != "shuffled":
+            return self.begin + self.cursor["position"]
+        k = self.cursor["position"] // self.step_tokens
+        return (self.index + self.count * self._permuted(k)) * self.step_tokens
 
     def next(self):
         """The next batch's window, (B·T + 1) int64; moves the cursor."""
-        window = self.split.copy(self.begin + self.cursor["position"], self.step_tokens + 1)
+        window = self.split.copy(self.window_begin(), self.step_tokens + 1)
         self.skip()
         return window
 
@@ -98,6 +148,7 @@ class DataStream:
         c["tokens_served"] += self.step_tokens
         if c["position"] + self.step_tokens + 1 > self.length:  # the next window would not fit: wrap
             c["position"], c["epoch"] = 0, c["epoch"] + 1
+            self._draw_permutation()
 
 
 def parse_cursor(text, stream):

@@ -131,7 +131,7 @@ def open_stream(cfg, joined, log):
     if not 0 <= joined.stream_index < S:
         raise config_mod.ConfigError("the syncer leased stream %d of S = %d streams" % (joined.stream_index, S))
     stream = DataStream(TokenSplit(cfg["data"]["dir"]), joined.stream_index, S, cfg["train"]["batch_size"],
-                        cfg["model"]["seq_len"], cursor)
+                        cfg["model"]["seq_len"], cursor, cfg["data"]["order"])
     for _ in range(cfg["train"]["grad_accum"] if from_log else 0):
         stream.skip()
     return stream, from_log

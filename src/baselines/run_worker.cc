@@ -265,7 +265,7 @@ GPT Worker::initial_model() {
 // The inner job at the start step: the one-process GPT job over model_, or the group (rank 0 here) with Θ0 (or
 // the resumed weights) written onto every rank.
 std::unique_ptr<InnerJob> Worker::make_job() {
-  DataStream stream(train_split_, slot_, S_, config_.train.batch_size, config_.model.seq_len, start_.cursors[slot_]);
+  DataStream stream = config_stream(train_split_, slot_, S_, config_, start_.cursors[slot_]);
   if (!ranks_) {
     auto job = std::make_unique<GptInnerJob>(model_, layout_, config_.train, make_schedule(config_), device_,
                                              std::move(stream));
@@ -406,7 +406,7 @@ nlohmann::json Worker::cursors_at(int64_t step) {
   for (int s = 0; s < M_; ++s) {
     StreamCursor c = start_.cursors[s];
     if (seen_[s]) {
-      DataStream shadow(train_split_, s, S_, config_.train.batch_size, config_.model.seq_len, c);
+      DataStream shadow = config_stream(train_split_, s, S_, config_, c);
       for (int64_t i = 0; i < (step - start_.step) * config_.train.grad_accum; ++i) shadow.skip();
       c = shadow.cursor();
     }

@@ -39,6 +39,7 @@ void for_each_field(C& c, F&& f) {
   f("model", "init_std", c.model.init_std);
   f("data", "dir", c.data.dir);
   f("data", "streams", c.data.streams);
+  f("data", "order", c.data.order);
   f("train", "batch_size", c.train.batch_size);
   f("train", "grad_accum", c.train.grad_accum);
   f("train", "total_tokens", c.train.total_tokens);

@@ -53,10 +53,17 @@ int64_t gpt_parameter_count(const ModelConfig& m);
 /// (the PaLM/llm.c convention), where N_matmul excludes the embedding lookup but includes the output head.
 double gpt_flops_per_token(const ModelConfig& m);
 
+/// How a data stream's batch windows are laid over the train split (data.order; src/data/stream.h).
+enum class DataOrder { kContiguous, kShuffled };
+
 /// Where the tokenized corpus lives (written by `dloco data prepare`).
 struct DataConfig {
   std::string dir = "data/kjv";  // folder with tokenizer.model, train_*.bin, val_*.bin, meta.json
   int64_t streams = 0;           // S data streams the train split is cut into; 0 = one per learner (S = M)
+  // contiguous: stream s is the s-th of S contiguous ranges, read in order (a learner trains one stretch of text
+  // after the other); shuffled: stream s owns every S-th window slot of the whole split and reads them in a seeded
+  // permutation per epoch (each stream samples all the text; src/data/stream.h). Every token once an epoch either way.
+  DataOrder order = DataOrder::kContiguous;
 };
 
 /// The inner optimisation a learner runs (AdamW, warmup + cosine), docs/protocol.md §2 "inner".
@@ -106,6 +113,7 @@ struct Choices;
   };
 DLOCO_CHOICES(Mode, 5, {Mode::kLocal, "local"}, {Mode::kDecoupled, "decoupled"}, {Mode::kDp, "dp"},
               {Mode::kDiloco, "diloco"}, {Mode::kStreaming, "streaming"})
+DLOCO_CHOICES(DataOrder, 2, {DataOrder::kContiguous, "contiguous"}, {DataOrder::kShuffled, "shuffled"})
 DLOCO_CHOICES(MergeRule, 2, {MergeRule::kRda, "rda"}, {MergeRule::kMean, "mean"})
 DLOCO_CHOICES(WeightRule, 2, {WeightRule::kTokens, "tokens"}, {WeightRule::kUniform, "uniform"})
 DLOCO_CHOICES(StalePolicy, 2, {StalePolicy::kReanchor, "reanchor"}, {StalePolicy::kSkip, "skip"})

@@ -1,6 +1,7 @@
 // Data streams with exact cursors; see stream.h.
 #include "data/stream.h"
 
+
 #include "core/check.h"
 #include "core/json_read.h"
 
@@ -26,29 +27,88 @@ StreamCursor StreamCursor::from_json(const nlohmann::json& j) {
   return c;
 }
 
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
 DataStream::DataStream(std::shared_ptr<const TokenSplit> split, int64_t index, int64_t count, int64_t batch_size,
-                       int64_t seq_len, StreamCursor cursor)
-    : split_(std::move(split)), batch_size_(batch_size), seq_len_(seq_len), cursor_(cursor) {
+                       int64_t seq_len, StreamCursor cursor, DataOrder order)
+    : split_(std::move(split)), index_(index), count_(count), batch_size_(batch_size), seq_len_(seq_len),
+      order_(order), cursor_(cursor) {
   DLOCO_CHECK(split_ != nullptr);
   DLOCO_CHECK(index >= 0 && index < count);
-  length_ = split_->size() / count;
-  begin_ = index * length_;
-  const int64_t window = batch_size * seq_len + 1;
-  if (length_ < window) {
-    throw InputError("data stream " + std::to_string(index) + " of " + std::to_string(count) + " holds " +
-                     std::to_string(length_) + " tokens, fewer than one batch window of " + std::to_string(window) +
-                     ": use fewer streams, a smaller batch, or more data");
+  const int64_t step = batch_size * seq_len;
+  const int64_t window = step + 1;
+  if (order_ == DataOrder::kShuffled) {
+    const int64_t n = (split_->size() - 1) / step;  // slots of B·T tokens, each window one token past its slot
+    slots_ = n > index ? (n - index + count - 1) / count : 0;
+    length_ = slots_ * step + 1;
+    if (slots_ < 1) {
+      throw InputError("data stream " + std::to_string(index) + " of " + std::to_string(count) + " (data.order = "
+                       "\"shuffled\") gets no window slot: the split's " + std::to_string(split_->size()) +
+                       " tokens hold " + std::to_string(n) + " slots of B·T = " + std::to_string(step) +
+                       " tokens; use fewer streams, a smaller batch, or more data");
+    }
+  } else {
+    length_ = split_->size() / count;
+    begin_ = index * length_;
+    if (length_ < window) {
+      throw InputError("data stream " + std::to_string(index) + " of " + std::to_string(count) + " holds " +
+                       std::to_string(length_) + " tokens, fewer than one batch window of " + std::to_string(window) +
+                       ": use fewer streams, a smaller batch, or more data");
+    }
   }
-  if (cursor_.stream != index || cursor_.position + window > length_) {
+  if (cursor_.stream != index || cursor_.position + window > length_ ||
+      (order_ == DataOrder::kShuffled && cursor_.position % step != 0)) {
     throw InputError("data stream cursor " + cursor_.to_json().dump() + " does not belong to stream " +
-                     std::to_string(index) + " of length " + std::to_string(length_));
+                     std::to_string(index) + " of length " + std::to_string(length_) + " (batch windows of " +
+                     std::to_string(step) + " tokens)");
   }
+  draw_permutation();
+}
+
+void DataStream::draw_permutation() {
+  if (order_ != DataOrder::kShuffled) return;
+  key_ = splitmix64(splitmix64(static_cast<uint64_t>(index_)) ^ static_cast<uint64_t>(cursor_.epoch));
+  half_bits_ = 1;
+  while ((uint64_t{1} << (2 * half_bits_)) < static_cast<uint64_t>(slots_)) ++half_bits_;
+}
+
+// π(k): a 4-round Feistel network on 2·half_bits_ bits keyed by key_, walked until it lands below n_s (a bijection
+// of [0, 2^bits) restricted by cycle-walking is a bijection of [0, n_s); 2^bits < 4·n_s, so under 4 walks expected).
+int64_t DataStream::permuted(int64_t k) const {
+  const uint64_t mask = (uint64_t{1} << half_bits_) - 1;
+  auto x = static_cast<uint64_t>(k);
+  do {
+    uint64_t left = x >> half_bits_, right = x & mask;
+    for (uint64_t round = 0; round < 4; ++round) {
+      const uint64_t f = splitmix64(right ^ splitmix64(key_ + round)) & mask;
+      const uint64_t next = left ^ f;
+      left = right;
+      right = next;
+    }
+    x = (left << half_bits_) | right;
+  } while (x >= static_cast<uint64_t>(slots_));
+  return static_cast<int64_t>(x);
+}
+
+int64_t DataStream::window_begin() const {
+  if (order_ != DataOrder::kShuffled) return begin_ + cursor_.position;
+  const int64_t k = cursor_.position / (batch_size_ * seq_len_);
+  return (index_ + count_ * permuted(k)) * batch_size_ * seq_len_;
 }
 
 void DataStream::next(std::span<int64_t> window) {
   const int64_t step = batch_size_ * seq_len_;
   DLOCO_CHECK_EQ(static_cast<int64_t>(window.size()), step + 1);
-  split_->copy(begin_ + cursor_.position, window);
+  split_->copy(window_begin(), window);
   skip();
 }
 
@@ -59,7 +119,14 @@ void DataStream::skip() {
   if (cursor_.position + step + 1 > length_) {  // the next window would not fit: wrap
     cursor_.position = 0;
     cursor_.epoch += 1;
+    draw_permutation();
   }
+}
+
+DataStream config_stream(std::shared_ptr<const TokenSplit> split, int64_t index, int64_t count, const Config& config,
+                         StreamCursor cursor) {
+  return DataStream(std::move(split), index, count, config.train.batch_size, config.model.seq_len, cursor,
+                    config.data.order);
 }
 
 }  // namespace dloco

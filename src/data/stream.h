@@ -4,6 +4,18 @@
 // restored exactly on resume.
 // A batch is a window of B·T + 1 consecutive tokens: inputs are window[0 : B·T], targets window[1 : B·T + 1],
 // both viewed as (B, T). At the end of its range the stream wraps to its start and counts an epoch.
+//
+// Two layouts (data.order, DataOrder in core/config.h):
+//   contiguous  stream s of S is tokens [s·L, (s+1)·L), L = size / S, its windows read in order: a learner trains
+//               one stretch of text after the other (one book for many steps).
+//   shuffled    the split is cut into n = (size − 1) / (B·T) slots of B·T tokens (a window reads one token past its
+//               slot, as a target); stream s owns the slots j ≡ s (mod S), n_s of them, so every stream samples the
+//               whole split; its k-th batch of epoch e is slot s + S·π(k), π a pseudo-random permutation of [0, n_s)
+//               keyed by splitmix64 of (s, e): a 4-round Feistel network, cycle-walked into range. The cursor's
+//               position is still k·B·T, so restarts, skips and the stream log are exact as before; each slot is read
+//               once an epoch, and consecutive batches come from unrelated places of the text.
+// A shuffled stream's windows depend on B·T: a run's streams must be read with one batch size (the handshake
+// compares train.batch_size and model.seq_len).
 #pragma once
 
 #include <cstdint>
@@ -12,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/config.h"
 #include "data/shards.h"
 
 namespace dloco {
@@ -31,11 +44,11 @@ struct StreamCursor {
 
 class DataStream {
  public:
-  /// Stream `index` of `count` over `split`: tokens [index·L, (index+1)·L) with L = size / count.
+  /// Stream `index` of `count` over `split`, laid out as `order` says (see the top of this file).
   /// Throws InputError if a stream is shorter than one window (B·T + 1 tokens: use fewer streams or a smaller
   /// batch) or the cursor belongs to another stream or lies outside it.
   DataStream(std::shared_ptr<const TokenSplit> split, int64_t index, int64_t count, int64_t batch_size,
-             int64_t seq_len, StreamCursor cursor);
+             int64_t seq_len, StreamCursor cursor, DataOrder order = DataOrder::kContiguous);
 
   /// Fills `window` (exactly B·T + 1 int64 values) with the next batch and advances the cursor by B·T.
   void next(std::span<int64_t> window);
@@ -45,13 +58,27 @@ class DataStream {
 
   const StreamCursor& cursor() const { return cursor_; }
   int64_t tokens_per_batch() const { return batch_size_ * seq_len_; }
-  int64_t begin() const { return begin_; }
+  /// The first token of the window the cursor points at, in the split.
+  int64_t window_begin() const;
+  /// Tokens the cursor ranges over: contiguous, the stream's length; shuffled, n_s·B·T + 1.
   int64_t length() const { return length_; }
 
  private:
+  void draw_permutation();         // key_ and half_bits_ for the cursor's epoch (shuffled)
+  int64_t permuted(int64_t k) const;  // π(k) (shuffled)
+
   std::shared_ptr<const TokenSplit> split_;
-  int64_t begin_ = 0, length_ = 0, batch_size_ = 0, seq_len_ = 0;
+  int64_t index_ = 0, count_ = 1, begin_ = 0, length_ = 0, batch_size_ = 0, seq_len_ = 0;
+  DataOrder order_ = DataOrder::kContiguous;
+  int64_t slots_ = 0;  // shuffled: n_s
+  uint64_t key_ = 0;   // shuffled: π's key for the cursor's epoch
+  int half_bits_ = 1;  // shuffled: π works on 2·half_bits_ bits, the fewest with 2^bits ≥ n_s
   StreamCursor cursor_;
 };
+
+/// Stream `index` of `count` with the run's batch windows and layout: B = train.batch_size, T = model.seq_len,
+/// data.order. Throws as the constructor does.
+DataStream config_stream(std::shared_ptr<const TokenSplit> split, int64_t index, int64_t count, const Config& config,
+                         StreamCursor cursor);
 
 }  // namespace dloco

@@ -40,7 +40,7 @@ DataStream resume_stream(const Config& config, const wire::JoinReply& joined, co
                      std::to_string(S) + " streams");
   }
   auto split = std::make_shared<TokenSplit>(split_shards(fs::path(config.data.dir), "train"));
-  DataStream stream(split, joined.stream_index, S, config.train.batch_size, config.model.seq_len, cursor);
+  DataStream stream = config_stream(split, joined.stream_index, S, config, cursor);
   for (int64_t i = 0; *from_log && i < config.train.grad_accum; ++i) stream.skip();  // a step reads accum batches
   return stream;
 }

@@ -282,8 +282,7 @@ std::unique_ptr<SkipPipeNode> NodeProcess::build(const skippipe::Schedule& sched
 
 void NodeProcess::position_stream(int64_t k) {
   if (!split_ || stream_at_ == windows_before_[static_cast<size_t>(k)]) return;
-  stream_ = std::make_unique<DataStream>(split_, 0, 1, config_.train.batch_size, config_.model.seq_len,
-                                         StreamCursor{});
+  stream_ = std::make_unique<DataStream>(config_stream(split_, 0, 1, config_, StreamCursor{}));
   for (int64_t i = 0; i < windows_before_[static_cast<size_t>(k)]; ++i) stream_->skip();
   stream_at_ = windows_before_[static_cast<size_t>(k)];
 }

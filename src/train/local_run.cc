@@ -299,7 +299,7 @@ nlohmann::json run_local(const Config& config, const RunOptions& options) {
   if (options.resume) {
     if (auto finished = resume(run)) return *finished;
   }
-  DataStream stream(train_split, 0, 1, config.train.batch_size, config.model.seq_len, run.cursor);
+  DataStream stream = config_stream(train_split, 0, 1, config, run.cursor);
   run.stream = &stream;
 
   // 3) the loop

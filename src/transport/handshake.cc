@@ -56,6 +56,7 @@ std::vector<wire::Setting> handshake_settings(const Config& config) {
   add_settings("train", train, out);
   add_settings("diloco", all.at("diloco"), out);
   add_settings("data.streams", all.at("data").at("streams"), out);
+  add_settings("data.order", all.at("data").at("order"), out);
   return out;
 }
 

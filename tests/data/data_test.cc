@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <fstream>
 #include <numeric>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -181,6 +182,71 @@ TEST_F(DataTest, StreamRefusesBadSetups) {
   EXPECT_THROW(DataStream(split, 0, 10, 2, 8, StreamCursor{}), InputError);         // stream shorter than a window
   EXPECT_THROW(DataStream(split, 0, 1, 1, 8, StreamCursor{1, 0, 0, 0}), InputError);  // another stream's cursor
   EXPECT_THROW(StreamCursor::from_json({{"stream", 0}}), InputError);
+}
+
+// data.order = "shuffled": S streams own the slots j ≡ s (mod S) of the whole split; in an epoch each reads each of
+// its slots once, in an order that changes every epoch; together the S streams read every slot once an epoch.
+TEST_F(DataTest, ShuffledStreamsReadEverySlotOnceAnEpochInAnOrderThatChanges) {
+  const int64_t B = 2, T = 8, W = B * T, S = 3;
+  auto split = counting_split(10000, 3000);  // token i is i: a window's first token names its slot
+  const int64_t n = (10000 - 1) / W;         // 624 slots
+  std::vector<int> read(static_cast<size_t>(n), 0);
+  for (int64_t s = 0; s < S; ++s) {
+    DataStream stream(split, s, S, B, T, StreamCursor{s, 0, 0, 0}, DataOrder::kShuffled);
+    std::vector<int64_t> window(W + 1), epoch0, epoch1;
+    while (stream.cursor().epoch < 2) {
+      const int64_t epoch = stream.cursor().epoch;
+      stream.next(window);
+      ASSERT_EQ(window.back(), window.front() + W);  // B·T + 1 consecutive tokens
+      ASSERT_EQ(window.front() % W, 0);
+      const int64_t slot = window.front() / W;
+      ASSERT_EQ(slot % S, s) << "stream " << s << " read another stream's slot";
+      (epoch == 0 ? epoch0 : epoch1).push_back(slot);
+      if (epoch == 0) read[static_cast<size_t>(slot)]++;
+    }
+    EXPECT_EQ(static_cast<int64_t>(epoch0.size()), (n - s + S - 1) / S);
+    EXPECT_EQ(std::set<int64_t>(epoch0.begin(), epoch0.end()), std::set<int64_t>(epoch1.begin(), epoch1.end()));
+    EXPECT_NE(epoch0, epoch1) << "stream " << s << ": the same order in two epochs";
+    // not the contiguous order: fewer than a tenth of consecutive batches are neighbouring slots
+    int neighbours = 0;
+    for (size_t i = 1; i < epoch0.size(); ++i) neighbours += epoch0[i] == epoch0[i - 1] + S;
+    EXPECT_LT(neighbours, static_cast<int>(epoch0.size() / 10)) << "stream " << s;
+  }
+  for (int64_t j = 0; j < n; ++j) EXPECT_EQ(read[static_cast<size_t>(j)], 1) << "slot " << j;
+}
+
+TEST_F(DataTest, ShuffledStreamResumesExactlyFromItsCursorAndRefusesAForeignOne) {
+  auto split = counting_split(5000, 1500);
+  const int64_t B = 3, T = 7;
+  DataStream a(split, 1, 2, B, T, StreamCursor{1, 0, 0, 0}, DataOrder::kShuffled);
+  std::vector<int64_t> w(B * T + 1), v(B * T + 1);
+  for (int i = 0; i < 150; ++i) a.next(w);  // crosses a wrap: 119 slots of 21 tokens, every other one
+  EXPECT_GT(a.cursor().epoch, 0);
+  DataStream b(split, 1, 2, B, T, StreamCursor::from_json(a.cursor().to_json()), DataOrder::kShuffled);
+  for (int i = 0; i < 200; ++i) {
+    a.next(w);
+    b.next(v);
+    ASSERT_EQ(w, v) << "batch " << i << " after resume";
+  }
+  // a position between two windows, or past the stream's last slot
+  EXPECT_THROW(DataStream(split, 1, 2, B, T, StreamCursor{1, 5, 0, 5}, DataOrder::kShuffled), InputError);
+  EXPECT_THROW(DataStream(split, 1, 2, B, T, StreamCursor{1, 119 * 21, 0, 0}, DataOrder::kShuffled), InputError);
+  // more streams than slots: the last ones get none
+  EXPECT_THROW(DataStream(counting_split(100, 100), 7, 8, 2, 8, StreamCursor{7, 0, 0, 0}, DataOrder::kShuffled),
+               InputError);
+}
+
+// The Python learner lays shuffled streams out the same way (python/dloco_learner/data.py; tests/python/units_test.py
+// asserts these same slots).
+TEST_F(DataTest, ShuffledSlotsArePinned) {
+  auto split = counting_split(10000, 10000);
+  DataStream stream(split, 2, 3, 2, 8, StreamCursor{2, 0, 0, 0}, DataOrder::kShuffled);
+  std::vector<int64_t> window(17), slots;
+  for (int i = 0; i < 6; ++i) {
+    stream.next(window);
+    slots.push_back(window.front() / 16);
+  }
+  EXPECT_EQ(slots, (std::vector<int64_t>{476, 590, 26, 203, 293, 398}));
 }
 
 TEST(Prepare, StripsKjvVerseReferences) {

@@ -154,7 +154,9 @@ TEST_F(DecoupledTest, ThreeLearnersTrainTheGlobalModelOverLoopback) {
 TEST_F(DecoupledTest, KilledLearnerNeverStallsTheOthers) {
   // M = 2 learners of one thread each on 2 cores, so a learner's step time is the same before and after the
   // kill; steps of ~0.1 s so scheduling noise stays small against a step; no evaluations competing for cores.
-  const auto cfg = write_config("kill", 2 * 120 * 32 * 32, "restart_delay_s = -1.0\n", 32, 96, 2, 0);
+  // The streams are shuffled (data.order): the take-over resumes a shuffled stream from its cursor.
+  const auto cfg = testing_support::write_decoupled_config(root_, "kill", 2 * 120 * 32 * 32, "restart_delay_s = -1.0\n",
+                                                           32, 96, 2, 0, "", "order = \"shuffled\"\n");
   const fs::path run = root_ / "kill";
   const std::string cmd = kDloco + " train --config " + cfg.string() + " > " + (root_ / "kill.log").string() + " 2>&1";
   // Learner 1 is never restarted: once its lease has run out and learner 0 has spent its own share, learner 0 takes

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Table and property tests of the Python learner's pure parts (python/dloco_learner): the handshake's hashes and
-typed settings, the fragment layout, the payload codecs and the config reader. The golden values were produced by the
+typed settings, the fragment layout, the payload codecs, the config reader and the data streams' layout. The golden values were produced by the
 C++ side (the syncer's `listening` event, src/core/fragments.cc) and are also checked end to end by
 python_learner_test.py, where a wrong one is a refused join. Usage: PYTHONPATH=python python3 units_test.py.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dloco_learner import codec, config, handshake, layout
+from dloco_learner import codec, config, data, handshake, layout
 
 TINY_TOML = """[model]\npreset = "tiny"\nvocab_size = 400\nd_model = 32\n[train]\nbatch_size = 8\ntotal_tokens = 76800
 lr = 3e-3\nwarmup_steps = 5\n[diloco]\nmode = "decoupled"\nlearners = 2\ninner_steps = 4\nfragments = 4\noverlap = 1
@@ -193,6 +193,42 @@ class ConfigTest(unittest.TestCase):
             with self.assertRaises(config.ConfigError) as e:
                 config.check_supported(tiny_config(text), 1)
             self.assertIn(words, str(e.exception))
+
+
+class _CountingSplit:
+    """A split whose token i is i (what DataStream reads of it: size and copy)."""
+    size = 10000
+
+    def copy(self, begin, count):
+        return list(range(begin, begin + count))
+
+
+class DataStreamTest(unittest.TestCase):
+    def stream(self, order, index=2, count=3, cursor=None):
+        return data.DataStream(_CountingSplit(), index, count, 2, 8,
+                               cursor or {"stream": index, "position": 0, "epoch": 0, "tokens_served": 0}, order)
+
+    def test_shuffled_slots_are_the_cpp_ones(self):
+        # tests/data/data_test.cc ShuffledSlotsArePinned: the same six slots from the C++ DataStream
+        s = self.stream("shuffled")
+        self.assertEqual([s.next()[0] // 16 for _ in range(6)], [476, 590, 26, 203, 293, 398])
+
+    def test_shuffled_stream_reads_each_of_its_slots_once_an_epoch(self):
+        s = self.stream("shuffled")
+        epoch0 = [s.next()[0] // 16 for _ in range(208)]  # (10000 − 1) // 16 = 624 slots, every third: 208
+        self.assertEqual(s.cursor["epoch"], 1)
+        self.assertEqual(sorted(epoch0), list(range(2, 624, 3)))
+        epoch1 = [s.next()[0] // 16 for _ in range(208)]
+        self.assertEqual(sorted(epoch1), sorted(epoch0))
+        self.assertNotEqual(epoch1, epoch0)
+
+    def test_contiguous_stream_reads_its_range_in_order(self):
+        s = self.stream("contiguous")
+        self.assertEqual([s.next()[0] for _ in range(3)], [6666, 6682, 6698])
+
+    def test_a_foreign_cursor_is_refused(self):
+        with self.assertRaises(config.ConfigError):
+            self.stream("shuffled", cursor={"stream": 2, "position": 5, "epoch": 0, "tokens_served": 5})
 
 
 if __name__ == "__main__":

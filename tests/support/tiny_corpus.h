@@ -53,11 +53,13 @@ inline std::filesystem::path make_tiny_corpus(const std::string& prefix, const s
 
 /// Writes root/<name>.toml: a tiny decoupled run on the tiny corpus (M learners, P = 4 fragments, H = 4, τ = 1,
 /// K = 1), run folder root/<name>. `extra` is appended under [run] (e.g. "restart_delay_s = -1.0\n"),
-/// `train_extra` under [train]. Under DLOCO_TEST_SLOWDOWN every one of the M slots is slowed (see above).
+/// `train_extra` under [train], `data_extra` under [data]. Under DLOCO_TEST_SLOWDOWN every one of the M slots is
+/// slowed (see above).
 inline std::filesystem::path write_decoupled_config(const std::filesystem::path& root, const std::string& name,
                                                     int64_t total_tokens, const std::string& extra = "",
                                                     int batch_size = 8, int d_model = 32, int learners = 3,
-                                                    int eval_interval = 10, const std::string& train_extra = "") {
+                                                    int eval_interval = 10, const std::string& train_extra = "",
+                                                    const std::string& data_extra = "") {
   const std::filesystem::path path = root / (name + ".toml");
   std::string slowdown;
   if (test_slowdown() > 1.0) {
@@ -67,7 +69,7 @@ inline std::filesystem::path write_decoupled_config(const std::filesystem::path&
     slowdown = "slowdown = \"" + slowdown + "\"\n";
   }
   std::ofstream(path) << "[model]\npreset = \"tiny\"\nvocab_size = 400\nd_model = " << d_model << "\n"
-                      << "[data]\ndir = \"" << (root / "data").string() << "\"\n"
+                      << "[data]\ndir = \"" << (root / "data").string() << "\"\n" << data_extra
                       << "[train]\nbatch_size = " << batch_size << "\ntotal_tokens = " << total_tokens
                       << "\nlr = 3e-3\nwarmup_steps = 5\neval_interval = " << eval_interval << "\neval_tokens = 4096\n"
                       << "checkpoint_interval = 0\n" << train_extra
