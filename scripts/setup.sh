@@ -21,7 +21,8 @@ packages=(
   libcli11-dev libspdlog-dev libfmt-dev libtomlplusplus-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   bible-kjv gnuplot-nox python3 python3-torch python3-numpy python3-grpcio python3-protobuf
-  libcpp-httplib-dev prometheus-cpp-dev chromium slurm-wlm munge iproute2 iptables libnetfilter-queue-dev openssl libssl-dev
+  libcpp-httplib-dev prometheus-cpp-dev chromium slurm-wlm munge iproute2 openssl libssl-dev
+  iptables libnetfilter-queue-dev
   clang-14 libclang-rt-14-dev
 )
 

@@ -75,7 +75,9 @@ int main(int argc, char** argv) {
   app.add_option("--queue", queue, "netfilter queue number (iptables -j NFQUEUE --queue-num)")
       ->required()
       ->check(CLI::Range(0, 65535));
-  app.add_option("--delay-us", delay_us, "how long each packet is held, µs")->required()->check(CLI::Range(0, 10000000));
+  app.add_option("--delay-us", delay_us, "how long each packet is held, µs")
+      ->required()
+      ->check(CLI::Range(0, 10000000));
   app.add_option("--max-queued", max_queued, "packets the kernel may hold for this line before it drops")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
@@ -102,14 +104,26 @@ int main(int argc, char** argv) {
     return 1;
   }
   const int fd = nfq_fd(h);
-  nfnl_rcvbufsiz(nfq_nfnlh(h), 16u << 20);  // a burst of queued packets must not overflow the socket (ENOBUFS)
+  // a burst of queued packets must not overflow the socket (ENOBUFS): a large buffer, and no error if it does
+  if (nfnl_rcvbufsiz(nfq_nfnlh(h), 16u << 20) < (8u << 20)) {
+    std::fprintf(stderr, "delay_line: the netlink receive buffer stayed below 8 MiB (net.core.rmem_max)\n");
+  }
   int on = 1;
-  setsockopt(fd, SOL_NETLINK, NETLINK_NO_ENOBUFS, &on, sizeof on);
+  if (setsockopt(fd, SOL_NETLINK, NETLINK_NO_ENOBUFS, &on, sizeof on) != 0) {
+    std::fprintf(stderr, "delay_line: NETLINK_NO_ENOBUFS: %s\n", std::strerror(errno));
+  }
 
+  // SIGTERM and SIGINT are blocked except inside ppoll, so one that arrives between the stop check and the wait
+  // ends that wait at once (the bench's cleanup gives the line 0.3 s to write its counts).
   struct sigaction sa{};
   sa.sa_handler = [](int) { stop = 1; };
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  sigset_t blocked, waiting;
+  sigemptyset(&blocked);
+  sigaddset(&blocked, SIGTERM);
+  sigaddset(&blocked, SIGINT);
+  sigprocmask(SIG_BLOCK, &blocked, &waiting);
   std::printf("ready\n");
   std::fflush(stdout);
 
@@ -126,14 +140,17 @@ int main(int argc, char** argv) {
       any = true;
       line.held.pop_front();
     }
-    if (any) nfq_set_verdict_batch(qh, last_due, NF_ACCEPT);
+    if (any && nfq_set_verdict_batch(qh, last_due, NF_ACCEPT) < 0) {
+      // the kernel keeps those packets queued: say so (the bench's runs then stall and fail on their deadlines)
+      std::fprintf(stderr, "delay_line: verdict for packets up to %u failed: %s\n", last_due, std::strerror(errno));
+    }
     timespec wait{1, 0};
     if (!line.held.empty()) {
       const int64_t left = std::max<int64_t>(0, line.held.front().due_ns - now_ns());  // > kSlackNs - (time since t)
       wait = {static_cast<time_t>(left / 1000000000), static_cast<long>(left % 1000000000)};
     }
     pollfd p{fd, POLLIN, 0};
-    if (ppoll(&p, 1, &wait, nullptr) <= 0) continue;  // timeout, or a signal
+    if (ppoll(&p, 1, &wait, &waiting) <= 0) continue;  // timeout, or a signal
     for (;;) {
       const ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
       if (n <= 0) break;

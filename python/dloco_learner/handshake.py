@@ -2,7 +2,8 @@
 src/core/hash.h; the recipes are written out in docs/protocol.md §13 "For implementers").
 
   settings        one dloco.v1.Setting per shared field ("train.lr" = 0.002 as a double): every [model] field,
-                  [train] but the 5 role-local keys, all of [diloco], data.streams, data.order; typed as config.py's FIELDS
+                  [train] but the 5 role-local keys, all of [diloco], data.streams, data.order; typed as
+                  config.py's FIELDS
   tokenizer_hash  FNV-1a 64 of the bytes of data.dir/tokenizer.model
   layout_hash     FNV-1a 64 of the fragment layout's canonical text (layout.py)
 

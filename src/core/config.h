@@ -61,8 +61,9 @@ struct DataConfig {
   std::string dir = "data/kjv";  // folder with tokenizer.model, train_*.bin, val_*.bin, meta.json
   int64_t streams = 0;           // S data streams the train split is cut into; 0 = one per learner (S = M)
   // contiguous: stream s is the s-th of S contiguous ranges, read in order (a learner trains one stretch of text
-  // after the other); shuffled: stream s owns every S-th window slot of the whole split and reads them in a seeded
-  // permutation per epoch (each stream samples all the text; src/data/stream.h). Every token once an epoch either way.
+  // after the other); shuffled: stream s owns every S-th window slot of the whole split and reads them in a
+  // permutation keyed by (stream, epoch) (each stream samples all the text; src/data/stream.h). Either way every
+  // window is read once an epoch (a tail shorter than a window is dropped).
   DataOrder order = DataOrder::kContiguous;
 };
 

@@ -1,7 +1,6 @@
 // Data streams with exact cursors; see stream.h.
 #include "data/stream.h"
 
-
 #include "core/check.h"
 #include "core/json_read.h"
 
@@ -65,7 +64,7 @@ DataStream::DataStream(std::shared_ptr<const TokenSplit> split, int64_t index, i
                        ": use fewer streams, a smaller batch, or more data");
     }
   }
-  if (cursor_.stream != index || cursor_.position + window > length_ ||
+  if (cursor_.stream != index || cursor_.position > length_ - window ||  // not position + window: it may overflow
       (order_ == DataOrder::kShuffled && cursor_.position % step != 0)) {
     throw InputError("data stream cursor " + cursor_.to_json().dump() + " does not belong to stream " +
                      std::to_string(index) + " of length " + std::to_string(length_) + " (batch windows of " +
@@ -84,6 +83,7 @@ void DataStream::draw_permutation() {
 // π(k): a 4-round Feistel network on 2·half_bits_ bits keyed by key_, walked until it lands below n_s (a bijection
 // of [0, 2^bits) restricted by cycle-walking is a bijection of [0, n_s); 2^bits < 4·n_s, so under 4 walks expected).
 int64_t DataStream::permuted(int64_t k) const {
+  DLOCO_CHECK(k >= 0 && k < slots_);  // else the walk never lands in range: the bits above 2·half_bits_ stay set
   const uint64_t mask = (uint64_t{1} << half_bits_) - 1;
   auto x = static_cast<uint64_t>(k);
   do {

@@ -14,7 +14,7 @@ namespace dloco {
 /// The settings every process of a run must share, typed as the config's fields (wire::Setting), in the order of
 /// to_json(config): every [model] field ("model.d_model"), [train] without the role-local eval_interval, eval_tokens,
 /// checkpoint_interval, learner_state_interval and log_interval ("train.lr"), all of [diloco] ("diloco.outer_lr"),
-/// and "data.streams" (docs/protocol.md §7 "Handshake"). Choices are strings ("rda"). Every field of these sections
+/// "data.streams" and "data.order" (docs/protocol.md §7 "Handshake"). Choices are strings ("rda"). Every field of these sections
 /// is a scalar today; an array or object would be flattened, its elements named "name[i]" and "name.key".
 std::vector<wire::Setting> handshake_settings(const Config& config);
 

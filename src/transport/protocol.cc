@@ -164,7 +164,8 @@ std::string settings_mismatch(const std::vector<Setting>& got, const std::vector
   std::string out;
   for (size_t i = 0; i < differ.size() && i < kNamedMismatches; ++i) out += (i ? ", " : "") + differ[i];
   if (differ.size() > kNamedMismatches) out += " and " + std::to_string(differ.size() - kNamedMismatches) + " more";
-  return "settings differ: " + out + " (every process of a run must share [model], [train], [diloco] and data.streams)";
+  return "settings differ: " + out +
+         " (every process of a run must share [model], [train], [diloco], data.streams and data.order)";
 }
 
 }  // namespace

@@ -247,6 +247,15 @@ TEST_F(DataTest, ShuffledSlotsArePinned) {
     slots.push_back(window.front() / 16);
   }
   EXPECT_EQ(slots, (std::vector<int64_t>{476, 590, 26, 203, 293, 398}));
+  // and the first three of epoch 1 (n_s = 208 slots walked on 2^8: some batches cycle-walk)
+  for (int i = 6; i < 208; ++i) stream.next(window);
+  slots.clear();
+  for (int i = 0; i < 3; ++i) {
+    stream.next(window);
+    slots.push_back(window.front() / 16);
+  }
+  EXPECT_EQ(stream.cursor().epoch, 1);
+  EXPECT_EQ(slots, (std::vector<int64_t>{248, 437, 122}));
 }
 
 TEST(Prepare, StripsKjvVerseReferences) {

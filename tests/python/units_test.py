@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """Table and property tests of the Python learner's pure parts (python/dloco_learner): the handshake's hashes and
-typed settings, the fragment layout, the payload codecs, the config reader and the data streams' layout. The golden values were produced by the
-C++ side (the syncer's `listening` event, src/core/fragments.cc) and are also checked end to end by
-python_learner_test.py, where a wrong one is a refused join. Usage: PYTHONPATH=python python3 units_test.py.
+typed settings, the fragment layout, the payload codecs, the config reader and the data streams' layout. The golden
+values were produced by the C++ side (the syncer's `listening` event, src/core/fragments.cc) and are also checked end
+to end by python_learner_test.py, where a wrong one is a refused join. Usage: PYTHONPATH=python python3 units_test.py.
 """
 import math
 import os
@@ -47,6 +47,7 @@ class HashesTest(unittest.TestCase):
         self.assertEqual(typed["diloco.merge"], ("string", "rda"))
         self.assertEqual(typed["train.lr"], ("double", 3e-3))
         self.assertEqual(typed["data.streams"], ("int", 0))
+        self.assertEqual(typed["data.order"], ("string", "contiguous"))
         for local in handshake.ROLE_LOCAL_TRAIN_KEYS:
             self.assertNotIn("train." + local, typed)
         self.assertFalse(any(name.startswith("run.") for name in typed))
@@ -212,6 +213,10 @@ class DataStreamTest(unittest.TestCase):
         # tests/data/data_test.cc ShuffledSlotsArePinned: the same six slots from the C++ DataStream
         s = self.stream("shuffled")
         self.assertEqual([s.next()[0] // 16 for _ in range(6)], [476, 590, 26, 203, 293, 398])
+        for _ in range(6, 208):
+            s.next()
+        self.assertEqual([s.next()[0] // 16 for _ in range(3)], [248, 437, 122])  # epoch 1
+        self.assertEqual(s.cursor["epoch"], 1)
 
     def test_shuffled_stream_reads_each_of_its_slots_once_an_epoch(self):
         s = self.stream("shuffled")

@@ -48,6 +48,7 @@ TEST(Handshake, SettingsAreTypedAsTheConfigFieldsAndCoverTheSharedSections) {
   EXPECT_EQ(find(h, "diloco.screen_ratio")->value, Setting::Value(10.0));  // a double, though whole
   EXPECT_EQ(find(h, "diloco.merge")->value, Setting::Value(std::string("rda")));
   EXPECT_EQ(find(h, "data.streams")->value, Setting::Value(int64_t{0}));
+  EXPECT_EQ(find(h, "data.order")->value, Setting::Value(std::string("contiguous")));
   for (const char* local : {"train.eval_interval", "train.eval_tokens", "train.checkpoint_interval",
                             "train.learner_state_interval", "train.log_interval"}) {
     EXPECT_EQ(find(h, local), nullptr) << local;
@@ -75,6 +76,11 @@ TEST(Handshake, SettingsThatMustAgreeAreComparedAndNamed) {
                             "model.init_std = 0.01 (expected 0.02)"}) {
     EXPECT_TRUE(has(all, field)) << all;
   }
+  // Two layouts of the data would read overlapping windows: refused.
+  Config order = ours;
+  order.data.order = DataOrder::kShuffled;
+  const std::string why_order = check_handshake(handshake_of(order), handshake_of(ours));
+  EXPECT_TRUE(has(why_order, "data.order = \"shuffled\" (expected \"contiguous\")")) << why_order;
   // The secret is checked first: a wrong one learns nothing about the settings.
   Handshake secret = handshake_of(lr);
   secret.secret = "guess";

@@ -18,14 +18,16 @@ set -euo pipefail
 BUILD=$(cd "${1:?usage: utilisation_test.sh BUILD_DIR}" && pwd)
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 [ "$(id -u)" -eq 0 ] || { echo "skipped: network namespaces and tc need root"; exit 77; }
-for tool in ip tc; do command -v "$tool" > /dev/null || { echo "FAILED: $tool missing (scripts/setup.sh installs it)"; exit 1; }; done
+for tool in ip tc iptables; do command -v "$tool" > /dev/null || { echo "FAILED: $tool missing (scripts/setup.sh installs it)"; exit 1; }; done
 RATE=5  # the thresholds are for this rate: learners that wait for their merges still reach 0.90 at 20 Mbit/s
 RTT_MS=20  # between any two hosts at RATE (the bench's delay line); the measured round trip must be within 20…30 ms
 probe="dwp$(( $$ % 10000 ))"
 if ! { ip netns add "$probe" && ip -n "$probe" link add "${probe}a" type veth peer name "${probe}b" &&
-       ip netns exec "$probe" tc qdisc add dev "${probe}a" root tbf rate 5mbit burst 131072 latency 200ms; } 2> /dev/null; then
+       ip netns exec "$probe" tc qdisc add dev "${probe}a" root tbf rate 5mbit burst 131072 latency 200ms &&
+       ip netns exec "$probe" iptables -A INPUT -i "${probe}a" -j NFQUEUE --queue-num 0; } 2> /dev/null; then
   ip netns del "$probe" 2> /dev/null || true
-  echo "skipped: cannot make a network namespace with a TBF-shaped veth here (CAP_NET_ADMIN, sch_tbf)"
+  echo "skipped: cannot make a network namespace with a TBF-shaped veth and an NFQUEUE rule here (CAP_NET_ADMIN,"
+  echo "  sch_tbf, nfnetlink_queue: the delay line's)"
   exit 77
 fi
 ip netns del "$probe"
@@ -53,7 +55,10 @@ cat "$dir/out/table.md"
 
 /usr/bin/python3 - "$dir/out/results.txt" "$RATE" "$dir/out/rtt.txt" "$RTT_MS" <<'PY' || fail "utilisation checks (table above)"
 import collections, sys
-rtt = float(open(sys.argv[3]).read())
+try:
+    rtt = float(open(sys.argv[3]).read())
+except (OSError, ValueError) as e:
+    sys.exit(f"the bench measured no round trip ({e}): see its log above")
 print(f"round trip at {sys.argv[2]} Mbit/s: {rtt} ms measured, {sys.argv[4]} ms asked")
 ok = float(sys.argv[4]) <= rtt <= float(sys.argv[4]) + 10
 if not ok:
