@@ -9,17 +9,9 @@
 #include <string>
 
 #include "core/check.h"
+#include "core/splitmix.h"
 
 namespace dloco {
-
-namespace {
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
-}  // namespace
 
 uint64_t mix_backoff_seed(uint64_t pid, uint64_t time_ns, uint64_t counter) {
   // Chained, not xor-ed: (pid, time) and (pid ^ d, time ^ d) must not collide.

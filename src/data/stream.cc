@@ -3,6 +3,7 @@
 
 #include "core/check.h"
 #include "core/json_read.h"
+#include "core/splitmix.h"
 
 namespace dloco {
 
@@ -25,17 +26,6 @@ StreamCursor StreamCursor::from_json(const nlohmann::json& j) {
   }
   return c;
 }
-
-namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
 
 DataStream::DataStream(std::shared_ptr<const TokenSplit> split, int64_t index, int64_t count, int64_t batch_size,
                        int64_t seq_len, StreamCursor cursor, DataOrder order)
