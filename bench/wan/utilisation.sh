@@ -101,17 +101,18 @@ if [ "$RTT_MS" != 0 ]; then
   done
 fi
 
-# shape RATE: every site's link RATE Mbit/s each way (both ends of its veth) and every host's packets in held RTT/2;
-# 0 = unshaped (no limit, no delay)
+# shape RATE: every site's link RATE Mbit/s each way (both ends of its veth) and every host's incoming packets held
+# RTT/2; 0 = unshaped (no limit, no delay)
 shape() {
   for pid in "${delay_lines[@]}"; do  # a dead line drops every packet to its host: fail now, not on a deadline
     kill -0 "$pid" 2> /dev/null || bad "a delay line died: $(tail -n 3 "$out"/delay_line.*.log)"
   done
-  for h in "${hosts[@]}"; do
-    [ "$RTT_MS" = 0 ] && break
-    ip netns exec "$p$h" iptables -F INPUT
-    [ "$RATE" = 0 ] || ip netns exec "$p$h" iptables -A INPUT -i "$p${h}a" -j NFQUEUE --queue-num 0
-  done
+  if [ "$RTT_MS" != 0 ]; then
+    for h in "${hosts[@]}"; do
+      ip netns exec "$p$h" iptables -F INPUT
+      [ "$RATE" = 0 ] || ip netns exec "$p$h" iptables -A INPUT -i "$p${h}a" -j NFQUEUE --queue-num 0
+    done
+  fi
   for h in $(seq 1 $M); do
     for end in "$p$h ${p}${h}a" "${p}w ${p}${h}b"; do
       set -- $end

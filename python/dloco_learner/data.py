@@ -93,6 +93,9 @@ class DataStream:
             n = (split.size - 1) // self.step_tokens
             self.slots = (n - index + count - 1) // count if n > index else 0
             self.length, self.begin = self.slots * self.step_tokens + 1, 0
+            self.half_bits = 1  # π works on 2·half_bits bits, the fewest with 2^bits ≥ n_s
+            while (1 << (2 * self.half_bits)) < self.slots:
+                self.half_bits += 1
             if self.slots < 1:
                 raise ConfigError('data stream %d of %d (data.order = "shuffled") gets no window slot: the split\'s %d '
                                   "tokens hold %d slots of B·T = %d tokens; use fewer streams, a smaller batch, or "
@@ -114,9 +117,6 @@ class DataStream:
         if self.order != "shuffled":
             return
         self.key = _splitmix64(_splitmix64(self.index) ^ self.cursor["epoch"])
-        self.half_bits = 1
-        while (1 << (2 * self.half_bits)) < self.slots:
-            self.half_bits += 1
 
     def _permuted(self, k):
         """π(k): a 4-round Feistel network keyed by the epoch's key, cycle-walked below n_s (as the C++)."""

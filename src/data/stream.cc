@@ -39,6 +39,7 @@ DataStream::DataStream(std::shared_ptr<const TokenSplit> split, int64_t index, i
     const int64_t n = (split_->size() - 1) / step;  // slots of B·T tokens, each window one token past its slot
     slots_ = n > index ? (n - index + count - 1) / count : 0;
     length_ = slots_ * step + 1;
+    while ((uint64_t{1} << (2 * half_bits_)) < static_cast<uint64_t>(slots_)) ++half_bits_;
     if (slots_ < 1) {
       throw InputError("data stream " + std::to_string(index) + " of " + std::to_string(count) + " (data.order = "
                        "\"shuffled\") gets no window slot: the split's " + std::to_string(split_->size()) +
@@ -66,8 +67,6 @@ DataStream::DataStream(std::shared_ptr<const TokenSplit> split, int64_t index, i
 void DataStream::draw_permutation() {
   if (order_ != DataOrder::kShuffled) return;
   key_ = splitmix64(splitmix64(static_cast<uint64_t>(index_)) ^ static_cast<uint64_t>(cursor_.epoch));
-  half_bits_ = 1;
-  while ((uint64_t{1} << (2 * half_bits_)) < static_cast<uint64_t>(slots_)) ++half_bits_;
 }
 
 // π(k): a 4-round Feistel network on 2·half_bits_ bits keyed by key_, walked until it lands below n_s (a bijection

@@ -64,7 +64,7 @@ class DataStream {
   int64_t length() const { return length_; }
 
  private:
-  void draw_permutation();         // key_ and half_bits_ for the cursor's epoch (shuffled)
+  void draw_permutation();            // key_ for the cursor's epoch (shuffled)
   int64_t permuted(int64_t k) const;  // π(k) (shuffled)
 
   std::shared_ptr<const TokenSplit> split_;

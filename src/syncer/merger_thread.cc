@@ -162,9 +162,11 @@ void SyncerService::offer_orphaned_streams(double now) {
   }
   // A stream nobody has trained yet stays its slot's for the syncer's first kNeverStartedGrace_s: a learner slow to
   // start (a Python learner importing torch on a loaded machine) must not find its stream taken by one that spent
-  // its own share meanwhile (seen: a tiny model's 150 steps in under a second, the Python learner then trained nothing).
-  for (int64_t s = 0; now < kNeverStartedGrace_s && s < streams_.size(); ++s) {
-    if (streams_.tokens(s) == 0) excluded.insert(s);
+  // its own share meanwhile (seen: a tiny model's 150 steps in under a second; the Python learner trained nothing).
+  if (now < kNeverStartedGrace_s) {
+    for (int64_t s = 0; s < streams_.size(); ++s) {
+      if (streams_.tokens(s) == 0) excluded.insert(s);
+    }
   }
   const auto is_live = [&](int who) { return state_->is_live(who, now); };
   for (int id : takes_over_) {

@@ -14,8 +14,9 @@ namespace dloco {
 /// The settings every process of a run must share, typed as the config's fields (wire::Setting), in the order of
 /// to_json(config): every [model] field ("model.d_model"), [train] without the role-local eval_interval, eval_tokens,
 /// checkpoint_interval, learner_state_interval and log_interval ("train.lr"), all of [diloco] ("diloco.outer_lr"),
-/// "data.streams" and "data.order" (docs/protocol.md §7 "Handshake"). Choices are strings ("rda"). Every field of these sections
-/// is a scalar today; an array or object would be flattened, its elements named "name[i]" and "name.key".
+/// "data.streams" and "data.order" (docs/protocol.md §7 "Handshake"). Choices are strings ("rda"). Every field of
+/// these sections is a scalar today; an array or object would be flattened, its elements named "name[i]" and
+/// "name.key".
 std::vector<wire::Setting> handshake_settings(const Config& config);
 
 /// The run's secret: env DLOCO_SECRET when set, else run.secret. Throws InputError if DLOCO_SECRET is not printable
