@@ -6,8 +6,10 @@
 #   - unshaped, both methods are at utilisation ≥ 0.9: at least two of the three unshaped runs against the mean of
 #     the three (the measurement's own noise; with 40 dp steps six unshaped runs were within ±3.5%, but in a CI run
 #     the first dp run after the other process tests was 25% slower than the last);
-#   - at RATE (5 Mbit/s), decoupled learners are still at ≥ 0.85: they never wait on their link (a learner that
-#     waited for its merges, diloco.blocking = true, measured 0.38 here, 0.90 at 20 Mbit/s);
+#   - at RATE (5 Mbit/s), decoupled learners never wait on their link: per learner, the time between its step events
+#     outside the step's own compute (step_s, sleep_s) is ≤ 5% of its step window (measured 0.2–1.2%; a learner that
+#     waits for its merges, diloco.blocking = true, spends most of it there). Their utilisation is printed, not
+#     asserted: on 2 cores the delay lines' and the syncer's CPU is taken from the learners' (0.82–1.0 seen at RATE);
 #   - at RATE the round trip between two hosts, measured, is RTT_MS (20 ms) to 10 ms more: the delay line works;
 #   - at RATE, dp's utilisation is at least 0.3 below decoupled's: dp all-reduces the whole gradient (0.53 MB in fp32)
 #     every step, ~0.85 s at 5 Mbit/s, many times a step's compute here even on a machine 3× slower.
@@ -53,8 +55,9 @@ DLOCO="$BUILD/bin/dloco" OUT="$dir/out" DATA="$dir/data" RATES="0 $RATE 0 0" RTT
   bash "$SRC/bench/wan/utilisation.sh" > "$dir/bench.log" 2>&1 || { tail -n 30 "$dir/bench.log"; fail "the bench failed"; }
 cat "$dir/out/table.md"
 
-/usr/bin/python3 - "$dir/out/results.txt" "$RATE" "$dir/out/rtt.txt" "$RTT_MS" <<'PY' || fail "utilisation checks (table above)"
-import collections, sys
+/usr/bin/python3 - "$dir/out/results.txt" "$RATE" "$dir/out/rtt.txt" "$RTT_MS" "$dir/out" <<'PY' || fail "utilisation checks (table above)"
+import collections, glob, json, sys
+waited = 0
 try:
     rtt = float(open(sys.argv[3]).read())
 except (OSError, ValueError) as e:
@@ -74,8 +77,19 @@ for method in ("dp", "decoupled"):
         ok = False
 dp, dec = util[("dp", sys.argv[2])][0], util[("decoupled", sys.argv[2])][0]
 print(f"at {sys.argv[2]} Mbit/s: dp {dp:.3f}, decoupled {dec:.3f}")
-if dec < 0.85:
-    print(f"decoupled learners at utilisation {dec:.3f} < 0.85 at {sys.argv[2]} Mbit/s: they waited on their link")
+# waiting: per decoupled learner at RATE, Σ (gap between two step events − the later step's step_s − sleep_s) over Σ gap
+for path in sorted(glob.glob(f"{sys.argv[5]}/decoupled-r{sys.argv[2]}-*/events/learner_*.jsonl")):
+    steps = [e for e in map(json.loads, open(path)) if e.get("event") == "step"]
+    gaps = [(b["t"] - a["t"], b["step_s"] + b.get("sleep_s", 0)) for a, b in zip(steps, steps[1:])]
+    window = sum(g for g, _ in gaps)
+    share = sum(g - c for g, c in gaps) / window if window > 0 else 1.0
+    print(f"{path.split('/')[-3]} {path.split('/')[-1]}: {len(steps)} steps, {share:.3f} of {window:.1f} s outside the steps")
+    if len(steps) < 3 or share > 0.05:
+        print(f"  a decoupled learner waited on its link at {sys.argv[2]} Mbit/s (> 5% of its time outside its steps)")
+        ok = False
+    waited += 1
+if waited != 2:
+    print(f"{waited} decoupled learners' step events at {sys.argv[2]} Mbit/s, 2 expected")
     ok = False
 if not dp + 0.3 <= dec:
     print(f"dp's utilisation is not at least 0.3 below decoupled's at {sys.argv[2]} Mbit/s")
