@@ -2,8 +2,10 @@
 
 Shard file (little-endian): "DLOCOTOK", uint32 version 1, uint32 bytes per token (2 or 4), uint32 vocabulary,
 uint32 header bytes (64), uint64 token count, zeros to byte 64, the tokens. A split (train) is its shards
-train_*.bin in name order, concatenated. Stream s of S covers tokens [s·L, (s+1)·L), L = size // S; a batch is a
-window of B·T + 1 tokens at the cursor, which then moves B·T and wraps (epoch + 1) when the next window would not fit.
+train_*.bin in name order, concatenated. A batch is B rows of T + 1 tokens (inputs a row's first T, targets its last
+T). Contiguous: stream s of S covers tokens [s·L, (s+1)·L), L = size // S, row r of a batch is tokens [p + r·T,
+p + r·T + T] at the cursor's position p, which then moves B·T and wraps (epoch + 1) when the next batch would not fit.
+Shuffled: every row from its own slot of T tokens, as src/data/stream.h lays them out.
 The stream log (run_dir/streams/stream_<s>.jsonl, locked with flock while held) records each batch's cursor before
 it is trained, so a restart resumes one batch after the last record: no batch trained twice, none skipped.
 """
@@ -82,24 +84,27 @@ def _splitmix64(x):
 
 class DataStream:
     """Stream `index` of `count` over a split, read through a cursor {stream, position, epoch, tokens_served}; laid out
-    as data.order says (src/data/stream.h): "contiguous" (the index-th of count ranges, in order) or "shuffled" (every
-    count-th slot of B·T tokens of the whole split, in a seeded pseudo-random permutation per epoch)."""
+    as data.order says (src/data/stream.h): "contiguous" (the index-th of count ranges, in order) or "shuffled" (each
+    row of a batch from its own slot of T tokens, the count-th slots of the whole split in a seeded pseudo-random
+    permutation per epoch)."""
 
     def __init__(self, split, index, count, batch_size, seq_len, cursor, order="contiguous"):
         self.split, self.step_tokens = split, batch_size * seq_len
+        self.batch_size, self.seq_len = batch_size, seq_len
         self.index, self.count, self.order = index, count, order
         self.cursor = dict(cursor)
         if order == "shuffled":
-            n = (split.size - 1) // self.step_tokens
+            n = (split.size - 1) // seq_len
             self.slots = (n - index + count - 1) // count if n > index else 0
-            self.length, self.begin = self.slots * self.step_tokens + 1, 0
+            self.length, self.begin = self.slots // batch_size * self.step_tokens + 1, 0
             self.half_bits = 1  # π works on 2·half_bits bits, the fewest with 2^bits ≥ n_s
             while (1 << (2 * self.half_bits)) < self.slots:
                 self.half_bits += 1
-            if self.slots < 1:
-                raise ConfigError('data stream %d of %d (data.order = "shuffled") gets no window slot: the split\'s %d '
-                                  "tokens hold %d slots of B·T = %d tokens; use fewer streams, a smaller batch, or "
-                                  "more data" % (index, count, split.size, n, self.step_tokens))
+            if self.slots < batch_size:
+                raise ConfigError('data stream %d of %d (data.order = "shuffled") gets %d row slots, fewer than one '
+                                  "batch of B = %d: the split's %d tokens hold %d slots of T = %d tokens; use fewer "
+                                  "streams, a smaller batch, or more data"
+                                  % (index, count, self.slots, batch_size, split.size, n, seq_len))
         else:
             self.length = split.size // count
             self.begin = index * self.length
@@ -129,16 +134,22 @@ class DataStream:
             if x < self.slots:
                 return x
 
-    def window_begin(self):
-        """The first token of the window the cursor points at, in the split."""
+    def row_begin(self, r):
+        """The first token of row r of the batch the cursor points at, in the split."""
         if self.order != "shuffled":
-            return self.begin + self.cursor["position"]
+            return self.begin + self.cursor["position"] + r * self.seq_len
         k = self.cursor["position"] // self.step_tokens
-        return (self.index + self.count * self._permuted(k)) * self.step_tokens
+        return (self.index + self.count * self._permuted(k * self.batch_size + r)) * self.seq_len
 
     def next(self):
-        """The next batch's window, (B·T + 1) int64; moves the cursor."""
-        window = self.split.copy(self.window_begin(), self.step_tokens + 1)
+        """The next batch, B rows of T + 1 tokens flat ((B·(T + 1)) int64); moves the cursor."""
+        B, T = self.batch_size, self.seq_len
+        if self.order != "shuffled":
+            span = self.split.copy(self.row_begin(0), B * T + 1)
+            window = np.concatenate([np.asarray(span[r * T:r * T + T + 1], dtype=np.int64) for r in range(B)])
+        else:
+            window = np.concatenate([np.asarray(self.split.copy(self.row_begin(r), T + 1), dtype=np.int64)
+                                     for r in range(B)])
         self.skip()
         return window
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import config as config_mod
 
-PROTOCOL_VERSION = 4  # proto/dloco.proto: 4 = the shared settings as typed values (3: JSON text and a model hash)
+PROTOCOL_VERSION = 5  # proto/dloco.proto: 5 = batches of B rows of T + 1 tokens (4: one window; 3: JSON settings)
 FNV_OFFSET = 14695981039346656037
 FNV_PRIME = 1099511628211
 _MASK = (1 << 64) - 1

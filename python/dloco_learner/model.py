@@ -173,8 +173,8 @@ class InnerTrainer:
         self.optimizer.zero_grad(set_to_none=False)
         loss_sum, tokens = 0.0, 0
         for _ in range(t["grad_accum"]):
-            window = torch.from_numpy(stream.next())  # (B·T + 1) int64
-            x, y = window[:B * T].view(B, T), window[1:].view(B, T)
+            rows = torch.from_numpy(stream.next()).view(B, T + 1)  # B rows of T + 1 tokens (src/data/stream.h)
+            x, y = rows[:, :T].contiguous(), rows[:, 1:].contiguous()
             loss = self.model.loss(x, y)
             (loss / t["grad_accum"]).backward()
             loss_sum += loss.item()

@@ -1,6 +1,8 @@
 // Data streams with exact cursors; see stream.h.
 #include "data/stream.h"
 
+#include <algorithm>
+
 #include "core/check.h"
 #include "core/json_read.h"
 #include "core/splitmix.h"
@@ -34,16 +36,17 @@ DataStream::DataStream(std::shared_ptr<const TokenSplit> split, int64_t index, i
   DLOCO_CHECK(split_ != nullptr);
   DLOCO_CHECK(index >= 0 && index < count);
   const int64_t step = batch_size * seq_len;
-  const int64_t window = step + 1;
+  const int64_t window = step + 1;  // the tokens a batch spans (contiguous)
   if (order_ == DataOrder::kShuffled) {
-    const int64_t n = (split_->size() - 1) / step;  // slots of B·T tokens, each window one token past its slot
+    const int64_t n = (split_->size() - 1) / seq_len;  // row slots of T tokens, each row one token past its slot
     slots_ = n > index ? (n - index + count - 1) / count : 0;
-    length_ = slots_ * step + 1;
+    length_ = slots_ / batch_size * step + 1;
     while ((uint64_t{1} << (2 * half_bits_)) < static_cast<uint64_t>(slots_)) ++half_bits_;
-    if (slots_ < 1) {
+    if (slots_ < batch_size) {
       throw InputError("data stream " + std::to_string(index) + " of " + std::to_string(count) + " (data.order = "
-                       "\"shuffled\") gets no window slot: the split's " + std::to_string(split_->size()) +
-                       " tokens hold " + std::to_string(n) + " slots of B·T = " + std::to_string(step) +
+                       "\"shuffled\") gets " + std::to_string(slots_) + " row slots, fewer than one batch of B = " +
+                       std::to_string(batch_size) + ": the split's " + std::to_string(split_->size()) + " tokens hold " +
+                       std::to_string(n) + " slots of T = " + std::to_string(seq_len) +
                        " tokens; use fewer streams, a smaller batch, or more data");
     }
   } else {
@@ -88,16 +91,28 @@ int64_t DataStream::permuted(int64_t k) const {
   return static_cast<int64_t>(x);
 }
 
-int64_t DataStream::window_begin() const {
-  if (order_ != DataOrder::kShuffled) return begin_ + cursor_.position;
+int64_t DataStream::row_begin(int64_t r) const {
+  DLOCO_CHECK(r >= 0 && r < batch_size_);
+  if (order_ != DataOrder::kShuffled) return begin_ + cursor_.position + r * seq_len_;
   const int64_t k = cursor_.position / (batch_size_ * seq_len_);
-  return (index_ + count_ * permuted(k)) * batch_size_ * seq_len_;
+  return (index_ + count_ * permuted(k * batch_size_ + r)) * seq_len_;
 }
 
 void DataStream::next(std::span<int64_t> window) {
-  const int64_t step = batch_size_ * seq_len_;
-  DLOCO_CHECK_EQ(static_cast<int64_t>(window.size()), step + 1);
-  split_->copy(window_begin(), window);
+  const int64_t row = seq_len_ + 1;
+  DLOCO_CHECK_EQ(static_cast<int64_t>(window.size()), window_tokens(batch_size_, seq_len_));
+  if (order_ != DataOrder::kShuffled) {
+    // B·T + 1 consecutive tokens, then spread into rows from the back (row r starts at r·T of them, lands at r·(T+1))
+    split_->copy(row_begin(0), window.first(static_cast<size_t>(batch_size_ * seq_len_ + 1)));
+    for (int64_t r = batch_size_ - 1; r > 0; --r) {
+      std::copy_backward(window.begin() + r * seq_len_, window.begin() + r * seq_len_ + row,
+                         window.begin() + r * row + row);
+    }
+  } else {
+    for (int64_t r = 0; r < batch_size_; ++r) {
+      split_->copy(row_begin(r), window.subspan(static_cast<size_t>(r * row), static_cast<size_t>(row)));
+    }
+  }
   skip();
 }
 

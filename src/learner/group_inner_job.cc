@@ -23,10 +23,10 @@ constexpr int kStateFormat = 2;  // of state.json: 1 is the one-process learner'
 
 // What every rank of a group must agree on before the first command (its own build and config): a version of the
 // command set, the fragment layout's hash and the window shape. The leader broadcasts it; a rank that differs stops.
-constexpr int64_t kCommandsVersion = 2;  // 2: the replica check
+constexpr int64_t kCommandsVersion = 3;  // 2: the replica check; 3: windows of B rows of T + 1 tokens
 torch::Tensor agreement(const FragmentLayout& layout, const TrainConfig& train, const ModelConfig& model) {
   return torch::tensor({kCommandsVersion, static_cast<int64_t>(layout.hash), train.grad_accum,
-                        train.batch_size * model.seq_len + 1},
+                        window_tokens(train.batch_size, model.seq_len)},
                        torch::kLong);
 }
 
@@ -193,8 +193,8 @@ void GroupInnerJob::check_replicas() {
 InnerStep GroupInnerJob::step(int64_t step) {
   if (g_check_requested.exchange(false)) check_replicas();
   return guarded([&] {
-    const int64_t W = train_.grad_accum, n = train_.batch_size * mirror_->config().seq_len + 1;
-    auto windows = torch::empty({W, n}, torch::kLong);  // (W, B·T + 1)
+    const int64_t W = train_.grad_accum, n = window_tokens(train_.batch_size, mirror_->config().seq_len);
+    auto windows = torch::empty({W, n}, torch::kLong);  // (W, B·(T + 1))
     for (int64_t w = 0; w < W; ++w) {
       stream_.next(std::span<int64_t>(windows[w].data_ptr<int64_t>(), static_cast<size_t>(n)));
     }
@@ -202,7 +202,7 @@ InnerStep GroupInnerJob::step(int64_t step) {
     command(kStep, static_cast<double>(W), lr);
     group_->broadcast(windows, 0);
     const EngineStep r = timed_step(*engine_, *group_, deadline_, windows, lr);
-    return InnerStep{r.loss, W * (n - 1), r.skipped, r.grad_norm};
+    return InnerStep{r.loss, W * train_.batch_size * mirror_->config().seq_len, r.skipped, r.grad_norm};
   });
 }
 
@@ -331,7 +331,8 @@ int64_t serve_group_rank(RankEngine& engine, Collective& group, const FragmentLa
     const std::string text = h[3] > 0 ? receive_text(group, static_cast<int64_t>(h[3])) : "";
     switch (op) {
       case kStep: {
-        auto windows = torch::empty({static_cast<int64_t>(h[1]), train.batch_size * model.seq_len + 1}, torch::kLong);
+        auto windows = torch::empty({static_cast<int64_t>(h[1]), window_tokens(train.batch_size, model.seq_len)},
+                                    torch::kLong);
         group.broadcast(windows, 0);
         torch::AutoGradMode with_grad(true);
         (void)timed_step(engine, group, deadline, windows, h[2]);

@@ -44,9 +44,9 @@ struct EngineStep {
 class RankEngine {
  public:
   virtual ~RankEngine() = default;
-  /// One AdamW step at learning rate `lr` on `windows` (W, B·T + 1) int64, the same on every rank: W =
-  /// train.grad_accum windows of B sequences of T tokens laid out as train/trainer.cc reads them (inputs
-  /// w[0 … B·T), targets w[1 … B·T]). Collective; throws CollectiveError.
+  /// One AdamW step at learning rate `lr` on `windows` (W, B·(T + 1)) int64, the same on every rank: W =
+  /// train.grad_accum windows of B rows of T + 1 tokens (data/stream.h) read as train/trainer.h window_batch reads
+  /// them (row r's inputs its tokens [0, T), targets [1, T + 1)). Collective; throws CollectiveError.
   virtual EngineStep step(const torch::Tensor& windows, double lr) = 0;
   /// The full parameter `name` (its full-model shape) on rank 0 of the group, undefined on the others.
   /// Collective; throws InputError for an unknown name, CollectiveError.

@@ -17,13 +17,13 @@
 #include "core/hash.h"
 #include "parallel/rank_engine.h"
 #include "parallel/zero.h"
+#include "train/trainer.h"
 
 namespace dloco::rank_engine_detail {
 
-// Inputs and targets of window w: (B, T) each, views of windows[w] as train/trainer.cc reads it.
+// Inputs and targets of window w: (B, T) each, read from windows[w] (B·(T + 1)) as train/trainer.cc reads it.
 inline std::pair<torch::Tensor, torch::Tensor> window_batch(const torch::Tensor& windows, int64_t w, int64_t B, int64_t T) {
-  const auto row = windows[w];  // (B·T + 1)
-  return {row.narrow(0, 0, B * T).view({B, T}), row.narrow(0, 1, B * T).view({B, T})};
+  return dloco::window_batch(windows[w], B, T);
 }
 
 inline double max_norm_of(const TrainConfig& train) {

@@ -282,7 +282,7 @@ void SkipPipeNode::forward(Links& links, int mb, const torch::Tensor& window) {
   auto state = std::make_unique<InFlight>();
   auto began = std::chrono::steady_clock::now();
   if (node_ == micro.data_node) {
-    auto idx = window.narrow(0, 0, b * T).view({b, T});              // (b, T) inputs
+    auto idx = window_batch(window, b, T).first;                      // (b, T) inputs
     state->output = run_blocks(torch::embedding(wte_, idx));          // (b, T, C), as nn::Embedding
   } else {
     state->input = links.recv(hop.prev, activation_tag(mb), {b, T, cfg_.d_model}).requires_grad_(true);  // (b, T, C)
@@ -301,7 +301,7 @@ double SkipPipeNode::head(Links& links, int mb, const torch::Tensor& window) {
   auto x = links.recv(hop.prev, activation_tag(mb), {b, T, cfg_.d_model}).requires_grad_(true);  // (b, T, C)
   const auto began = std::chrono::steady_clock::now();
   auto logits = torch::matmul(ln_f_(x), head_.t());                                               // (b, T, V)
-  auto targets = window.narrow(0, 1, b * T);                                                      // (b·T)
+  auto targets = window_batch(window, b, T).second.view({-1});                                    // (b·T)
   auto loss = cross_entropy(logits.view({-1, cfg_.vocab_size}).to(torch::kFloat), targets);
   // Unscaled: a stage's gradient is the sum over its micro-batches here, divided by its visits after the
   // replicas' all-reduce (the one-process reference divides by grad_accum first, then rescales: same to fp32).
@@ -333,12 +333,12 @@ bool SkipPipeNode::data_node() const {
 
 SkipIterationStats SkipPipeNode::run_iteration(DataStream* stream, int64_t step) {
   // This data node's windows: micro-batch i (schedule order) is window i of the stream; the others' skipped.
-  const int64_t window_size = train_.batch_size * cfg_.seq_len + 1;
+  const int64_t window_size = window_tokens(train_.batch_size, cfg_.seq_len);
   const auto& mbs = schedule_.micro_batches;
   torch::Tensor windows;
   if (data_node()) {
     if (!stream) throw InputError("SkipPipe: data node " + std::to_string(node_) + " needs a stream");
-    windows = torch::zeros({static_cast<int64_t>(mbs.size()), window_size}, torch::kLong);  // (W, b·T + 1)
+    windows = torch::zeros({static_cast<int64_t>(mbs.size()), window_size}, torch::kLong);  // (W, b·(T + 1))
     for (size_t i = 0; i < mbs.size(); ++i) {
       if (mbs[i].data_node != node_) {
         stream->skip();
@@ -361,9 +361,9 @@ SkipIterationStats SkipPipeNode::run_iteration(const torch::Tensor& all_windows,
   compute_pad_s_ = 0;
   held_.clear();  // empty unless the last iteration ended in an error
   // 1. This data node's windows: row i of all_windows for each micro-batch i it starts.
-  const int64_t window_size = train_.batch_size * cfg_.seq_len + 1;
+  const int64_t window_size = window_tokens(train_.batch_size, cfg_.seq_len);
   const auto& mbs = schedule_.micro_batches;
-  std::map<int, torch::Tensor> windows;  // micro-batch -> (b·T + 1) int64
+  std::map<int, torch::Tensor> windows;  // micro-batch -> (b·(T + 1)) int64
   if (data_node()) {
     const auto W = static_cast<int64_t>(mbs.size());
     if (!all_windows.defined() || all_windows.dim() != 2 || all_windows.size(0) != W ||

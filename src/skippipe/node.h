@@ -94,7 +94,7 @@ class SkipPipeNode {
   /// gets no stream, CollectiveError when a peer fails or a deadline passes (the group is unusable afterwards).
   SkipIterationStats run_iteration(DataStream* stream, int64_t step);
   /// The same iteration at learning rate `lr` on given windows (a learner's step, parallel/rank_engine.h): row i of
-  /// `windows` (W, b·T + 1) int64 is micro-batch i's window (inputs [0, b·T), targets [1, b·T]), W = the
+  /// `windows` (W, b·(T + 1)) int64 is micro-batch i's window (b rows of T + 1: data/stream.h), W = the
   /// schedule's micro-batch count. Data nodes read the rows of their micro-batches; other nodes may pass an
   /// undefined tensor. Throws InputError when a data node's windows have another shape, CollectiveError.
   SkipIterationStats run_iteration(const torch::Tensor& windows, double lr);

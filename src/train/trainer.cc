@@ -13,7 +13,7 @@ InnerTrainer::InnerTrainer(GPT model, const TrainConfig& train, LrSchedule sched
     : model_(std::move(model)), train_(train), schedule_(schedule), device_(device) {
   optimizer_ = make_inner_adamw(model_->parameters(), train);
   const int64_t T = model_->config().seq_len;
-  window_ = torch::empty({train.batch_size * T + 1}, torch::kLong);
+  window_ = torch::empty({window_tokens(train.batch_size, T)}, torch::kLong);
 }
 
 StepResult InnerTrainer::step(DataStream& stream, int64_t step) {
@@ -48,8 +48,7 @@ StepResult InnerTrainer::step(DataStream& stream, int64_t step) {
     if (!masks.empty()) model_->set_active_blocks(masks[static_cast<size_t>(micro)]);
     stream.next(std::span<int64_t>(window_.data_ptr<int64_t>(), static_cast<size_t>(window_.numel())));
     auto on_device = window_.to(device_);
-    auto x = on_device.narrow(0, 0, B * T).view({B, T});  // (B, T) inputs
-    auto y = on_device.narrow(0, 1, B * T).view({B, T});  // (B, T) targets
+    const auto [x, y] = window_batch(on_device, B, T);  // (B, T) inputs and targets
     auto loss = model_->loss(x, y);
     (loss / static_cast<double>(train_.grad_accum)).backward();
     loss_sum += loss.item<double>();

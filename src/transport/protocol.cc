@@ -175,8 +175,9 @@ std::string check_handshake(const Handshake& got, const Handshake& want) {
   if (!constant_time_equal(got.secret, want.secret)) return kNotAuthenticated;
   if (got.protocol_version < want.protocol_version) {
     return "protocol version " + std::to_string(got.protocol_version) + " is older than this process's " +
-           std::to_string(want.protocol_version) + " (a learner of an older dloco; since version 4 the [model], "
-           "[train] and [diloco] settings travel as typed values: upgrade it)";
+           std::to_string(want.protocol_version) + " (a learner of an older dloco; since version 5 a batch is B "
+           "rows of T + 1 tokens, since 4 the [model], [train] and [diloco] settings travel as typed values: upgrade "
+           "it)";
   }
   if (got.protocol_version > want.protocol_version) {
     return "protocol version " + std::to_string(got.protocol_version) + " is newer than this process's " +

@@ -17,12 +17,14 @@
 namespace dloco::wire {
 
 /// The wire protocol's version; a peer with another one is refused with both versions named.
-inline constexpr uint32_t kProtocolVersion = 4;  // 2: merged fragments may be updates (base_version, base_hash);
+inline constexpr uint32_t kProtocolVersion = 5;  // 2: merged fragments may be updates (base_version, base_hash);
                                                  // 3: the secret is a bearer token on every call, [train]/[diloco]
                                                  // in the handshake (docs/protocol.md §7, §12);
                                                  // 4: [model]/[train]/[diloco] as typed settings compared as values
                                                  // (no model hash, no JSON text: docs/protocol.md §7), no
-                                                 // GlobalStep message (it was never sent)
+                                                 // GlobalStep message (it was never sent);
+                                                 // 5: a batch is B rows of T + 1 tokens, and data.order
+                                                 // "shuffled" draws each row from its own slot (data/stream.h)
 
 /// An encoded tensor payload: `codec` names the encoding ("fp32" | "bf16" | "q8/<B>" | "q4/<B>",
 /// transport/codec.h), `bytes` the encoded values.

@@ -209,27 +209,41 @@ class DataStreamTest(unittest.TestCase):
         return data.DataStream(_CountingSplit(), index, count, 2, 8,
                                cursor or {"stream": index, "position": 0, "epoch": 0, "tokens_served": 0}, order)
 
+    def rows(self, s, batches):
+        """The row slots (first token // T) of the next batches: 2 rows of 8 + 1 tokens each."""
+        out = []
+        for _ in range(batches):
+            w = s.next()
+            self.assertEqual(len(w), 2 * 9)
+            out += [int(w[0]) // 8, int(w[9]) // 8]
+        return out
+
     def test_shuffled_slots_are_the_cpp_ones(self):
-        # tests/data/data_test.cc ShuffledSlotsArePinned: the same six slots from the C++ DataStream
+        # tests/data/data_test.cc ShuffledSlotsArePinned: the same row slots from the C++ DataStream
         s = self.stream("shuffled")
-        self.assertEqual([s.next()[0] // 16 for _ in range(6)], [476, 590, 26, 203, 293, 398])
-        for _ in range(6, 208):
+        self.assertEqual(self.rows(s, 3), [1091, 1052, 650, 395, 602, 314])
+        for _ in range(3, 208):
             s.next()
-        self.assertEqual([s.next()[0] // 16 for _ in range(3)], [248, 437, 122])  # epoch 1
+        self.assertEqual(self.rows(s, 2), [230, 1199, 266, 17])  # epoch 1
         self.assertEqual(s.cursor["epoch"], 1)
 
-    def test_shuffled_stream_reads_each_of_its_slots_once_an_epoch(self):
+    def test_shuffled_stream_reads_each_of_its_row_slots_once_an_epoch(self):
         s = self.stream("shuffled")
-        epoch0 = [s.next()[0] // 16 for _ in range(208)]  # (10000 − 1) // 16 = 624 slots, every third: 208
+        epoch0 = self.rows(s, 208)  # (10000 − 1) // 8 = 1249 row slots, every third: 416, 2 a batch
         self.assertEqual(s.cursor["epoch"], 1)
-        self.assertEqual(sorted(epoch0), list(range(2, 624, 3)))
-        epoch1 = [s.next()[0] // 16 for _ in range(208)]
+        self.assertEqual(sorted(epoch0), list(range(2, 1249, 3)))
+        for row in range(2):  # each row is T + 1 consecutive tokens
+            w = self.stream("shuffled").next()
+            self.assertEqual(list(w[9 * row:9 * row + 9]), list(range(w[9 * row], w[9 * row] + 9)))
+        epoch1 = self.rows(s, 208)
         self.assertEqual(sorted(epoch1), sorted(epoch0))
         self.assertNotEqual(epoch1, epoch0)
 
     def test_contiguous_stream_reads_its_range_in_order(self):
         s = self.stream("contiguous")
-        self.assertEqual([s.next()[0] for _ in range(3)], [6666, 6682, 6698])
+        self.assertEqual([int(s.next()[0]) for _ in range(3)], [6666, 6682, 6698])
+        w = s.next()  # rows of T + 1 that share a token: 6714 … 6722, 6722 … 6730
+        self.assertEqual(list(w), list(range(6714, 6723)) + list(range(6722, 6731)))
 
     def test_a_foreign_cursor_is_refused(self):
         with self.assertRaises(config.ConfigError):

@@ -369,12 +369,12 @@ std::map<std::string, torch::Tensor> gradients_by_hand(GPT& model, const skippip
   const auto cos = buffers["rope_cos"].narrow(0, 0, T), sin = buffers["rope_sin"].narrow(0, 0, T);  // (T, hs/2)
   const auto causal = buffers["causal"].narrow(0, 0, T).narrow(1, 0, T);                              // (T, T)
   std::vector<int64_t> visits(static_cast<size_t>(S), 0);
-  std::vector<int64_t> window(kB * kT + 1);
+  std::vector<int64_t> window(window_tokens(kB, kT));
   for (auto& p : model->parameters()) p.mutable_grad() = torch::zeros_like(p);
   for (const auto& m : schedule.micro_batches) {
     stream.next(std::span<int64_t>(window));
-    auto tokens = torch::tensor(window, torch::kLong);
-    auto x = model->wte(tokens.narrow(0, 0, kB * kT).view({kB, T}));  // (b, T, C)
+    const auto [inputs, targets] = window_batch(torch::tensor(window, torch::kLong), kB, T);  // (b, T) each
+    auto x = model->wte(inputs);                                                              // (b, T, C)
     std::vector<int64_t> stages{0};
     for (int node : m.path) stages.push_back(schedule.stage_of_node[node]);
     for (int64_t stage : stages) {
@@ -384,7 +384,7 @@ std::map<std::string, torch::Tensor> gradients_by_hand(GPT& model, const skippip
       }
     }
     auto logits = torch::matmul(model->ln_f(x), model->wte->weight.t());  // (b, T, V)
-    cross_entropy(logits.view({-1, cfg.vocab_size}), tokens.narrow(0, 1, kB * kT)).backward();
+    cross_entropy(logits.view({-1, cfg.vocab_size}), targets.view({-1})).backward();
   }
   std::map<std::string, torch::Tensor> out;
   for (const auto& q : model->named_parameters()) {
@@ -469,11 +469,11 @@ TEST_F(SkipPipelineTest, AsALearnersRankEngineItGathersWhatTheNodesHold) {
   parallel.skippipe_nodes = kNodes;
   // The leader's windows: the stream's first W windows, as SkipPipeNode's data nodes read theirs.
   const int64_t W = static_cast<int64_t>(schedule_.micro_batches.size());
-  auto windows = torch::empty({W, kB * kT + 1}, torch::kLong);  // (W, b·T + 1)
+  auto windows = torch::empty({W, window_tokens(kB, kT)}, torch::kLong);  // (W, b·(T + 1))
   {
     DataStream stream(split_, 0, 1, kB, kT, StreamCursor{});
     for (int64_t i = 0; i < W; ++i) {
-      stream.next(std::span<int64_t>(windows[i].data_ptr<int64_t>(), static_cast<size_t>(kB * kT + 1)));
+      stream.next(std::span<int64_t>(windows[i].data_ptr<int64_t>(), static_cast<size_t>(window_tokens(kB, kT))));
     }
   }
   const std::string set_name = "h.1.mlp.gate.weight";  // stage 1, first held by node 2

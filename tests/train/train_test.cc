@@ -370,14 +370,15 @@ TEST_F(TrainTest, SkipStepAveragesEachStageOverTheMicroBatchesThatVisitedIt) {
   for (auto& p : params) sum.push_back(torch::zeros_like(p));
   std::vector<int> visits(3, 0);
   double loss_sum = 0;
-  std::vector<int64_t> window(4 * 32 + 1);
+  std::vector<int64_t> window(window_tokens(4, 32));
   for (const auto& path : paths) {
     for (int64_t s : path) ++visits[static_cast<size_t>(s)];
     replay.next(std::span<int64_t>(window));
     auto w = torch::tensor(window);
     by_hand->set_active_blocks(stage_blocks(6, 3, path));
     for (auto& p : params) p.mutable_grad() = torch::Tensor();
-    auto loss = by_hand->loss(w.narrow(0, 0, 128).view({4, 32}), w.narrow(0, 1, 128).view({4, 32}));
+    const auto [x, y] = window_batch(w, 4, 32);
+    auto loss = by_hand->loss(x, y);
     loss.backward();
     loss_sum += loss.item<double>();
     for (size_t i = 0; i < params.size(); ++i) {

@@ -160,7 +160,7 @@ TEST(Handshake, APeerOfAnotherProtocolVersionIsToldWhichSideToUpgrade) {
   old.protocol_version = 3;  // JSON text and a model hash: it sends no typed settings
   old.settings.clear();
   const std::string why = check_handshake(old, handshake_of(ours));
-  EXPECT_TRUE(has(why, "protocol version 3 is older than this process's 4")) << why;
+  EXPECT_TRUE(has(why, "protocol version 3 is older than this process's 5")) << why;
   EXPECT_TRUE(has(why, "upgrade it")) << why;
   Handshake newer = handshake_of(ours);
   newer.protocol_version = kProtocolVersion + 1;
