@@ -71,6 +71,13 @@ all_variants() {
   # the sparse codec at the same horizon: topk both ways, error feedback at SparseLoCo's β = 0.95
   echo "$(variant decoupled-m4-topk decoupled 4);diloco.wire_up=topk;diloco.wire_down=topk;diloco.error_feedback=true;diloco.error_feedback_decay=0.95"
 }
+# Variants only stages pick10/pick1 run (PICK): the sparse codec at other densities (diloco.topk_density: one value of
+# 16 or 8 kept per chunk, 6.25% or 12.5%, against 1/64) for the bytes–loss frontier.
+extra_variants() {
+  for D in 16 8; do
+    echo "$(variant "decoupled-m4-topk$D" decoupled 4);diloco.wire_up=topk;diloco.wire_down=topk;diloco.error_feedback=true;diloco.error_feedback_decay=0.95;diloco.topk_density=$D"
+  done
+}
 compare() {  # stage seeds tokens lr eta variants…
   local stage=$1 seeds=$2 tokens=$3 lr=$4 eta=$5
   shift 5
@@ -143,7 +150,8 @@ for stage in $STAGES; do
       ETA=${ETA:-$(best sweep-eta diloco-m4-eta diloco.outer_lr)}
       picked=()
       for v in ${PICK:-dp diloco-m4 decoupled-m4}; do
-        line=$(all_variants | grep -- "--variant=$v:") || { echo "no variant '$v' in all_variants" >&2; exit 2; }
+        line=$({ all_variants; extra_variants; } | grep -- "--variant=$v:") ||
+          { echo "no variant '$v' in all_variants or extra_variants" >&2; exit 2; }
         picked+=("$line")
       done
       compare "$stage-$(echo "${PICK:-dp diloco-m4 decoupled-m4}" | tr ' ' '+')" "${SEEDS:-1}" $((D / ${stage#pick})) \

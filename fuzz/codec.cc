@@ -2,7 +2,7 @@
 // goes through (docs/protocol.md §9). Input: a codec name ("fp32", "q4/64", anything), a newline, the payload bytes.
 // Checked beyond "no crash, no UB": a payload decode() takes yields exactly the codec's size for its values, q8/q4
 // values are finite and within max|scale|·q_max, encoding what was decoded and decoding that again stays within the
-// codec's bound (fp32 and bf16: bit for bit; topk: within its own error bound, with at most ⌈L/64⌉ non-zero values a
+// codec's bound (fp32 and bf16: bit for bit; topk: within its own error bound, with at most ⌈L/D⌉ non-zero values a
 // chunk), and apply_update() onto a base either refuses or gives finite values.
 #include <cmath>
 #include <cstdint>
@@ -14,6 +14,7 @@
 #include "core/check.h"
 #include "fuzz/fuzz_support.h"
 #include "transport/codec.h"
+#include "transport/sparse_codec.h"
 
 using namespace dloco;
 
@@ -33,8 +34,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     fuzz::require(false, "decode() took a payload whose codec parse_codec() refuses");
   }
   const int64_t n = static_cast<int64_t>(values.size());
-  const int64_t block = name.find('/') == std::string_view::npos ? 0 : std::atoll(std::string(name.substr(name.find('/') + 1)).c_str());
-  fuzz::require(wire::encoded_bytes(codec, n, block) == static_cast<int64_t>(payload.bytes.size()),
+  int64_t block = name.find('/') == std::string_view::npos ? 0 : std::atoll(std::string(name.substr(name.find('/') + 1)).c_str());
+  int64_t density = 0;  // topk: one value kept in D ("topk/<C>/<D>")
+  if (codec == wire::Codec::kTopK) {
+    fuzz::require(wire::sparse::parse(payload.codec, &block, &density), "decode() took a topk name parse() refuses");
+  }
+  fuzz::require(wire::encoded_bytes(codec, n, block, density) == static_cast<int64_t>(payload.bytes.size()),
           "a payload of another size than encoded_bytes() was taken");
   const bool integer = codec == wire::Codec::kQ8 || codec == wire::Codec::kQ4;
   if (integer || codec == wire::Codec::kTopK) {
@@ -44,9 +49,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (int64_t start = 0; start < n; start += block) {
       int64_t nonzero = 0;
       for (int64_t i = start; i < std::min(n, start + block); ++i) nonzero += values[i] != 0;
-      fuzz::require(nonzero <= (std::min(n, start + block) - start + 63) / 64, "topk decoded more than k values");
+      fuzz::require(nonzero <= wire::sparse::kept_of(std::min(n, start + block) - start, density),
+                    "topk decoded more than k values");
     }
-    const wire::Payload again = wire::encode(values, codec, block);
+    const wire::Payload again = wire::encode(values, codec, block, density);
     std::vector<float> twice;
     fuzz::require(wire::decode(again, twice, n).empty(), "decode() refused what encode() wrote");
     double gap = 0;

@@ -66,6 +66,8 @@ void codec_seeds() {
     const wire::Payload p = wire::encode(values, codec, block);
     put("codec", name, p.codec + "\n" + p.bytes);
   }
+  const wire::Payload sparse16 = wire::encode(values, wire::Codec::kTopK, 64, 16);  // "topk/64/16"
+  put("codec", "topk_64_16", sparse16.codec + "\n" + sparse16.bytes);
 }
 
 void syncer_rpc_seeds() {

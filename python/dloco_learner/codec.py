@@ -44,26 +44,42 @@ def encoded_bytes(codec, n, block=0):
 
 
 SPARSE_CHUNK = 4096   # "topk": chunks of C values (src/transport/sparse_codec.h)
-SPARSE_DENSITY = 64   # one value kept in 64 of a chunk: k = ⌈L / 64⌉
+SPARSE_DENSITY = 64   # D by default: one value kept in D of a chunk, k = ⌈L / D⌉ (diloco.topk_density)
 SPARSE_MIN_CHUNK, SPARSE_MAX_CHUNK = 64, 1 << 16
+SPARSE_MIN_DENSITY, SPARSE_MAX_DENSITY = 2, 1024
 
 
-def _sparse_chunk(name):
-    """4096 for "topk/4096"; None for anything else."""
-    if name.startswith("topk/") and 6 <= len(name) <= 10 and name[5:].isascii() and name[5:].isdigit() and name[5] != "0":
-        chunk = int(name[5:])
-        if SPARSE_MIN_CHUNK <= chunk <= SPARSE_MAX_CHUNK:
-            return chunk
-    return None
+def _bounded(digits, lo, hi):
+    """A whole number in [lo, hi] written without sign or leading zeros; None otherwise."""
+    if not digits or len(digits) > 6 or not (digits.isascii() and digits.isdigit()) or digits[0] == "0":
+        return None
+    v = int(digits)
+    return v if lo <= v <= hi else None
 
 
-def _kept_total(n, chunk):
+def _sparse_layout(name):
+    """(4096, 64) for "topk/4096", (4096, 16) for "topk/4096/16"; None for anything else."""
+    if len(name) > 16 or not name.startswith("topk/"):
+        return None
+    parts = name[5:].split("/")
+    if len(parts) > 2:
+        return None
+    chunk = _bounded(parts[0], SPARSE_MIN_CHUNK, SPARSE_MAX_CHUNK)
+    density = SPARSE_DENSITY if len(parts) == 1 else _bounded(parts[1], SPARSE_MIN_DENSITY, SPARSE_MAX_DENSITY)
+    return None if chunk is None or density is None else (chunk, density)
+
+
+def _kept(length, density):
+    return (length + density - 1) // density
+
+
+def _kept_total(n, chunk, density):
     full, rest = divmod(n, chunk)
-    return full * ((chunk + SPARSE_DENSITY - 1) // SPARSE_DENSITY) + ((rest + SPARSE_DENSITY - 1) // SPARSE_DENSITY)
+    return full * _kept(chunk, density) + _kept(rest, density)
 
 
-def sparse_bytes(n, chunk=SPARSE_CHUNK):
-    k = _kept_total(n, chunk)
+def sparse_bytes(n, chunk=SPARSE_CHUNK, density=SPARSE_DENSITY):
+    k = _kept_total(n, chunk, density)
     return 8 + 8 * ((n + chunk - 1) // chunk) + 2 * k + (k + 3) // 4
 
 
@@ -74,14 +90,15 @@ def _levels(t, m):
     return np.float32(t + quarter), np.float32(m - quarter)
 
 
-def sparse_encode(x, chunk=SPARSE_CHUNK):
-    """("topk/<C>", bytes): per chunk the ⌈L/64⌉ largest |x| (ties: the lower index), as indices and 2-bit codes."""
+def sparse_encode(x, chunk=SPARSE_CHUNK, density=SPARSE_DENSITY):
+    """("topk/<C>[/<D>]", bytes): per chunk the ⌈L/D⌉ largest |x| (ties: the lower index), as indices and 2-bit codes
+    ("/<D>" only when D is not 64)."""
     n = x.size
     nc = (n + chunk - 1) // chunk
     ranges, indices, codes = np.zeros(2 * nc, "<f4"), [], []
     for c in range(nc):
         seg = x[c * chunk:(c + 1) * chunk]
-        k = (seg.size + SPARSE_DENSITY - 1) // SPARSE_DENSITY
+        k = _kept(seg.size, density)
         mag = np.abs(seg)
         order = np.sort(np.argsort(-mag, kind="stable")[:k])
         kept = mag[order]
@@ -96,10 +113,11 @@ def sparse_encode(x, chunk=SPARSE_CHUNK):
     padded[:code.size] = code
     packed = padded[0::4] | (padded[1::4] << 2) | (padded[2::4] << 4) | (padded[3::4] << 6)
     header = np.array([n], dtype="<u8").tobytes()
-    return "topk/%d" % chunk, header + ranges.tobytes() + idx.astype("<u2").tobytes() + packed.astype(np.uint8).tobytes()
+    name = "topk/%d" % chunk + ("" if density == SPARSE_DENSITY else "/%d" % density)
+    return name, header + ranges.tobytes() + idx.astype("<u2").tobytes() + packed.astype(np.uint8).tobytes()
 
 
-def sparse_decode(name, chunk, data, expected_numel=-1):
+def sparse_decode(name, chunk, density, data, expected_numel=-1):
     if len(data) < 8:
         raise CodecError("a %s payload shorter than its 8-byte header" % name)
     n = int(np.frombuffer(data[:8], dtype="<u8")[0])
@@ -107,10 +125,10 @@ def sparse_decode(name, chunk, data, expected_numel=-1):
         raise CodecError("a %s payload claiming %d values" % (name, n))
     if expected_numel >= 0 and n != expected_numel:
         raise CodecError("%d %s values where %d were expected" % (n, name, expected_numel))
-    want = sparse_bytes(n, chunk)
+    want = sparse_bytes(n, chunk, density)
     if len(data) != want:
         raise CodecError("%d bytes where %d %s values take %d" % (len(data), n, name, want))
-    nc, K = (n + chunk - 1) // chunk, _kept_total(n, chunk)
+    nc, K = (n + chunk - 1) // chunk, _kept_total(n, chunk, density)
     ranges = np.frombuffer(data[8:8 + 8 * nc], dtype="<f4").astype(np.float32)
     idx = np.frombuffer(data[8 + 8 * nc:8 + 8 * nc + 2 * K], dtype="<u2").astype(np.int64)
     packed = np.frombuffer(data[8 + 8 * nc + 2 * K:], dtype=np.uint8)
@@ -125,7 +143,7 @@ def sparse_decode(name, chunk, data, expected_numel=-1):
             raise CodecError("chunk %d of a %s payload has the range [%s, %s] (must be finite with 0 ≤ t ≤ m)"
                              % (c, name, t, m))
         length = min(n, (c + 1) * chunk) - c * chunk
-        k = (length + SPARSE_DENSITY - 1) // SPARSE_DENSITY
+        k = _kept(length, density)
         ix, cd = idx[at:at + k], code[at:at + k]
         if k and (ix.max() >= length or np.any(np.diff(ix) <= 0)):
             raise CodecError("an index of chunk %d of a %s payload is outside the chunk or not after the one before"
@@ -149,9 +167,10 @@ def bf16_to_float(h):
     return (np.asarray(h, dtype="<u2").astype(np.uint32) << 16).view("<f4")
 
 
-def encode(values, codec, block=0):
-    """(codec name on the wire, bytes) for (n,) float32 `values`. `codec`: "fp32" | "bf16" | "q8" | "q4" (block 0 =
-    the default). Raises CodecError for q8/q4 when a value is not finite (it would poison its block's scale)."""
+def encode(values, codec, block=0, density=0):
+    """(codec name on the wire, bytes) for (n,) float32 `values`. `codec`: "fp32" | "bf16" | "q8" | "q4" | "topk" (block
+    0 = the default; topk keeps one value in `density`, 0 = 64). Raises CodecError for q8/q4/topk when a value is not
+    finite (it would poison its block's scale)."""
     x = np.ascontiguousarray(values, dtype="<f4")
     if codec == "fp32":
         return "fp32", x.tobytes()
@@ -167,7 +186,11 @@ def encode(values, codec, block=0):
         chunk = block or SPARSE_CHUNK
         if not SPARSE_MIN_CHUNK <= chunk <= SPARSE_MAX_CHUNK:
             raise CodecError("chunk of %d values for topk: must be in [%d, %d]" % (chunk, SPARSE_MIN_CHUNK, SPARSE_MAX_CHUNK))
-        return sparse_encode(x, chunk)
+        density = density or SPARSE_DENSITY
+        if not SPARSE_MIN_DENSITY <= density <= SPARSE_MAX_DENSITY:
+            raise CodecError("topk density of one in %d: must be in [%d, %d]" % (density, SPARSE_MIN_DENSITY,
+                                                                                SPARSE_MAX_DENSITY))
+        return sparse_encode(x, chunk, density)
     block = block or DEFAULT_BLOCK[codec]
     if not 1 <= block <= MAX_BLOCK:
         raise CodecError("block of %d values for %s: must be in [1, %d]" % (block, codec, MAX_BLOCK))
@@ -196,9 +219,9 @@ def decode(name, data, expected_numel=-1):
     than the codec's for its values, a count other than `expected_numel` (≥ 0), a negative or non-finite scale (or
     one that would decode to infinity), an integer outside [−q_max, q_max], a non-zero unused nibble. Finiteness of
     fp32 and bf16 values is the caller's check."""
-    chunk = _sparse_chunk(name)
-    if chunk is not None:
-        return sparse_decode(name, chunk, data, expected_numel)
+    layout = _sparse_layout(name)
+    if layout is not None:
+        return sparse_decode(name, layout[0], layout[1], data, expected_numel)
     parsed = _parse(name)
     if parsed is None:
         raise CodecError("unknown codec '%s'" % name[:32])
@@ -264,16 +287,17 @@ def apply_update(base, name, data):
 class ErrorFeedback:
     """What the codec dropped from the last vector is added to the next (wire::ErrorFeedback): one per fragment."""
 
-    def __init__(self, decay=1.0):
+    def __init__(self, decay=1.0, density=0):
         self.residual = None
         self.decay = np.float32(decay)  # β (diloco.error_feedback_decay): the carried error is β·e
+        self.density = density          # topk: one value kept in D (diloco.topk_density; 0 = 64)
 
     def encode(self, values, codec):
         x = np.asarray(values, dtype=np.float32)
         if self.residual is not None and self.residual.size == x.size:
             x = x + (self.residual if self.decay == 1 else self.decay * self.residual)
         try:
-            name, data = encode(x, codec)
+            name, data = encode(x, codec, 0, self.density)
         except CodecError:
             self.residual = None
             raise

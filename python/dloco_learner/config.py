@@ -67,6 +67,7 @@ FIELDS = [
     ("diloco", "wire_down", ("fp32", "bf16", "q8", "q4", "topk"), "fp32"),
     ("diloco", "error_feedback", "bool", False),
     ("diloco", "error_feedback_decay", "float", 1.0),
+    ("diloco", "topk_density", "int", 64),
     ("diloco", "screen_ratio", "float", 10.0),
     ("diloco", "clip_ratio", "float", 0.0),
     ("diloco", "refetch_after", "int", 3),

@@ -54,7 +54,8 @@ class OuterSync:
         self.tokens_since = [0] * P
         self.answered = {}
         self.pending = []
-        self.feedback = [codec.ErrorFeedback(d["error_feedback_decay"]) for _ in range(P)]
+        self.density = d["topk_density"]
+        self.feedback = [codec.ErrorFeedback(d["error_feedback_decay"], self.density) for _ in range(P)]
         self.lost_steps = 0
         self.merges_applied = 0
 
@@ -125,7 +126,7 @@ class OuterSync:
         try:
             if self.error_feedback and self.codec != "fp32":
                 return self.feedback[p].encode(delta, self.codec)
-            return codec.encode(delta, self.codec)
+            return codec.encode(delta, self.codec, 0, self.density)
         except codec.CodecError as e:  # a non-finite Δ: the integer codecs cannot carry it; the syncer refuses it
             self.events.emit("delta_not_finite", fragment=p, codec=self.codec, reason=str(e))
             return codec.encode(delta, "fp32")

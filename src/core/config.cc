@@ -77,6 +77,7 @@ void for_each_field(C& c, F&& f) {
   f("diloco", "wire_down", c.diloco.wire_down);
   f("diloco", "error_feedback", c.diloco.error_feedback);
   f("diloco", "error_feedback_decay", c.diloco.error_feedback_decay);
+  f("diloco", "topk_density", c.diloco.topk_density);
   f("diloco", "screen_ratio", c.diloco.screen_ratio);
   f("diloco", "clip_ratio", c.diloco.clip_ratio);
   f("diloco", "refetch_after", c.diloco.refetch_after);
@@ -274,8 +275,10 @@ void Config::validate() const {
   require(d.anchor_versions >= 1, "diloco.anchor_versions", "must be ≥ 1");
   require(d.error_feedback_decay > 0 && d.error_feedback_decay <= 1, "diloco.error_feedback_decay", "(β) must be in (0, 1]");
   require(d.error_feedback || (d.wire_up != WireDtype::kTopK && d.wire_down != WireDtype::kTopK), "diloco.wire_up",
-          "\"topk\" (up or down) needs diloco.error_feedback = true: it drops 63 of every 64 values, and error feedback "
-          "carries them into the next one");
+          "\"topk\" (up or down) needs diloco.error_feedback = true: it drops all but 1 of every diloco.topk_density "
+          "values, and error feedback carries them into the next one");
+  require(d.topk_density >= 2 && d.topk_density <= 1024, "diloco.topk_density", "(D, one value in D kept) must be in "
+          "[2, 1024]");
   require(d.screen_ratio == 0 || (d.screen_ratio >= 1 && std::isfinite(d.screen_ratio)), "diloco.screen_ratio",
           "must be 0 (off) or a finite number ≥ 1");
   require(d.clip_ratio == 0 || (d.clip_ratio >= 1 && std::isfinite(d.clip_ratio) &&

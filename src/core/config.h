@@ -192,6 +192,7 @@ struct DilocoConfig {
                                    // or U (syncer) of that fragment
   double error_feedback_decay = 1.0;  // β in (0, 1]: the carried error is β·e before it is added (SparseLoCo: 0.95);
                                       // 1 = the sum of what was sent tracks the sum of the inputs
+  int64_t topk_density = 64;       // "topk": one value of D kept per chunk (64: 1.56%; 16: 6.25%), D in [2, 1024]
   double screen_ratio = 10;        // decoupled: an answer whose outer gradient per unit of inner lr (‖Δ‖ / Σ lr over its
                                    // steps) reaches this multiple of
                                    // the (lower) median of its round's other answers and the fragment's recent

@@ -58,6 +58,7 @@ OuterSyncConfig outer_sync_config(const Config& config, int id, const FragmentLa
   c.codec = wire::parse_codec(to_string(config.diloco.wire_up));
   c.error_feedback = config.diloco.error_feedback;
   c.error_feedback_decay = config.diloco.error_feedback_decay;
+  c.topk_density = config.diloco.topk_density;
   return c;
 }
 

@@ -122,9 +122,10 @@ wire::Payload OuterSync::encode_delta(int p, std::vector<float>& delta) {
                        config_.codec == wire::Codec::kTopK;
   try {
     if (config_.error_feedback && config_.codec != wire::Codec::kFp32) {
-      return feedback_[static_cast<size_t>(p)].encode(delta, config_.codec, 0, nullptr, config_.error_feedback_decay);
+      return feedback_[static_cast<size_t>(p)].encode(delta, config_.codec, 0, nullptr, config_.error_feedback_decay,
+                                                      config_.topk_density);
     }
-    return wire::encode(delta, config_.codec);
+    return wire::encode(delta, config_.codec, 0, config_.topk_density);
   } catch (const InputError& e) {  // a non-finite Δ: the integer codecs cannot carry it
     DLOCO_CHECK(integer);
     emit("delta_not_finite", {{"fragment", p}, {"codec", wire::to_string(config_.codec)}, {"reason", e.what()}});

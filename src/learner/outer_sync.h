@@ -40,6 +40,7 @@ struct OuterSyncConfig {
   // (a new OuterSync). Applies to the lossy codecs (bf16, q8, q4, topk).
   bool error_feedback = false;
   double error_feedback_decay = 1.0;  // β: e is carried as β·e (diloco.error_feedback_decay)
+  int64_t topk_density = 64;          // topk: one value kept in D of each chunk (diloco.topk_density)
 };
 
 /// What a step boundary found.

@@ -9,7 +9,7 @@
 namespace dloco {
 
 Downlink encode_downlink(std::span<const float> previous, std::vector<float>& theta, wire::Codec codec,
-                         wire::ErrorFeedback* feedback, double decay) {
+                         wire::ErrorFeedback* feedback, double decay, int64_t density) {
   DLOCO_CHECK_EQ(previous.size(), theta.size());
   Downlink out;
   const bool finite = std::all_of(theta.begin(), theta.end(), [](float v) { return std::isfinite(v); });
@@ -17,7 +17,8 @@ Downlink encode_downlink(std::span<const float> previous, std::vector<float>& th
   std::vector<float> update(theta.size());
   for (size_t i = 0; i < theta.size(); ++i) update[i] = theta[i] - previous[i];
   try {
-    out.update = feedback ? feedback->encode(update, codec, 0, nullptr, decay) : wire::encode(update, codec);
+    out.update = feedback ? feedback->encode(update, codec, 0, nullptr, decay, density)
+                          : wire::encode(update, codec, 0, density);
     std::vector<float> rebuilt;
     const std::string bad = wire::apply_update(previous, out.update, rebuilt);
     if (!bad.empty()) throw InputError(bad);

@@ -20,11 +20,11 @@ struct Downlink {
 
 /// Encodes U = `theta` − `previous` as `codec` and, on success, sets `theta` to previous + Û. `feedback` (diloco's
 /// error_feedback on) carries the residual between merges of this fragment, as `decay`·e (diloco.error_feedback_decay);
-/// nullptr encodes U alone. A non-finite
+/// nullptr encodes U alone; topk keeps one value in `density` (diloco.topk_density). A non-finite
 /// U (the integer codecs cannot carry it) or an update that does not apply leaves `theta` as it was, resets
 /// `feedback` and returns whole with the reason. codec = fp32 or a non-finite `theta`: whole, no reason, nothing
 /// changed. Sizes: `theta` and `previous` are fragment-sized (DLOCO_CHECK).
 Downlink encode_downlink(std::span<const float> previous, std::vector<float>& theta, wire::Codec codec,
-                         wire::ErrorFeedback* feedback, double decay = 1.0);
+                         wire::ErrorFeedback* feedback, double decay = 1.0, int64_t density = 0);
 
 }  // namespace dloco

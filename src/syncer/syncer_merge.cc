@@ -60,7 +60,7 @@ void SyncerState::merge_round(int p, Round& round, double now_s, SyncerActions& 
   const wire::Codec down = wire::parse_codec(to_string(config_.diloco.wire_down));   // 5
   Downlink downlink = encode_downlink(previous, frag.theta, down,
                                       config_.diloco.error_feedback ? &frag.down_feedback : nullptr,
-                                      config_.diloco.error_feedback_decay);
+                                      config_.diloco.error_feedback_decay, config_.diloco.topk_density);
   if (!downlink.whole) {
     merged.update = std::move(downlink.update);
     merged.base_version = frag.version;

@@ -4,6 +4,7 @@
 
 #include "syncer/syncer_service.h"
 #include "transport/codec.h"
+#include "transport/sparse_codec.h"
 
 namespace dloco {
 
@@ -165,11 +166,14 @@ void SyncerService::answer_offer(int learner, const wire::Metadata& m, double no
 void SyncerService::on_answer(int learner, const wire::PullAnswer& a) {
   PullAnswerData data{a.fragment, a.round_step, a.captured_step, a.base_version, a.steps, a.tokens, {}};
   // An answer comes in fp32 (a re-anchor, or a Δ the codec cannot carry) or in the run's diloco.wire_up with its
-  // default block (§10): another codec or block would let a learner pick how much error it may claim in the norm
+  // default block (and topk with the run's diloco.topk_density) (§10): another codec or block would let a learner pick how much error it may claim in the norm
   // screen (a q4 block of 65536 values with a few spikes claims more error than its whole norm).
   const wire::Codec up = wire::parse_codec(to_string(config_.diloco.wire_up));
   const int64_t block = wire::default_block(up);
-  const std::string expected = block > 0 ? std::string(wire::to_string(up)) + "/" + std::to_string(block) : wire::to_string(up);
+  const std::string expected =
+      up == wire::Codec::kTopK ? wire::sparse::wire_name(block, config_.diloco.topk_density)
+      : block > 0              ? std::string(wire::to_string(up)) + "/" + std::to_string(block)
+                               : wire::to_string(up);
   std::string reason;
   if (a.delta.codec != "fp32" && a.delta.codec != expected) {
     reason = "codec '" + a.delta.codec.substr(0, 32) + "': this run's answers are fp32 or " + expected +

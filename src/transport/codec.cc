@@ -235,17 +235,17 @@ Codec parse_codec(std::string_view name) {
                    "' (expected \"fp32\", \"bf16\", \"q8\", \"q4\" or \"topk\")");
 }
 
-int64_t encoded_bytes(Codec codec, int64_t n, int64_t block) {
+int64_t encoded_bytes(Codec codec, int64_t n, int64_t block, int64_t density) {
   if (block <= 0) block = default_block(codec);
   switch (codec) {
     case Codec::kFp32: return 4 * n;
     case Codec::kBf16: return 2 * n;
-    case Codec::kTopK: return sparse::encoded_bytes(n, block);
+    case Codec::kTopK: return sparse::encoded_bytes(n, block, density > 0 ? density : sparse::kDensity);
     default: return static_cast<int64_t>(kHeader) + 4 * blocks_of(n, block) + value_bytes(codec, n);
   }
 }
 
-Payload encode(std::span<const float> values, Codec codec, int64_t block) {
+Payload encode(std::span<const float> values, Codec codec, int64_t block, int64_t density) {
   if (codec == Codec::kQ8 || codec == Codec::kQ4 || codec == Codec::kTopK) {
     if (const int64_t i = first_not_finite(values); i >= 0) {
       throw InputError("cannot encode value " + std::to_string(i) + " (" +
@@ -258,7 +258,12 @@ Payload encode(std::span<const float> values, Codec codec, int64_t block) {
         throw InputError("chunk of " + std::to_string(block) + " values for topk: must be in [" +
                          std::to_string(sparse::kMinChunk) + ", " + std::to_string(sparse::kMaxChunk) + "]");
       }
-      return sparse::encode(values, block);
+      if (density == 0) density = sparse::kDensity;
+      if (density < sparse::kMinDensity || density > sparse::kMaxDensity) {
+        throw InputError("topk density of one in " + std::to_string(density) + ": must be in [" +
+                         std::to_string(sparse::kMinDensity) + ", " + std::to_string(sparse::kMaxDensity) + "]");
+      }
+      return sparse::encode(values, block, density);
     }
     if (block < 1 || block > kMaxBlock) {
       throw InputError("block of " + std::to_string(block) + " values for " + to_string(codec) + ": must be in [1, " +
@@ -279,7 +284,9 @@ Payload encode(std::span<const float> values, Codec codec, int64_t block) {
 }
 
 double error_bound(const Payload& payload, std::span<const float> decoded) {
-  if (const int64_t chunk = sparse::parse_chunk(payload.codec); chunk > 0) return sparse::error_bound(payload, chunk);
+  if (int64_t chunk = 0, density = 0; sparse::parse(payload.codec, &chunk, &density)) {
+    return sparse::error_bound(payload, chunk, density);
+  }
   Codec integer = Codec::kFp32;
   int64_t block = 0;
   if (parse_wire_integer(payload.codec, &integer, &block)) {
@@ -311,8 +318,8 @@ std::string decode(const Payload& payload, std::vector<float>& out, int64_t expe
   if (parse_wire_integer(payload.codec, &integer, &block)) {
     return decode_integer(payload, integer, block, out, expected_numel);
   }
-  if (const int64_t chunk = sparse::parse_chunk(payload.codec); chunk > 0) {
-    return sparse::decode(payload, chunk, out, expected_numel);
+  if (int64_t chunk = 0, density = 0; sparse::parse(payload.codec, &chunk, &density)) {
+    return sparse::decode(payload, chunk, density, out, expected_numel);
   }
   size_t width = 0;
   if (payload.codec == "fp32") {
@@ -354,7 +361,7 @@ std::string apply_update(std::span<const float> base, const Payload& update, std
 }
 
 Payload ErrorFeedback::encode(std::vector<float>& values, Codec codec, int64_t block, std::vector<float>* decoded,
-                              double decay) {
+                              double decay, int64_t density) {
   if (residual_.size() == values.size()) {
     if (decay == 1.0) {
       for (size_t i = 0; i < values.size(); ++i) values[i] += residual_[i];
@@ -365,7 +372,7 @@ Payload ErrorFeedback::encode(std::vector<float>& values, Codec codec, int64_t b
   }
   Payload payload;
   try {
-    payload = wire::encode(values, codec, block);
+    payload = wire::encode(values, codec, block, density);
   } catch (const InputError&) {
     residual_.clear();
     throw;

@@ -7,8 +7,8 @@
 //               8 + 4⌈n/B⌉ + n bytes (8.125 bits a value at B = 256)
 //   q4/<B>      the same with 4-bit values in [−7, 7] (two's complement nibbles, value 2i in the low nibble of byte
 //               i), s_b = max|x| / 7; B = 64 by default: 8 + 4⌈n/B⌉ + ⌈n/2⌉ bytes (4.5 bits a value at B = 64)
-//   topk/<C>    sparse: of each chunk of C values (4096 by default) the 1/64 largest in magnitude, as indices and
-//               2-bit codes (0.30 bits a value): transport/sparse_codec.h
+//   topk/<C>[/<D>]  sparse: of each chunk of C values (4096 by default) the 1/D largest in magnitude (D = 64 by
+//               default), as indices and 2-bit codes (0.30 bits a value at D = 64): transport/sparse_codec.h
 // Per element |x − x̂| ≤ max|x over its block| / (2 · q_max) (q_max 127 or 7), up to fp32 rounding of x / s_b.
 // The wire names the codec with its block ("q4/64"), so a receiver needs no config to decode.
 #pragma once
@@ -33,14 +33,14 @@ const char* to_string(Codec codec);
 /// Inverse of to_string; throws InputError naming the valid codecs.
 Codec parse_codec(std::string_view name);
 /// Bytes encode() writes for n values: n·4, n·2, 8 + 4⌈n/B⌉ + n, 8 + 4⌈n/B⌉ + ⌈n/2⌉, or topk's
-/// (sparse::encoded_bytes).
-int64_t encoded_bytes(Codec codec, int64_t n, int64_t block = 0);
+/// (sparse::encoded_bytes; `density` D: one value in D kept, 0 = 64).
+int64_t encoded_bytes(Codec codec, int64_t n, int64_t block = 0, int64_t density = 0);
 
 /// Encodes `values` (n floats) with `codec` (`block` values per scale for q8/q4, per chunk for topk; 0 = the
-/// default). Throws InputError for q8/q4/topk when a value is NaN or infinite (it would poison its block's scale or
-/// its chunk's range; fp32 and bf16 carry it, for the receiver to refuse and count), or for a block outside [1,
-/// 65536] (a chunk outside [64, 65536]).
-Payload encode(std::span<const float> values, Codec codec, int64_t block = 0);
+/// default; topk keeps one value in `density`, 0 = 64). Throws InputError for q8/q4/topk when a value is NaN or
+/// infinite (it would poison its block's scale or its chunk's range; fp32 and bf16 carry it, for the receiver to
+/// refuse and count), or for a block outside [1, 65536] (a chunk outside [64, 65536], a density outside [2, 1024]).
+Payload encode(std::span<const float> values, Codec codec, int64_t block = 0, int64_t density = 0);
 /// Decodes a payload into `out`. Returns "" on success, else what was wrong: an unknown codec or block, a size that
 /// is not exactly the codec's for its values, `expected_numel` ≥ 0 not matched, a negative or non-finite scale, an
 /// integer outside [−q_max, q_max], a value that decodes to non-finite; `out` is then unspecified. Finiteness of
@@ -73,7 +73,7 @@ class ErrorFeedback {
   /// exact). A size other than the last one's starts from e = 0. Throws InputError as encode() does (e is then
   /// cleared).
   Payload encode(std::vector<float>& values, Codec codec, int64_t block = 0, std::vector<float>* decoded = nullptr,
-                 double decay = 1.0);
+                 double decay = 1.0, int64_t density = 0);
   /// e = 0 (the next vector is relative to another base: a re-anchor, a restart).
   void reset() { residual_.clear(); }
   /// e, empty before the first vector.

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <string_view>
 
 namespace dloco::wire::sparse {
 
@@ -16,9 +17,20 @@ constexpr size_t kHeader = sizeof(uint64_t);
 int64_t chunks_of(int64_t n, int64_t chunk) { return (n + chunk - 1) / chunk; }
 
 // K = Σ over chunks of the values kept.
-int64_t kept_total(int64_t n, int64_t chunk) {
+int64_t kept_total(int64_t n, int64_t chunk, int64_t density) {
   const int64_t full = n / chunk, rest = n % chunk;
-  return full * kept_of(chunk) + (rest > 0 ? kept_of(rest) : 0);
+  return full * kept_of(chunk, density) + (rest > 0 ? kept_of(rest, density) : 0);
+}
+
+// A whole number in [lo, hi] written without sign or leading zeros; 0 otherwise.
+int64_t parse_bounded(std::string_view digits, int64_t lo, int64_t hi) {
+  if (digits.empty() || digits.size() > 6 || digits[0] == '0') return 0;
+  int64_t v = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return 0;
+    v = v * 10 + (c - '0');
+  }
+  return v >= lo && v <= hi ? v : 0;
 }
 
 // The two magnitude levels of a chunk whose kept magnitudes span [t, m]. (m − t)·0.25 is exact (a power of two),
@@ -28,27 +40,34 @@ float level_hi(float t, float m) { return m - (m - t) * 0.25f; }
 
 }  // namespace
 
-int64_t encoded_bytes(int64_t n, int64_t chunk) {
-  const int64_t k = kept_total(n, chunk);
+int64_t encoded_bytes(int64_t n, int64_t chunk, int64_t density) {
+  const int64_t k = kept_total(n, chunk, density);
   return static_cast<int64_t>(kHeader) + 8 * chunks_of(n, chunk) + 2 * k + (k + 3) / 4;
 }
 
-int64_t parse_chunk(const std::string& name) {
-  if (name.size() < 6 || name.compare(0, 5, "topk/") != 0 || name.size() > 10) return 0;
-  int64_t c = 0;
-  for (size_t i = 5; i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9') return 0;
-    c = c * 10 + (name[i] - '0');
-  }
-  return c >= kMinChunk && c <= kMaxChunk && name[5] != '0' ? c : 0;
+std::string wire_name(int64_t chunk, int64_t density) {
+  return "topk/" + std::to_string(chunk) + (density == kDensity ? "" : "/" + std::to_string(density));
 }
 
-Payload encode(std::span<const float> values, int64_t chunk) {
+bool parse(const std::string& name, int64_t* chunk, int64_t* density) {
+  if (name.size() > 16 || name.compare(0, 5, "topk/") != 0) return false;
+  const std::string_view rest = std::string_view(name).substr(5);
+  const size_t slash = rest.find('/');
+  const int64_t c = parse_bounded(rest.substr(0, slash), kMinChunk, kMaxChunk);
+  const int64_t d = slash == std::string_view::npos ? kDensity
+                                                    : parse_bounded(rest.substr(slash + 1), kMinDensity, kMaxDensity);
+  if (c == 0 || d == 0) return false;
+  *chunk = c;
+  *density = d;
+  return true;
+}
+
+Payload encode(std::span<const float> values, int64_t chunk, int64_t density) {
   const auto n = static_cast<int64_t>(values.size());
-  const int64_t nc = chunks_of(n, chunk), K = kept_total(n, chunk);
+  const int64_t nc = chunks_of(n, chunk), K = kept_total(n, chunk, density);
   Payload out;
-  out.codec = "topk/" + std::to_string(chunk);
-  out.bytes.assign(static_cast<size_t>(encoded_bytes(n, chunk)), '\0');
+  out.codec = wire_name(chunk, density);
+  out.bytes.assign(static_cast<size_t>(encoded_bytes(n, chunk, density)), '\0');
   char* ranges = out.bytes.data() + kHeader;
   char* indices = ranges + 8 * nc;
   auto* codes = reinterpret_cast<unsigned char*>(indices + 2 * K);
@@ -58,7 +77,7 @@ Payload encode(std::span<const float> values, int64_t chunk) {
   int64_t j = 0;  // the next code
   for (int64_t c = 0; c < nc; ++c) {
     const float* x = values.data() + c * chunk;
-    const int64_t len = std::min(n, (c + 1) * chunk) - c * chunk, k = kept_of(len);
+    const int64_t len = std::min(n, (c + 1) * chunk) - c * chunk, k = kept_of(len, density);
     std::iota(order.begin(), order.begin() + len, 0u);
     // The k largest magnitudes first (the lower index on a tie), then in index order.
     const auto larger = [x](uint32_t a, uint32_t b) {
@@ -87,7 +106,8 @@ Payload encode(std::span<const float> values, int64_t chunk) {
   return out;
 }
 
-std::string decode(const Payload& payload, int64_t chunk, std::vector<float>& out, int64_t expected_numel) {
+std::string decode(const Payload& payload, int64_t chunk, int64_t density, std::vector<float>& out,
+                   int64_t expected_numel) {
   const std::string& codec = payload.codec;
   if (payload.bytes.size() < kHeader) return "a " + codec + " payload shorter than its 8-byte header";
   uint64_t count = 0;
@@ -99,12 +119,12 @@ std::string decode(const Payload& payload, int64_t chunk, std::vector<float>& ou
   if (expected_numel >= 0 && n != expected_numel) {
     return std::to_string(n) + " " + codec + " values where " + std::to_string(expected_numel) + " were expected";
   }
-  const int64_t want = encoded_bytes(n, chunk);
+  const int64_t want = encoded_bytes(n, chunk, density);
   if (static_cast<int64_t>(payload.bytes.size()) != want) {
     return std::to_string(payload.bytes.size()) + " bytes where " + std::to_string(n) + " " + codec +
            " values take " + std::to_string(want);
   }
-  const int64_t nc = chunks_of(n, chunk), K = kept_total(n, chunk);
+  const int64_t nc = chunks_of(n, chunk), K = kept_total(n, chunk, density);
   const char* ranges = payload.bytes.data() + kHeader;
   const char* indices = ranges + 8 * nc;
   const auto* codes = reinterpret_cast<const unsigned char*>(indices + 2 * K);
@@ -122,7 +142,7 @@ std::string decode(const Payload& payload, int64_t chunk, std::vector<float>& ou
              ", " + std::to_string(m) + "] (must be finite with 0 ≤ t ≤ m)";
     }
     const float lo = level_lo(t, m), hi = level_hi(t, m);
-    const int64_t base = c * chunk, len = std::min(n, base + chunk) - base, k = kept_of(len);
+    const int64_t base = c * chunk, len = std::min(n, base + chunk) - base, k = kept_of(len, density);
     int64_t previous = -1;
     for (int64_t i = 0; i < k; ++i, ++j) {
       uint16_t index = 0;
@@ -140,7 +160,7 @@ std::string decode(const Payload& payload, int64_t chunk, std::vector<float>& ou
   return "";
 }
 
-double error_bound(const Payload& payload, int64_t chunk) {
+double error_bound(const Payload& payload, int64_t chunk, int64_t density) {
   if (payload.bytes.size() < kHeader) return 0;
   uint64_t count = 0;
   std::memcpy(&count, payload.bytes.data(), sizeof(count));
@@ -151,7 +171,7 @@ double error_bound(const Payload& payload, int64_t chunk) {
     float t = 0, m = 0;
     std::memcpy(&t, ranges + 8 * c, sizeof(float));
     std::memcpy(&m, ranges + 8 * c + 4, sizeof(float));
-    const int64_t len = std::min(n, (c + 1) * chunk) - c * chunk, k = kept_of(len);
+    const int64_t len = std::min(n, (c + 1) * chunk) - c * chunk, k = kept_of(len, density);
     const double step = 0.25 * (static_cast<double>(m) - t) * (1 + 1e-6);
     sum += static_cast<double>(len - k) * t * t + static_cast<double>(k) * step * step;
   }

@@ -134,6 +134,23 @@ class CodecTest(unittest.TestCase):
         with self.assertRaises(codec.CodecError):
             codec.decode("topk/32", data, 10000)
 
+    def test_topk_with_another_density(self):
+        # One in 2 kept: the bytes of tests/transport/sparse_codec_test.cc WritesTheDocumentedLayout.
+        wire, data = codec.encode(np.array([0.5, -2.0, 0.1, 1.0], np.float32), "topk", 64, 2)
+        self.assertEqual(wire, "topk/64/2")
+        self.assertEqual(data, struct.pack("<QffHH", 4, 1.0, 2.0, 1, 3) + bytes([0x03]))
+        np.testing.assert_array_equal(codec.decode(wire, data, 4), np.array([0, -1.75, 0, 1.25], np.float32))
+        x = (np.random.default_rng(5).standard_normal(10000) * 1e-3).astype(np.float32)
+        wire, data = codec.encode(x, "topk", 0, 16)
+        self.assertEqual((wire, len(data)), ("topk/4096/16", codec.sparse_bytes(10000, 4096, 16)))
+        y = codec.decode(wire, data, 10000)
+        self.assertEqual(int((y[:4096] != 0).sum()), 256)
+        for bad in ("topk/4096/1", "topk/4096/016", "topk/4096/2048", "topk/4096/16/2", "topk/4096/8"):
+            with self.assertRaises(codec.CodecError):
+                codec.decode(bad, data, 10000)
+        with self.assertRaises(codec.CodecError):
+            codec.encode(x, "topk", 0, 1)
+
     def test_bf16_rounds_to_nearest_even(self):
         bits = np.array([0x3F808000, 0x3F818000, 0x3F808001, 0x7F800000, 0x7F7FFFFF, 0x7FC00001, 0xFFA00000],
                         np.uint32).view(np.float32)
