@@ -145,7 +145,7 @@ for stage in $STAGES; do
       MU=${MU:-$(best outer decoupled-m4-eta diloco.outer_momentum)}
       compare "outer1-eta$ETA-mu$MU" 1 "$D" "$LR" "$ETA" "$(variant diloco-m4 diloco 4)" "$(variant decoupled-m4 decoupled 4)"
       ;;
-    pick10|pick1)  # the variants named in PICK (of all_variants) at 1/10 or all of the budget, SEEDS seeds
+    pick10|pick1)  # the variants named in PICK (of all_variants or extra_variants) at 1/10 or all of the budget, SEEDS seeds
       LR=${LR:-$(best "sweep-lr sweep-lr-edge" dp-lr train.lr)}
       ETA=${ETA:-$(best sweep-eta diloco-m4-eta diloco.outer_lr)}
       picked=()

@@ -34,7 +34,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     fuzz::require(false, "decode() took a payload whose codec parse_codec() refuses");
   }
   const int64_t n = static_cast<int64_t>(values.size());
-  int64_t block = name.find('/') == std::string_view::npos ? 0 : std::atoll(std::string(name.substr(name.find('/') + 1)).c_str());
+  const size_t slash = name.find('/');
+  int64_t block = slash == std::string_view::npos ? 0 : std::atoll(std::string(name.substr(slash + 1)).c_str());
   int64_t density = 0;  // topk: one value kept in D ("topk/<C>/<D>")
   if (codec == wire::Codec::kTopK) {
     fuzz::require(wire::sparse::parse(payload.codec, &block, &density), "decode() took a topk name parse() refuses");

@@ -96,7 +96,7 @@ int rank_main(const Flags& f) {
         auto engine = make_rank_engine(m, 0, parallel, train, *group);
         out["built"] = to_json(proc_status());
         auto gen = at::detail::createCPUGenerator(100);
-        const auto windows = torch::randint(m.vocab_size, {1, train.batch_size * m.seq_len + 1}, gen, torch::kLong);
+        const auto windows = torch::randint(m.vocab_size, {1, window_tokens(train.batch_size, m.seq_len)}, gen, torch::kLong);
         std::vector<double> losses;
         for (int64_t s = 0; s < steps; ++s) {
           phase = "ZeRO-3 x TP2 step " + std::to_string(s + 1);

@@ -94,7 +94,7 @@ int rank_main(const Flags& f) {
   // `steps` steps of a learner group's engine on one window (W = 1) the same on every rank; the last one's traffic.
   const auto train_engine = [&](RankEngine& engine, const TrainConfig& train) {
     auto gen_all = at::detail::createCPUGenerator(1000);
-    const auto windows = torch::randint(m.vocab_size, {1, train.batch_size * m.seq_len + 1}, gen_all, torch::kLong);
+    const auto windows = torch::randint(m.vocab_size, {1, window_tokens(train.batch_size, m.seq_len)}, gen_all, torch::kLong);
     for (int64_t s = 0; s < steps; ++s) {
       const int64_t before = group->bytes_sent();
       losses.push_back(engine.step(windows, train.lr).loss);

@@ -63,8 +63,8 @@ int rank_main(const Flags& f) {
     engines.push_back(make_rank_engine(GPT(m), k.parallel, train, *group));
   }
   auto gen = at::detail::createCPUGenerator(7);  // the same windows on both ranks
-  const int64_t per_window = train.batch_size * m.seq_len + 1;
-  std::vector<torch::Tensor> windows;  // (grad_accum, B·T + 1) each
+  const int64_t per_window = window_tokens(train.batch_size, m.seq_len);
+  std::vector<torch::Tensor> windows;  // (grad_accum, B·(T + 1)) each
   for (int i = 0; i < 4; ++i)
     windows.push_back(torch::randint(m.vocab_size, {train.grad_accum, per_window}, gen, torch::kLong));
   for (auto& e : engines) {

@@ -5,8 +5,8 @@ and decoded bit for bit as the C++ does, the compressed downlink's apply_update,
   bf16    the upper 16 bits of each float, rounded to nearest even (NaN kept quiet)
   q8/<B>  n (uint64 LE), ⌈n/B⌉ fp32 scales s = max|x| over the block / 127, n int8 q = round-half-even(x / s)
   q4/<B>  the same with int4 in [−7, 7], s = max|x| / 7, two values a byte (value 2i in the low nibble of byte i)
-  topk/<C> of each chunk of C values the ⌈L/64⌉ largest |x| as uint16 indices and 2-bit codes (sign, which of two
-          levels in the kept range [t, m]): src/transport/sparse_codec.h
+  topk/<C>[/<D>] of each chunk of C values the ⌈L/D⌉ largest |x| (D = 64 without "/<D>") as uint16 indices and
+          2-bit codes (sign, which of two levels in the kept range [t, m]): src/transport/sparse_codec.h
 
 Every operation is one fp32 operation per element in numpy (x / s, q · s, base + Û), so the results are the C++
 ones bit for bit: the final-copy check (every learner's Θ_p hashes equal to the syncer's) depends on it.
@@ -66,6 +66,8 @@ def _sparse_layout(name):
         return None
     chunk = _bounded(parts[0], SPARSE_MIN_CHUNK, SPARSE_MAX_CHUNK)
     density = SPARSE_DENSITY if len(parts) == 1 else _bounded(parts[1], SPARSE_MIN_DENSITY, SPARSE_MAX_DENSITY)
+    if len(parts) == 2 and density == SPARSE_DENSITY:
+        return None  # one spelling per layout: the default density is never written out
     return None if chunk is None or density is None else (chunk, density)
 
 

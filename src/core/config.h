@@ -61,9 +61,10 @@ struct DataConfig {
   std::string dir = "data/kjv";  // folder with tokenizer.model, train_*.bin, val_*.bin, meta.json
   int64_t streams = 0;           // S data streams the train split is cut into; 0 = one per learner (S = M)
   // contiguous: stream s is the s-th of S contiguous ranges, read in order (a learner trains one stretch of text
-  // after the other); shuffled: stream s owns every S-th window slot of the whole split and reads them in a
-  // permutation keyed by (stream, epoch) (each stream samples all the text; src/data/stream.h). Either way every
-  // window is read once an epoch (a tail shorter than a window is dropped).
+  // after the other); shuffled: stream s owns every S-th row slot of T tokens of the whole split and reads them in a
+  // permutation keyed by (stream, epoch), each row of a batch from its own slot (each stream samples all the text;
+  // src/data/stream.h). Either way a token is read at most once an epoch (contiguous: a tail shorter than a batch is
+  // dropped; shuffled: the n_s mod B slots the permutation puts last).
   DataOrder order = DataOrder::kContiguous;
 };
 
@@ -183,8 +184,8 @@ struct DilocoConfig {
   StalePolicy stale_policy = StalePolicy::kReanchor;  // "reanchor" | "skip"
   int64_t anchor_versions = 2;     // versions of each fragment the syncer keeps for re-anchoring
   WireDtype wire_up = WireDtype::kFp32;    // learner → syncer, the outer gradients Δ: "fp32" | "bf16" | "q8" (int8,
-                                           // blocks of 256) | "q4" (int4, blocks of 64) | "topk" (the largest 1/64 of
-                                           // each chunk of 4096 values, 2 bits each: transport/sparse_codec.h; with
+                                           // blocks of 256) | "q4" (int4, blocks of 64) | "topk" (the largest 1/D of
+                                           // each chunk of 4096 values, D = topk_density, 2 bits each; with
                                            // error feedback): transport/codec.h
   WireDtype wire_down = WireDtype::kFp32;  // syncer → learners, merged fragments: "fp32" sends Θ_p; the others send
                                            // the outer update U with Θ_p := Θ_p^prev + Û (docs/protocol.md §9)

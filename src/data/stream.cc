@@ -43,11 +43,11 @@ DataStream::DataStream(std::shared_ptr<const TokenSplit> split, int64_t index, i
     length_ = slots_ / batch_size * step + 1;
     while ((uint64_t{1} << (2 * half_bits_)) < static_cast<uint64_t>(slots_)) ++half_bits_;
     if (slots_ < batch_size) {
-      throw InputError("data stream " + std::to_string(index) + " of " + std::to_string(count) + " (data.order = "
-                       "\"shuffled\") gets " + std::to_string(slots_) + " row slots, fewer than one batch of B = " +
-                       std::to_string(batch_size) + ": the split's " + std::to_string(split_->size()) + " tokens hold " +
-                       std::to_string(n) + " slots of T = " + std::to_string(seq_len) +
-                       " tokens; use fewer streams, a smaller batch, or more data");
+      throw InputError("data stream " + std::to_string(index) + " of " + std::to_string(count) +
+                       " (data.order = \"shuffled\") gets " + std::to_string(slots_) +
+                       " row slots, fewer than one batch of B = " + std::to_string(batch_size) + ": the split's " +
+                       std::to_string(split_->size()) + " tokens hold " + std::to_string(n) + " slots of T = " +
+                       std::to_string(seq_len) + " tokens; use fewer streams, a smaller batch, or more data");
     }
   } else {
     length_ = split_->size() / count;

@@ -1,6 +1,6 @@
-// Data streams (docs/protocol.md §7, "Data streams"): the train split is cut into S contiguous,
-// disjoint streams; a learner slot reads one stream through a cursor that only moves forward, so no token of a
-// stream is trained twice or skipped within an epoch. The cursor is plain data, persisted before each step and
+// Data streams (docs/protocol.md §7, "Data streams"): the train split is cut into S disjoint streams; a learner
+// slot reads one stream through a cursor that only moves forward, so no token of a stream is trained twice within an
+// epoch, and none skipped but a tail shorter than a batch (shuffled: the n_s mod B row slots π puts last). The cursor is plain data, persisted before each step and
 // restored exactly on resume.
 // A batch is a window of B rows of T + 1 tokens, (B, T + 1) int64 stored row after row: row r's inputs are its
 // tokens [0 : T], its targets [1 : T + 1] (window_tokens(B, T) values; train/trainer.h window_batch reads it). At the

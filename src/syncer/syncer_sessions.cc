@@ -166,8 +166,9 @@ void SyncerService::answer_offer(int learner, const wire::Metadata& m, double no
 void SyncerService::on_answer(int learner, const wire::PullAnswer& a) {
   PullAnswerData data{a.fragment, a.round_step, a.captured_step, a.base_version, a.steps, a.tokens, {}};
   // An answer comes in fp32 (a re-anchor, or a Δ the codec cannot carry) or in the run's diloco.wire_up with its
-  // default block (and topk with the run's diloco.topk_density) (§10): another codec or block would let a learner pick how much error it may claim in the norm
-  // screen (a q4 block of 65536 values with a few spikes claims more error than its whole norm).
+  // default block (topk: and the run's diloco.topk_density) (§10): another codec or block would let a learner pick
+  // how much error it may claim in the norm screen (a q4 block of 65536 values with a few spikes claims more error
+  // than its whole norm), or how much of its outer gradient it drops.
   const wire::Codec up = wire::parse_codec(to_string(config_.diloco.wire_up));
   const int64_t block = wire::default_block(up);
   const std::string expected =

@@ -85,8 +85,6 @@ class InnerTrainer {
   void average_stage_gradients(const std::vector<std::vector<int64_t>>& paths);
 };
 
-/// The seed of learner (or worker) `id`'s SkipPipe paths (InnerTrainer::set_skip): run.seed + 7919·id, so the
-/// one-process local run and learner 0 of a decoupled run draw the same paths, and every other learner its own.
 /// Inputs and targets of one batch window (window_tokens(B, T) int64 values, B rows of T + 1 tokens: data/stream.h):
 /// x = each row's tokens [0, T), y = its tokens [1, T + 1), each (B, T) and contiguous.
 inline std::pair<torch::Tensor, torch::Tensor> window_batch(const torch::Tensor& window, int64_t B, int64_t T) {
@@ -94,6 +92,8 @@ inline std::pair<torch::Tensor, torch::Tensor> window_batch(const torch::Tensor&
   return {rows.narrow(1, 0, T).contiguous(), rows.narrow(1, 1, T).contiguous()};
 }
 
+/// The seed of learner (or worker) `id`'s SkipPipe paths (InnerTrainer::set_skip): run.seed + 7919·id, so the
+/// one-process local run and learner 0 of a decoupled run draw the same paths, and every other learner its own.
 inline uint64_t skip_path_seed(uint64_t run_seed, int64_t id) { return run_seed + 7919 * static_cast<uint64_t>(id); }
 
 /// torch::optim::AdamW with train/trainer.cc's recipe (train.lr, betas, eps; weight decay on tensors of dim ≥ 2

@@ -56,7 +56,8 @@ bool parse(const std::string& name, int64_t* chunk, int64_t* density) {
   const int64_t c = parse_bounded(rest.substr(0, slash), kMinChunk, kMaxChunk);
   const int64_t d = slash == std::string_view::npos ? kDensity
                                                     : parse_bounded(rest.substr(slash + 1), kMinDensity, kMaxDensity);
-  if (c == 0 || d == 0) return false;
+  // one spelling per layout: the default density is never written out ("topk/<C>/64" is refused)
+  if (c == 0 || d == 0 || (slash != std::string_view::npos && d == kDensity)) return false;
   *chunk = c;
   *density = d;
   return true;

@@ -37,7 +37,8 @@ int64_t encoded_bytes(int64_t n, int64_t chunk, int64_t density = kDensity);
 /// The wire name: "topk/<chunk>" for the default density, "topk/<chunk>/<density>" otherwise.
 std::string wire_name(int64_t chunk, int64_t density);
 /// "topk/4096" -> {4096, 64}, "topk/4096/16" -> {4096, 16}; false when `name` is not a sparse codec with a chunk in
-/// [kMinChunk, kMaxChunk] and a density in [kMinDensity, kMaxDensity] (written without leading zeros).
+/// [kMinChunk, kMaxChunk] and a density in [kMinDensity, kMaxDensity] (written without leading zeros; the default
+/// density only as "topk/<C>": one spelling per layout).
 bool parse(const std::string& name, int64_t* chunk, int64_t* density);
 /// Encodes `values` (finite; the caller checks) in chunks of `chunk`, one in `density` kept. Ties in magnitude keep
 /// the lower index.

@@ -114,6 +114,11 @@ TEST(Config, ABudgetBelowOneStepPerLearnerIsRefusedAndCompleteTokensAreWholeStep
   EXPECT_NE(error_of("[diloco]\nscreen_ratio = nan\n").find("diloco.screen_ratio"), std::string::npos);
   EXPECT_NE(error_of("[diloco]\nclip_ratio = 20\n").find("diloco.clip_ratio"), std::string::npos);
   EXPECT_EQ(error_of("[diloco]\nscreen_ratio = 0\nclip_ratio = 20\n"), "");
+  // topk keeps one value in D of each chunk, D in [2, 1024] (transport/sparse_codec.h)
+  EXPECT_NE(error_of("[diloco]\ntopk_density = 1\n").find("diloco.topk_density"), std::string::npos);
+  EXPECT_NE(error_of("[diloco]\ntopk_density = 2048\n").find("diloco.topk_density"), std::string::npos);
+  EXPECT_EQ(error_of("[diloco]\ntopk_density = 2\n"), "");
+  EXPECT_EQ(error_of("[diloco]\ntopk_density = 1024\n"), "");
   // docs/protocol.md §12: the secret travels as a bearer token; TLS files come as a set.
   EXPECT_NE(error_of("[run]\nsecret = \"has space\"\n").find("run.secret"), std::string::npos);
   EXPECT_NE(error_of("[run]\nsecret = \"tab\\there\"\n").find("run.secret"), std::string::npos);

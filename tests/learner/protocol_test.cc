@@ -152,6 +152,7 @@ class ProtocolTest : public ::testing::Test {
       cfg.codec = codec_;
       cfg.error_feedback = error_feedback_;
       cfg.error_feedback_decay = config_.diloco.error_feedback_decay;
+      cfg.topk_density = config_.diloco.topk_density;
       OuterSync sync(cfg, job, link, &events, nullptr);
       for (int p = 0; p < 2; ++p) {
         const wire::Fragment f = link.fetch_fragment(p).value;
@@ -471,7 +472,14 @@ TEST_F(ProtocolTest, Q4OuterGradientsWithErrorFeedbackMergeAndEveryCopyEndsEqual
 // error feedback at SparseLoCo's decay β = 0.95. Every answer goes as "topk/4096", the norm screen refuses none of the
 // honest sparse answers (no allowance for topk: they are compared as sent), merges combine learners and go down as
 // sparse updates, and every learner's copy ends bitwise equal to the syncer's Θ.
-TEST_F(ProtocolTest, TopKBothWaysWithErrorFeedbackMergesAndEveryCopyEndsEqualToTheta) {
+// Both ways at the default density (1/64, "topk/4096") and at 1/16 ("topk/4096/16", diloco.topk_density), which the
+// syncer asks of every answer and sends down.
+class TopKDensity : public ProtocolTest, public ::testing::WithParamInterface<int64_t> {};
+
+TEST_P(TopKDensity, TopKBothWaysWithErrorFeedbackMergesAndEveryCopyEndsEqualToTheta) {
+  const int64_t density = GetParam();
+  const std::string wire_name = density == 64 ? "topk/4096" : "topk/4096/" + std::to_string(density);
+  config_.diloco.topk_density = density;
   codec_ = wire::Codec::kTopK;
   error_feedback_ = true;
   config_.diloco.wire_down = WireDtype::kTopK;
@@ -495,18 +503,21 @@ TEST_F(ProtocolTest, TopKBothWaysWithErrorFeedbackMergesAndEveryCopyEndsEqualToT
                                    return false;
                                  }}});
   ASSERT_FALSE(seen.empty());
-  expect_codec_or_reanchor(seen, named(events_of("learner_1.jsonl"), "answered"), "topk/4096");
+  expect_codec_or_reanchor(seen, named(events_of("learner_1.jsonl"), "answered"), wire_name);
   EXPECT_TRUE(named(events_of("syncer_1.jsonl"), "answer_refused").empty());
   int combined = 0;
   for (const auto& m : named(events_of("syncer_1.jsonl"), "merged")) combined += m["participants"].size() >= 2 ? 1 : 0;
   int updates = 0;
   for (const auto& e : named(events_of("learner_0.jsonl"), "applied")) updates += e["from"] == "update" ? 1 : 0;
-  std::printf("topk: %d merges of two or more learners, %d sparse updates applied by learner 0\n", combined, updates);
+  std::printf("%s: %d merges of two or more learners, %d sparse updates applied by learner 0\n", wire_name.c_str(), combined,
+              updates);
   // (was > 20: 18 in 1 run of 8 on an idle machine, the rounds' timing decides how many close with both answers)
   EXPECT_GE(combined, 8) << "merges did not combine learners";
   EXPECT_GE(updates, 10) << "merges did not go down as sparse updates";
   expect_copies_equal_theta(results);
 }
+
+INSTANTIATE_TEST_SUITE_P(ProtocolTest, TopKDensity, ::testing::Values(int64_t{64}, int64_t{16}));
 
 // Issue 14 part 3: q4 both ways with error feedback both ways. The syncer sends each merge as an encoded update
 // (after a whole first copy per session) and keeps as Θ exactly what the learners rebuild; two merges to learner 1
@@ -552,6 +563,35 @@ TEST_F(ProtocolTest, Q4BothWaysKeepsEveryCopyBitwiseEqualToThetaAndRecoversFromA
     EXPECT_TRUE(named(events_of(who), "merged_refused").empty()) << who;
   }
   EXPECT_TRUE(named(events_of("syncer_1.jsonl"), "answer_refused").empty());
+  expect_copies_equal_theta(results);
+}
+
+// A well-formed topk answer at another density than the run's ("topk/4096" where the run sends "topk/4096/16") is
+// refused for its codec (§10): a learner may not pick how much of its outer gradient it drops; the run goes on.
+TEST_F(ProtocolTest, ATopKAnswerAtAnotherDensityThanTheRunsIsRefused) {
+  codec_ = wire::Codec::kTopK;
+  error_feedback_ = true;
+  config_.diloco.topk_density = 16;
+  config_.diloco.error_feedback_decay = 0.95;
+  config_.diloco.screen_ratio = 30.0;  // as in TopKDensity: the screen is not what this checks
+  start_syncer();
+  std::atomic<int> applied{0};
+  const std::vector<std::function<bool(wire::Payload&)>> edits = {[&applied](wire::Payload& p) {
+    std::vector<float> values;
+    if (p.codec != "topk/4096/16" || !wire::decode(p, values).empty()) return false;
+    p = wire::encode(values, wire::Codec::kTopK);  // the default density: "topk/4096"
+    ++applied;
+    return true;
+  }};
+  const auto results = run_all({{0, [&](int64_t step, const OuterSync&, const LearnerLink&) {
+                                   if (step == 8) net_.tamper_answers("learner 0", edits);
+                                   return false;
+                                 }}});
+  ASSERT_EQ(applied.load(), 1);
+  const auto refused = named(events_of("syncer_1.jsonl"), "answer_refused");
+  ASSERT_EQ(refused.size(), 1u);
+  const std::string why = refused[0]["reason"];
+  EXPECT_NE(why.find("codec 'topk/4096': this run's answers are fp32 or topk/4096/16"), std::string::npos) << why;
   expect_copies_equal_theta(results);
 }
 

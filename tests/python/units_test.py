@@ -145,11 +145,14 @@ class CodecTest(unittest.TestCase):
         self.assertEqual((wire, len(data)), ("topk/4096/16", codec.sparse_bytes(10000, 4096, 16)))
         y = codec.decode(wire, data, 10000)
         self.assertEqual(int((y[:4096] != 0).sum()), 256)
-        for bad in ("topk/4096/1", "topk/4096/016", "topk/4096/2048", "topk/4096/16/2", "topk/4096/8"):
+        for bad in ("topk/4096/1", "topk/4096/016", "topk/4096/2048", "topk/4096/16/2", "topk/4096/8", "topk/4096/64"):
             with self.assertRaises(codec.CodecError):
                 codec.decode(bad, data, 10000)
         with self.assertRaises(codec.CodecError):
             codec.encode(x, "topk", 0, 1)
+        feedback = codec.ErrorFeedback(0.95, 16)  # what OuterSync builds from diloco.topk_density
+        self.assertEqual(feedback.encode(x, "topk")[0], "topk/4096/16")
+        self.assertEqual(codec.ErrorFeedback(0.95).encode(x, "topk")[0], "topk/4096")
 
     def test_bf16_rounds_to_nearest_even(self):
         bits = np.array([0x3F808000, 0x3F818000, 0x3F808001, 0x7F800000, 0x7F7FFFFF, 0x7FC00001, 0xFFA00000],
@@ -249,12 +252,27 @@ class DataStreamTest(unittest.TestCase):
         epoch0 = self.rows(s, 208)  # (10000 − 1) // 8 = 1249 row slots, every third: 416, 2 a batch
         self.assertEqual(s.cursor["epoch"], 1)
         self.assertEqual(sorted(epoch0), list(range(2, 1249, 3)))
+        w = self.stream("shuffled").next()
         for row in range(2):  # each row is T + 1 consecutive tokens
-            w = self.stream("shuffled").next()
             self.assertEqual(list(w[9 * row:9 * row + 9]), list(range(w[9 * row], w[9 * row] + 9)))
         epoch1 = self.rows(s, 208)
         self.assertEqual(sorted(epoch1), sorted(epoch0))
         self.assertNotEqual(epoch1, epoch0)
+
+    def test_a_shuffled_epoch_leaves_out_the_slots_past_the_last_whole_batch(self):
+        # 10000 tokens, T = 8: 1249 row slots, stream 0 of 2 owns 625; B = 3: 208 batches an epoch, 1 slot left out
+        s = data.DataStream(_CountingSplit(), 0, 2, 3, 8, {"stream": 0, "position": 0, "epoch": 0, "tokens_served": 0},
+                            "shuffled")
+        rows = []
+        for _ in range(208):
+            w = s.next()
+            rows += [int(w[r * 9]) // 8 for r in range(3)]
+        self.assertEqual(s.cursor["epoch"], 1)
+        self.assertEqual(len(set(rows)), 624)
+        self.assertTrue(set(rows) < set(range(0, 1249, 2)))
+        with self.assertRaises(config.ConfigError):  # fewer row slots than rows in a batch
+            data.DataStream(_CountingSplit(), 0, 2, 700, 8, {"stream": 0, "position": 0, "epoch": 0,
+                                                             "tokens_served": 0}, "shuffled")
 
     def test_contiguous_stream_reads_its_range_in_order(self):
         s = self.stream("contiguous")
