@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "data/stream.h"
 #include "model/gpt.h"
 #include "parallel/rank_engine.h"
 #include "rank_processes.h"
