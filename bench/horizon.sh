@@ -18,8 +18,8 @@
 # 8–77 outer steps): stage "outer" sweeps (η, μ) over ETA_GRID × MU_GRID for decoupled M = 4 at 1/10 of the budget;
 # stage "outer1" runs diloco and decoupled M = 4 at the full budget with MU and ETA (default: that sweep's best).
 # Data order (the same section): ORDER=shuffled trains every run with data.order = "shuffled" (each stream samples
-# the whole text; src/data/stream.h) instead of contiguous; stages "pick10" and "pick1" run only the variants named
-# in PICK (default "dp diloco-m4 decoupled-m4") at 1/10 or all of the budget, SEEDS seeds.
+# the whole text; src/data/stream.h) instead of contiguous; stages "pick10", "pick4" and "pick1" run only the variants
+# named in PICK (default "dp diloco-m4 decoupled-m4") at 1/10, 1/4 or all of the budget, SEEDS seeds (e.g. SEEDS=2).
 # Usage (repository root, after scripts/build.sh and `dloco data prepare --kjv --out data/kjv`):
 #   [NAME=horizon] [STAGES="sweep 10 4 1 seed2"] [LR_GRID="3e-3 6e-3 1.2e-2"] [ETA_GRID="0.4 0.7 1.0"]
 #   [MU_GRID="0 0.5 0.7"] [LR=…] [ETA=…] [MU=0.9] [ORDER=contiguous|shuffled] [PICK="…"] [SEEDS=1]
@@ -71,12 +71,14 @@ all_variants() {
   # the sparse codec at the same horizon: topk both ways, error feedback at SparseLoCo's β = 0.95
   echo "$(variant decoupled-m4-topk decoupled 4);diloco.wire_up=topk;diloco.wire_down=topk;diloco.error_feedback=true;diloco.error_feedback_decay=0.95"
 }
-# Variants only stages pick10/pick1 run (PICK): the sparse codec at other densities (diloco.topk_density: one value of
+# Variants only stages pick10/pick4/pick1 run (PICK): the sparse codec at other densities (diloco.topk_density: one value of
 # 16 or 8 kept per chunk, 6.25% or 12.5%, against 1/64) for the bytes–loss frontier.
 extra_variants() {
   for D in 16 8; do
     echo "$(variant "decoupled-m4-topk$D" decoupled 4);diloco.wire_up=topk;diloco.wire_down=topk;diloco.error_feedback=true;diloco.error_feedback_decay=0.95;diloco.topk_density=$D"
   done
+  # q4 both ways with error feedback at H = 90 (a third of the merges): the frontier's other way to ~1000x
+  echo "$(variant decoupled-m4-q4-h90 decoupled 4);diloco.wire_up=q4;diloco.wire_down=q4;diloco.error_feedback=true;diloco.inner_steps=90"
 }
 compare() {  # stage seeds tokens lr eta variants…
   local stage=$1 seeds=$2 tokens=$3 lr=$4 eta=$5
@@ -145,7 +147,7 @@ for stage in $STAGES; do
       MU=${MU:-$(best outer decoupled-m4-eta diloco.outer_momentum)}
       compare "outer1-eta$ETA-mu$MU" 1 "$D" "$LR" "$ETA" "$(variant diloco-m4 diloco 4)" "$(variant decoupled-m4 decoupled 4)"
       ;;
-    pick10|pick1)  # the variants named in PICK (of all_variants or extra_variants) at 1/10 or all of the budget, SEEDS seeds
+    pick10|pick4|pick1)  # the variants named in PICK (of all_variants or extra_variants) at 1/10, 1/4 or all of the budget
       LR=${LR:-$(best "sweep-lr sweep-lr-edge" dp-lr train.lr)}
       ETA=${ETA:-$(best sweep-eta diloco-m4-eta diloco.outer_lr)}
       picked=()
@@ -157,7 +159,7 @@ for stage in $STAGES; do
       compare "$stage-$(echo "${PICK:-dp diloco-m4 decoupled-m4}" | tr ' ' '+')" "${SEEDS:-1}" $((D / ${stage#pick})) \
         "$LR" "$ETA" "${picked[@]}"
       ;;
-    *) echo "unknown stage '$stage' (sweep, 10, 4, 1, seed2, outer, outer1, pick10, pick1)" >&2; exit 2 ;;
+    *) echo "unknown stage '$stage' (sweep, 10, 4, 1, seed2, outer, outer1, pick10, pick4, pick1)" >&2; exit 2 ;;
   esac
   echo "[horizon] $stage done: LR=${LR:-?} ETA=${ETA:-?}"
 done
