@@ -35,4 +35,6 @@ for point in $POINTS; do
     *) echo "unknown point '$point' (h12, large, h96)" >&2; exit 2 ;;
   esac
 done
-exec "$DLOCO" compare --config configs/demo.toml --seeds "$SEEDS" --name "$NAME" "${args[@]}"
+# the demo config of the time its table was measured with (docs/measurements.md "Bandwidth and quality"), pinned
+exec "$DLOCO" compare --config configs/demo.toml --set train.lr=3e-3 --set diloco.outer_lr=1.0 \
+  --set diloco.outer_momentum=0 --set data.order=contiguous --seeds "$SEEDS" --name "$NAME" "${args[@]}"

@@ -6,7 +6,8 @@
 # DiLoCo family's gap to data parallelism shrinks with size:
 #   small   the demo's model (C 128, L 4: 0.85M block parameters, 1.38M in all)
 #   medium  C 256, L 8 (6.43M block parameters: 7.5x the small model's; 7.48M in all)
-# Everything else is configs/demo.toml (M = 4, 2.4M tokens, H = 12, P = 12, η = 1, μ = 0). dp runs 4 workers on a
+# Everything else is configs/demo.toml (M = 4, 2.4M tokens, H = 12, P = 12), with the settings its tables were measured
+# with pinned: η = 1, μ = 0, contiguous data (the demo moved to shuffled rows, η 0.7, μ 0.5). dp runs 4 workers on a
 # 4x larger global batch and so 1/4 of the steps; at small size its grid is one factor of 2 higher than the others'.
 # Usage (from the repository root, after scripts/build.sh and `dloco data prepare --kjv --out data/kjv`):
 #   [SIZE=small|medium] [NAME=quality-$SIZE] [CONFIG=configs/demo.toml] [LR_DP="a b c"] [LR_DILOCO="a b c"]
@@ -36,6 +37,7 @@ case $SIZE in
     ;;
   *) echo "unknown SIZE '$SIZE' (small, medium)" >&2; exit 2 ;;
 esac
+model+=(--set data.order=contiguous --set diloco.outer_lr=1.0 --set diloco.outer_momentum=0)
 PY=/usr/bin/python3  # Debian's Python; another python3 may come first on PATH
 
 sweep=()
