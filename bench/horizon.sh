@@ -19,7 +19,8 @@
 # stage "outer1" runs diloco and decoupled M = 4 at the full budget with MU and ETA (default: that sweep's best).
 # Data order (the same section): ORDER=shuffled trains every run with data.order = "shuffled" (each stream samples
 # the whole text; src/data/stream.h) instead of contiguous; stages "pick10", "pick4" and "pick1" run only the variants
-# named in PICK (default "dp diloco-m4 decoupled-m4") at 1/10, 1/4 or all of the budget, SEEDS seeds (e.g. SEEDS=2).
+# named in PICK (default "dp diloco-m4 decoupled-m4") at 1/10, 1/4 or all of the budget, with the seed list SEEDS
+# (default 1; e.g. SEEDS=2 or 1,2: runs/<NAME>-<stage>-<PICK>-seeds2).
 # Usage (repository root, after scripts/build.sh and `dloco data prepare --kjv --out data/kjv`):
 #   [NAME=horizon] [STAGES="sweep 10 4 1 seed2"] [LR_GRID="3e-3 6e-3 1.2e-2"] [ETA_GRID="0.4 0.7 1.0"]
 #   [MU_GRID="0 0.5 0.7"] [LR=…] [ETA=…] [MU=0.9] [ORDER=contiguous|shuffled] [PICK="…"] [SEEDS=1]
@@ -156,7 +157,9 @@ for stage in $STAGES; do
           { echo "no variant '$v' in all_variants or extra_variants" >&2; exit 2; }
         picked+=("$line")
       done
-      compare "$stage-$(echo "${PICK:-dp diloco-m4 decoupled-m4}" | tr ' ' '+')" "${SEEDS:-1}" $((D / ${stage#pick})) \
+      seeds=${SEEDS:-1}  # a folder per seed list: a finished folder is not run again
+      [ "$seeds" = 1 ] && tag= || tag=-seeds${seeds//,/_}
+      compare "$stage-$(echo "${PICK:-dp diloco-m4 decoupled-m4}" | tr ' ' '+')$tag" "$seeds" $((D / ${stage#pick})) \
         "$LR" "$ETA" "${picked[@]}"
       ;;
     *) echo "unknown stage '$stage' (sweep, 10, 4, 1, seed2, outer, outer1, pick10, pick4, pick1)" >&2; exit 2 ;;
