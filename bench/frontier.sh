@@ -36,5 +36,6 @@ for point in $POINTS; do
   esac
 done
 # the demo config of the time its table was measured with (docs/measurements.md "Bandwidth and quality"), pinned
-exec "$DLOCO" compare --config configs/demo.toml --set train.lr=3e-3 --set diloco.outer_lr=1.0 \
-  --set diloco.outer_momentum=0 --set data.order=contiguous --seeds "$SEEDS" --name "$NAME" "${args[@]}"
+source bench/demo_before_48.sh
+exec "$DLOCO" compare --config configs/demo.toml --set train.lr=3e-3 "${demo_before_48[@]}" --seeds "$SEEDS" \
+  --name "$NAME" "${args[@]}"

@@ -43,8 +43,8 @@ common=(--set model.d_model=64 --set model.n_layer=4 --set model.n_head=4 --set 
         --set train.log_interval=1000 --set run.threads=$M --set run.report_interval_s=30 --set run.seed=$SEED
         --set diloco.learners=$M --set train.shared_budget=true --set "run.slowdown=\"$slowdown\""
         --set run.out_dir="\"$out\"")
-common+=(--set data.order=contiguous --set diloco.outer_lr=1.0 --set diloco.outer_momentum=0)  # the demo's settings of
-# its documented runs (configs/demo.toml moved to shuffled rows, η 0.7, μ 0.5 in session 48)
+source bench/demo_before_48.sh
+common+=("${demo_before_48[@]}")
 printf '[plan]\nname = "no faults"\n' > "$out/no-faults.toml"
 echo "bench/hetero.sh: M = $M, run.slowdown = \"$slowdown\", $STEPS steps a learner at equal speed -> $out"
 for v in $VARIANTS; do

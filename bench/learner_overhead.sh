@@ -21,8 +21,8 @@ trap 'rm -rf "$out"' EXIT
 per_learner=$((STEPS * B * 128))
 common=(--config configs/demo.toml --set "data.dir=\"$DATA\"" --set train.batch_size=$B --set train.eval_interval=0
         --set train.checkpoint_interval=0 --set "run.out_dir=\"$out\"" --set train.log_interval=5)
-common+=(--set data.order=contiguous --set diloco.outer_lr=1.0 --set diloco.outer_momentum=0)  # the demo's settings of
-# its documented runs (configs/demo.toml moved to shuffled rows, η 0.7, μ 0.5 in session 48)
+source bench/demo_before_48.sh
+common+=("${demo_before_48[@]}")
 
 bare() {
   for i in 0 1; do

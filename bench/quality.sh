@@ -37,7 +37,8 @@ case $SIZE in
     ;;
   *) echo "unknown SIZE '$SIZE' (small, medium)" >&2; exit 2 ;;
 esac
-model+=(--set data.order=contiguous --set diloco.outer_lr=1.0 --set diloco.outer_momentum=0)
+source bench/demo_before_48.sh
+model+=("${demo_before_48[@]}")
 PY=/usr/bin/python3  # Debian's Python; another python3 may come first on PATH
 
 sweep=()

@@ -48,8 +48,8 @@ common=(--set model.d_model=64 --set model.n_layer=4 --set model.n_head=4 --set 
         --set diloco.grace_window=true --set train.shared_budget=true --set data.streams=$S
         --set "run.slowdown=\"*:$F\""
         --set run.out_dir="\"$out\"")
-common+=(--set data.order=contiguous --set diloco.outer_lr=1.0 --set diloco.outer_momentum=0)  # the demo's settings of
-# its documented runs (configs/demo.toml moved to shuffled rows, η 0.7, μ 0.5 in session 48)
+source bench/demo_before_48.sh
+common+=("${demo_before_48[@]}")
 echo "bench/scavenging.sh: M = $M + EXTRAS ($EXTRAS) joining at global step $JOIN, every learner ${F}× its compute -> $out"
 for e in $EXTRAS; do
   plan="$out/plan-$e.toml"

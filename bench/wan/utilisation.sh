@@ -149,8 +149,8 @@ common=(--set model.d_model=64 --set model.n_layer=4 --set model.n_head=4 --set 
         --set train.eval_interval=0 --set train.checkpoint_interval=0 --set train.log_interval=1000
         --set run.threads=1 --set run.report_interval_s=5 --set run.out_dir="\"$out\"" --set diloco.learners=$M
         --set diloco.quorum=$M --set 'run.secret="wan-bench"')
-common+=(--set data.order=contiguous --set diloco.outer_lr=1.0 --set diloco.outer_momentum=0)  # the demo's settings of
-# its documented runs (configs/demo.toml moved to shuffled rows, η 0.7, μ 0.5 in session 48)
+source bench/demo_before_48.sh
+common+=("${demo_before_48[@]}")
 [ -n "${DATA:-}" ] && common+=(--set "data.dir=\"$DATA\"")
 if [ -n "${SLOWDOWN:-}" ]; then
   slow=$(seq -s, 0 $((M - 1)) | sed "s/\([0-9]*\)/\1:$SLOWDOWN/g")
