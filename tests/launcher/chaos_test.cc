@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -57,12 +58,32 @@ std::vector<json> events_named(const fs::path& run, const std::string& role, con
 // docs/protocol.md §10: screening refuses nothing of honest learners under faults either (kills, restarts of the
 // syncer, pauses, cut links, joins and leaves): no answer of any kind, no report (issue 16: "zero refusals in the
 // chaos plan").
-void expect_no_refusal(const json& report) {
+void expect_no_refusal(const json& report, const fs::path& run) {
   const json& screening = report.at("screening");
+  bool refused = screening.at("reports_refused") != 0;
   for (const auto& [kind, n] : screening.at("answers_refused_by_kind").items()) {
     EXPECT_EQ(n, 0) << "answers refused as " << kind << ": " << screening.dump();
+    refused = refused || n != 0;
   }
   EXPECT_EQ(screening.at("reports_refused"), 0) << screening.dump();
+  if (!refused) return;
+  // What a rare refusal needs to be understood (9 answers refused as `norm` once in CI after a pause, not
+  // reproduced in 40 runs): the syncer's reasons (size per step, ratio, median) and liveness calls, and every event
+  // of the refused learners but their steps.
+  std::set<int> learners;
+  for (const auto& e : read_events(run / "events" / "syncer.jsonl")) {
+    const std::string name = e["event"];
+    if (name == "answer_refused" || name == "report_refused" || name == "learner_absent" || name == "learner_live" ||
+        name == "refetch_told") {
+      std::printf("syncer: %s\n", e.dump().c_str());
+      if (name == "answer_refused") learners.insert(e["learner"].get<int>());
+    }
+  }
+  for (int id : learners) {
+    for (const auto& e : read_events(run / "events" / ("learner_" + std::to_string(id) + ".jsonl"))) {
+      if (e["event"] != "step" && e["event"] != "monitor") std::printf("learner %d: %s\n", id, e.dump().c_str());
+    }
+  }
 }
 
 void expect_faults_fired_at_their_steps(const fs::path& run, size_t expected) {
@@ -189,7 +210,7 @@ restart_after_s = 0.2
 )", "chaos");
   ASSERT_FALSE(report.is_null());
   EXPECT_EQ(report["status"], "finished");
-  expect_no_refusal(report);
+  expect_no_refusal(report, root_ / "chaos");
   EXPECT_EQ(report["faults_injected"], 6);
   EXPECT_EQ(report["learner_restarts"], 5);
   EXPECT_EQ(report["syncer_restarts"], 0);
@@ -275,7 +296,7 @@ TEST_F(ChaosTest, KilledSyncerComesBackFromItsStateAndNoTokenOrCopyIsLost) {
                                             "restart_after_s = 1.0\n", "syncer_kill");
   ASSERT_FALSE(report.is_null());
   EXPECT_EQ(report["status"], "finished");
-  expect_no_refusal(report);
+  expect_no_refusal(report, root_ / "syncer_kill");
   EXPECT_EQ(report["faults_injected"], 1);
   EXPECT_EQ(report["syncer_restarts"], 1);
   EXPECT_EQ(report["learner_restarts"], 0);
@@ -314,7 +335,7 @@ TEST_F(ChaosTest, PausedLearnerNeverMakesTheOtherWait) {
                                             "until_step = 70\nduration_s = 60\n", "pause");
   ASSERT_FALSE(report.is_null());
   EXPECT_EQ(report["status"], "finished");
-  expect_no_refusal(report);
+  expect_no_refusal(report, root_ / "pause");
   const fs::path run = root_ / "pause";
   expect_faults_fired_at_their_steps(run, 1);
   const auto [paused_at, resumed_at] = fault_window(run, "pause_learner", 1);
@@ -353,7 +374,7 @@ duration_s = 60
 )", "links");
   ASSERT_FALSE(report.is_null());
   EXPECT_EQ(report["status"], "finished");
-  expect_no_refusal(report);
+  expect_no_refusal(report, root_ / "links");
   EXPECT_EQ(report["faults_injected"], 2);
   const fs::path run = root_ / "links";
   expect_faults_fired_at_their_steps(run, 2);
@@ -398,7 +419,7 @@ restart_after_s = 0.5
 )", "pullkill", "--set diloco.quorum=2");
   ASSERT_FALSE(report.is_null());
   EXPECT_EQ(report["status"], "finished");
-  expect_no_refusal(report);
+  expect_no_refusal(report, root_ / "pullkill");
   EXPECT_EQ(report["learner_restarts"], 1);
   const fs::path run = root_ / "pullkill";
   expect_faults_fired_at_their_steps(run, 2);
@@ -462,7 +483,7 @@ TEST_F(ChaosTest, ALearnerJoiningMidRunNeverMakesTheOtherWait) {
                                        "join", "--set data.streams=2 --set diloco.bootstrap=peers --set run.threads=1");
   ASSERT_FALSE(report.is_null());
   EXPECT_EQ(report["status"], "finished");
-  expect_no_refusal(report);
+  expect_no_refusal(report, root_ / "join");
   const fs::path run = root_ / "join";
   expect_faults_fired_at_their_steps(run, 1);
   json joined;
@@ -527,7 +548,7 @@ learner = 2
   EXPECT_EQ(report["status"], "finished");
   // A joiner's fresh AdamW amid warm learners moved 4–11× further per step in its first answers and the norm screen
   // refused one in 2 of 5 runs, until joiners re-warmed (lr_rewarmed below, core/lr_schedule.h).
-  expect_no_refusal(report);
+  expect_no_refusal(report, root_ / "scavenge");
   EXPECT_EQ(report["faults_injected"], 4);
   EXPECT_EQ(report["learner_restarts"], 0) << "a learner that left, or one killed for good, was restarted";
   const fs::path run = root_ / "scavenge";
