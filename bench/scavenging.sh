@@ -15,7 +15,7 @@
 # learners' start to the first (smoothed) evaluation at or below the target (linear between evaluations), relative
 # to the 4-learner run's.
 # Usage (repository root, after scripts/build.sh and `dloco data prepare --kjv --out data/kjv`):
-#   [STEPS=200] [F=12] [EXTRAS="0 1 2 4 12"] [JOIN=60] [EVAL=10] [SEED=1] bench/scavenging.sh
+#   [STEPS=200] [F=12] [EXTRAS="0 1 2 4 12"] [JOIN=60] [EVAL=10] [SEED=1] [TAU=2] bench/scavenging.sh
 #   Writes runs/scavenging-<date>/ (OUT=DIR: there): each run's folder (through `dloco chaos`, so each also has its
 #   chaos.md with kept-work goodput and the exact-data and final-copy checks), results.json and table.md.
 set -euo pipefail
@@ -26,9 +26,10 @@ EXTRAS=${EXTRAS:-0 1 2 4 12}
 JOIN=${JOIN:-60}
 EVAL=${EVAL:-10}
 SEED=${SEED:-1}
+TAU=${TAU:-2}
 M=4 B=8 T=128 S=16
 bad() { echo "bench/scavenging.sh: $*" >&2; exit 2; }
-for n in STEPS JOIN EVAL SEED; do [[ ${!n} =~ ^[0-9]+$ ]] || bad "$n must be a whole number"; done
+for n in STEPS JOIN EVAL SEED TAU; do [[ ${!n} =~ ^[0-9]+$ ]] || bad "$n must be a whole number"; done
 [ "$JOIN" -ge 1 ] && [ "$EVAL" -ge 1 ] || bad "JOIN and EVAL must be ≥ 1"
 [ "$STEPS" -ge $((2 * JOIN)) ] || bad "STEPS ($STEPS) must be at least 2 × JOIN ($JOIN): the extras join after warm-up"
 [[ " $EXTRAS " == *" 0 "* ]] || bad "EXTRAS needs a 0: the 4-learner run is the reference"
@@ -45,7 +46,7 @@ common=(--set model.d_model=64 --set model.n_layer=4 --set model.n_head=4 --set 
         --set train.total_tokens=$((M * STEPS * B * T)) --set train.eval_interval=$EVAL --set train.eval_tokens=65536
         --set train.checkpoint_interval=0 --set train.log_interval=1000 --set run.threads=$S
         --set run.report_interval_s=30 --set run.seed=$SEED --set diloco.learners=$M --set diloco.quorum=$M
-        --set diloco.grace_window=true --set train.shared_budget=true --set data.streams=$S
+        --set diloco.grace_window=true --set diloco.overlap=$TAU --set train.shared_budget=true --set data.streams=$S
         --set "run.slowdown=\"*:$F\""
         --set run.out_dir="\"$out\"")
 source bench/demo_before_48.sh

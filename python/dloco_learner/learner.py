@@ -175,16 +175,20 @@ class Learner:
             t1 = time.monotonic()
             self.step += 1
             self.sync.count_step(tokens)  # 3) counters
-            self.step_time.update(t1 - t0)
             if math.isfinite(loss):
                 self.loss.update(loss)
+            sleep_s = 0.0
             if self.slowdown > 1.0:  # run.slowdown: this learner emulates slower hardware
-                time.sleep((self.slowdown - 1.0) * (t1 - t0))
+                sleep_s = (self.slowdown - 1.0) * (t1 - t0)
+                time.sleep(sleep_s)
+            # The emulated chip's step time (compute + sleep): the syncer sizes its lease and grace window by it
+            # (docs/protocol.md §5), as the C++ learner reports it.
+            self.step_time.update(t1 - t0 + sleep_s)
             self.send_metadata()  # 4)
             self.boundary()       # 5), 6)
             boundary_s = time.monotonic() - t1
             self.max_boundary_s = max(self.max_boundary_s, boundary_s)
-            self.events.emit("step", step=self.step, loss=loss, step_s=t1 - t0, boundary_s=boundary_s,
+            self.events.emit("step", step=self.step, loss=loss, step_s=t1 - t0, boundary_s=boundary_s, sleep_s=sleep_s,
                              skipped=skipped, tokens=self.stream.cursor["tokens_served"])
             if time.monotonic() - last_row >= report_every:
                 tokens_now = self.stream.cursor["tokens_served"]

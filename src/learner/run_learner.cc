@@ -80,7 +80,6 @@ class LearnerLoop {
       const auto t1 = Clock::now();
       ++step_;
       sync_.count_step(r.tokens);  // 3) counters
-      step_time_.update(std::chrono::duration<double>(t1 - t0).count());
       if (std::isfinite(r.loss)) loss_.update(r.loss);
       // Heterogeneous hardware (run.slowdown) or a slow_learner fault: this learner is `factor` times slower.
       double sleep_s = 0;  // the emulated slower chip's extra time
@@ -93,6 +92,9 @@ class LearnerLoop {
           job_.idle();
         }
       }
+      // The step time it reports is the emulated chip's (compute + sleep): the syncer sizes its lease, grace window
+      // and answer window by it (docs/protocol.md §5), and a chip F times slower steps every F·compute seconds.
+      step_time_.update(std::chrono::duration<double>(t1 - t0).count() + sleep_s);
       send_metadata();  // 4)
       boundary();       // 5), 6)
       save_state_if_due();

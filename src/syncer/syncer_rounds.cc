@@ -125,6 +125,7 @@ void SyncerState::advance_round(int p, Round& round, double now_s, SyncerActions
   if (round.phase.is(RoundPhase::kDue)) {
     std::vector<int> participants;
     std::string reason;
+    double grace_s = 0;  // the grace window the decision used (0: none was needed, or the flush)
     if (round.step == -1) {  // final flush: every live learner
       for (const auto& [id, rec] : learners_) {
         if (is_live(id, now_s)) participants.push_back(id);
@@ -144,12 +145,14 @@ void SyncerState::advance_round(int p, Round& round, double now_s, SyncerActions
         round.decision_state.quorum_since_s = now_s;
         quorum_ema_.update(now_s - round.decision_state.due_since_s);
         actions.events.push_back(event("quorum_reached", {{"fragment", p}, {"round", round.step},
-                                                          {"participants", d.participants}, {"reason", d.reason}}));
+                                                          {"participants", d.participants}, {"grace_s", d.grace_s},
+                                                          {"reason", d.reason}}));
       }
       if (d.action != MergeAction::kPullNow) return;
       if (round.decision_state.quorum_since_s >= 0) grace_wait_s_ += now_s - round.decision_state.quorum_since_s;
       participants = d.participants;
       reason = d.reason;
+      grace_s = d.grace_s;
     }
     // 3) pull from the set.
     round.phase.to(RoundPhase::kPulling);
@@ -157,7 +160,7 @@ void SyncerState::advance_round(int p, Round& round, double now_s, SyncerActions
     round.requested = participants;
     actions.pulls.push_back({p, round.step, participants});
     actions.events.push_back(event("pull", {{"fragment", p}, {"round", round.step}, {"learners", participants},
-                                            {"reason", reason}}));
+                                            {"grace_s", grace_s}, {"reason", reason}}));
     return;
   }
   // Answers: wait for every requested learner that is still live, until the answer window closes.

@@ -151,6 +151,43 @@ TEST_F(DecoupledTest, ThreeLearnersTrainTheGlobalModelOverLoopback) {
   for (double e : evals) EXPECT_LT(e, std::log(400.0));
 }
 
+TEST_F(DecoupledTest, EmulatedSlowerChipsReportTheirWholeStepSoTheGraceWindowOpens) {
+  // run.slowdown emulates a chip F times slower: the learner sleeps (F − 1)× its compute after each step. The syncer
+  // sizes the grace window by the slowest live learner's reported step time, ξ_grace = γ·(τ·ξ_step − ξ_quorum −
+  // ξ_sync) (docs/protocol.md §5). A learner that reported its compute alone (1/F of its cadence) left no slack: the
+  // time to sync (a learner answers at its next step boundary) took all of τ·compute, every grace window was 0 and
+  // merges kept only the first K answers (issue 32's scavenging and heterogeneous benches). M = 3, K = 1, τ = 2,
+  // every learner 16× its compute and learner 2 24×: most rounds reach their quorum with learners still to come.
+  const auto cfg = write_config("emulated", 3 * 60 * 256, "", 8, 32, 3, 0);
+  const std::string log = (root_ / "emulated.log").string();
+  ASSERT_EQ(std::system((kDloco + " train --config " + cfg.string() +
+                         " --set diloco.overlap=2 --set 'run.slowdown=\"*:16,2:24\"' > " + log + " 2>&1").c_str()),
+            0)
+      << "see " << log;
+  const fs::path run = root_ / "emulated";
+  EXPECT_EQ(json::parse(std::ifstream(run / "report.json"))["status"], "finished");
+  std::vector<double> cadence;  // learners 0 and 1: the emulated chip's step, compute + sleep
+  for (int id = 0; id < 2; ++id) {
+    for (const auto& e : read_events(run / "events" / ("learner_" + std::to_string(id) + ".jsonl"))) {
+      if (e["event"] == "step") cadence.push_back(e["step_s"].get<double>() + e["sleep_s"].get<double>());
+    }
+  }
+  ASSERT_GE(cadence.size(), 100u);
+  std::nth_element(cadence.begin(), cadence.begin() + cadence.size() / 2, cadence.end());
+  const double step_s = cadence[cadence.size() / 2];
+  std::vector<double> grace;  // at each training round's quorum, the window it opened
+  for (const auto& e : read_events(run / "events" / "syncer.jsonl")) {
+    if (e["event"] == "quorum_reached" && e["round"].get<int64_t>() >= 0) grace.push_back(e["grace_s"].get<double>());
+  }
+  ASSERT_GE(grace.size(), 20u);
+  std::nth_element(grace.begin(), grace.begin() + grace.size() / 2, grace.end());
+  const double median = grace[grace.size() / 2];
+  std::printf("emulated step %.4f s; median grace window at a quorum %.4f s (%.2f of a step) over %zu rounds\n",
+              step_s, median, median / step_s, grace.size());
+  // γ·(τ·ξ_step − ξ_sync) with ξ_sync ≲ one step: about half a step; 0 when the sleep is left out of ξ_step.
+  EXPECT_GE(median, 0.15 * step_s) << "the grace windows are sized for a faster chip than the one emulated";
+}
+
 TEST_F(DecoupledTest, KilledLearnerNeverStallsTheOthers) {
   // M = 2 learners of one thread each on 2 cores, so a learner's step time is the same before and after the
   // kill; steps of ~0.1 s so scheduling noise stays small against a step; no evaluations competing for cores.
