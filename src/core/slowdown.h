@@ -6,8 +6,11 @@
 // Deliberately not here: the sleeping itself (learner/run_learner.cc, baselines/run_worker.cc).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <random>
+#include <vector>
 
 #include "core/config.h"
 
@@ -42,6 +45,32 @@ class StepSlowdown {
   SlowdownSpec spec_;
   std::mt19937_64 rng_;
   std::normal_distribution<double> noise_{0.0, 1.0};
+};
+
+/// The compute time a slowdown stretches: the median of the previous `window` steps' compute, and never more than
+/// this step's own. An emulated chip F times slower takes F times a steady step; stretching a spike of the emulating
+/// machine instead (a cold first step, another process's burst on shared cores) made a joiner's first step take 3.7 s
+/// at F = 12 where the others' took 0.9 s, so it trailed the global step for good, and stalls of > 5 s put learners
+/// out of their lease (issue 32's scavenging runs). The first step of an incarnation has no steady time: 0, no sleep.
+class SteadyCompute {
+ public:
+  explicit SteadyCompute(size_t window = 9) : window_(std::max<size_t>(1, window)) {}
+  /// This step's compute, s (≥ 0); returns the time the slowdown multiplies, s.
+  double base(double step_s) {
+    double out = 0;
+    if (!recent_.empty()) {
+      std::vector<double> sorted(recent_.begin(), recent_.end());
+      std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(sorted.size() / 2), sorted.end());
+      out = std::min(step_s, sorted[sorted.size() / 2]);
+    }
+    recent_.push_back(step_s);
+    if (recent_.size() > window_) recent_.pop_front();
+    return out;
+  }
+
+ private:
+  size_t window_;
+  std::deque<double> recent_;
 };
 
 }  // namespace dloco

@@ -259,5 +259,19 @@ TEST(Config, SlowdownListNamesBadEntries) {
   }
 }
 
+TEST(Slowdown, StretchesTheSteadyComputeNotASpike) {
+  // An emulated chip F times slower takes F times a steady step: a cold first step or a burst of another process on
+  // the emulating machine is not stretched F times (a joiner's cold first step at F = 12 took 3.7 s, issue 32).
+  SteadyCompute steady(3);
+  EXPECT_EQ(steady.base(0.5), 0.0) << "a first step has no steady time: no sleep";
+  EXPECT_DOUBLE_EQ(steady.base(0.10), 0.10);  // min(0.10, median {0.5})
+  EXPECT_DOUBLE_EQ(steady.base(0.11), 0.11);  // median {0.10, 0.5} = 0.5 (the upper), its own is less
+  EXPECT_DOUBLE_EQ(steady.base(0.90), 0.11);  // a spike: the median of {0.10, 0.11, 0.5}
+  EXPECT_DOUBLE_EQ(steady.base(0.12), 0.11);  // the window is {0.10, 0.11, 0.90}
+  EXPECT_DOUBLE_EQ(steady.base(0.95), 0.12);  // {0.11, 0.90, 0.12}: one spike in the window does not lead
+  EXPECT_DOUBLE_EQ(steady.base(0.96), 0.90);  // {0.90, 0.12, 0.95}: a machine that stays slower is followed
+  EXPECT_DOUBLE_EQ(steady.base(0.97), 0.95);  // {0.12, 0.95, 0.96}
+}
+
 }  // namespace
 }  // namespace dloco
