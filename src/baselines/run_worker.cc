@@ -8,11 +8,11 @@
 // θ_p ← α·θ_p + (1 − α)·Θ_p. A run that spends its budget flushes every fragment once more, like the syncer's final
 // flush, so a synchronously configured decoupled run and these modes match step for step.
 // Rank 0 evaluates the model that matters (dp: the parameters; diloco/streaming: Θ), writes the status file the
-// launcher reads and the checkpoints. Every worker writes events/worker_<slot>.jsonl.
-// A worker is an inner job (learner/inner_job.h): one process holding the GPT, or a learner group of R ranks
-// ([parallel], docs/parallel.md "Baselines over learner groups") whose other ranks it spawns. diloco and streaming
-// merge the group's fragments among the workers (rank 0 of each group, the leader, takes part); dp averages every
-// rank's gradients with the same rank of every other worker's group.
+// launcher reads and the checkpoints. Every worker writes events/worker_<slot>.jsonl. A worker is an inner job
+// (learner/inner_job.h): one process holding the GPT, or a learner group of R ranks ([parallel], docs/parallel.md
+// "Baselines over learner groups") whose other ranks it spawns. diloco and streaming merge the group's fragments among
+// the workers (rank 0 of each group, the leader, takes part); dp averages every rank's gradients with the same rank of
+// every other worker's group.
 #include <unistd.h>
 
 #include <chrono>
@@ -60,7 +60,6 @@ namespace {
 
 std::atomic<int> g_worker_signal{0};
 extern "C" void on_worker_signal(int sig) { g_worker_signal.store(sig); }
-
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 int run_worker_group(const Config& config, const WorkerOptions& options);
@@ -179,8 +178,8 @@ class Worker {
   JobReplica replica_;
   int64_t tokens_total_;  // dp: tokens trained by the whole group since the run began (every generation)
   const int64_t tokens_per_step_, budget_;
-  StepSlowdown slowdown_;  // run.slowdown: this worker's step-time multipliers
-  SteadyCompute steady_;   // … applied to its steady compute, not to spikes
+  StepSlowdown slowdown_;  // run.slowdown: this worker's step-time multipliers, of its steady compute (steady_)
+  SteadyCompute steady_;
   ControlFile control_;
   double wait_s_ = 0;  // time this rank spent blocked in collectives
   int64_t syncs_ = 0;
@@ -484,8 +483,7 @@ void Worker::train_step() {
   double sleep_s = 0;  // heterogeneous hardware (run.slowdown) or a slow_learner fault: `factor` times slower
   const double steady_s = steady_.base(step_s - (wait_s_ - wait_before));
   if (const double factor = std::max(slowdown_.next(), control_.slowdown()); factor > 1.0) {
-    // in slices with a keep-alive between them: a learner group's ranks wait for commands with a deadline
-    sleep_s = (factor - 1.0) * steady_s;
+    sleep_s = (factor - 1.0) * steady_s;  // in slices with a keep-alive: a group's ranks wait with a deadline
     const auto until = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(sleep_s * 1e6));
     while (Clock::now() < until) {
       std::this_thread::sleep_for(std::min<Clock::duration>(until - Clock::now(), std::chrono::milliseconds(250)));

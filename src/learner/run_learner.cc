@@ -93,8 +93,7 @@ class LearnerLoop {
           job_.idle();
         }
       }
-      // The step time it reports is the emulated chip's (compute + sleep): the syncer sizes its lease, grace window
-      // and answer window by it (docs/protocol.md §5), and a chip F times slower steps every F·compute seconds.
+      // It reports the emulated chip's step time, compute + sleep: the syncer's windows follow it (protocol.md §5).
       step_time_.update(std::chrono::duration<double>(t1 - t0).count() + sleep_s);
       send_metadata();  // 4)
       boundary();       // 5), 6)
