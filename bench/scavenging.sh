@@ -8,7 +8,8 @@
 # same with EXTRA = 1, 2, 4, 12 learners (ids 4 …) that join at global step JOIN (after the warmup) and leave
 # gracefully at 9/10 of the global steps left after JOIN. Every learner emulates a chip: its step takes F times its
 # own steady compute (run.slowdown "*:F"), so that 16 learners leave the machine's cores partly idle (F = 12: 16
-# learners want 1.3 cores) and an extra learner adds compute as an extra chip would.
+# learners kept ~1.45 of the 2 cores busy computing in session 49's +12 run) and an extra learner adds compute as an
+# extra chip would (on these shared cores it also slows the others: docs/measurements.md, "Extra learners").
 # EXTRA_TOKENS=1 (default): extra compute is extra tokens — the budget grows by what the extras train while they are
 # there (EXTRA × their global steps × B × T) and the lr is constant after the warmup (train.min_lr_ratio = 1), so
 # every run sees the same lr at each global step and ends near global step STEPS. EXTRA_TOKENS=0: the extras share

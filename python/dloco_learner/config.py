@@ -298,3 +298,17 @@ def check_supported(cfg, learner_id):
                      and (m["d_model"] // m["n_head"]) % 2 == 0)]:
         if not ok:
             raise ConfigError("config: %s is out of range (see src/core/config.h)" % key)
+
+
+class SteadyCompute:
+    """The compute time a slowdown stretches, as SteadyCompute in src/core/slowdown.h: the median of the previous
+    `window` steps' compute and never more than this step's own; 0 for an incarnation's first step (a cold start or
+    another process's burst is not stretched F times)."""
+
+    def __init__(self, window=9):
+        self.window, self.recent = window, []
+
+    def __call__(self, step_s):
+        out = min(step_s, sorted(self.recent)[len(self.recent) // 2]) if self.recent else 0.0
+        self.recent = (self.recent + [step_s])[-self.window:]
+        return out

@@ -137,20 +137,6 @@ def open_stream(cfg, joined, log):
     return stream, from_log
 
 
-class SteadyCompute:
-    """The compute time a slowdown stretches, as SteadyCompute in src/core/slowdown.h: the median of the previous
-    `window` steps' compute and never more than this step's own; 0 for an incarnation's first step (a cold start or
-    another process's burst is not stretched F times)."""
-
-    def __init__(self, window=9):
-        self.window, self.recent = window, []
-
-    def __call__(self, step_s):
-        out = min(step_s, sorted(self.recent)[len(self.recent) // 2]) if self.recent else 0.0
-        self.recent = (self.recent + [step_s])[-self.window:]
-        return out
-
-
 class Learner:
     """The loop and what it keeps between steps (LearnerLoop in run_learner.cc)."""
 
@@ -162,7 +148,7 @@ class Learner:
             trainer, stream, sync, link, log, events
         self.tokens_per_step = config_mod.tokens_per_step(cfg)
         self.slowdown = config_mod.slowdown_factor(cfg, learner_id)
-        self.steady_compute = SteadyCompute()
+        self.steady_compute = config_mod.SteadyCompute()
         self.phase = "training"  # -> "finished" (budget spent) -> "stopped" (the syncer's Stop, or a signal)
         self.leaving = False
         self.step_time, self.loss = Ema(), Ema()

@@ -1,8 +1,8 @@
-// Emulated heterogeneous hardware (run.slowdown; docs/guide-baselines.md "Heterogeneous learners"): a learner or
-// worker that sleeps after each step so that the step takes `factor` × (1 + ε) times its own compute, ε drawn per
-// step from N(0, sd²) (the per-step variance of "Decoupled DiLoCo" §10's mixed-hardware runs, ../shared/spec). The
-// sleep cannot make a step faster than its compute: a step's multiplier is at least 1, so a symmetric variance needs a
-// factor well above 1 (e.g. every learner "i:3~0.1", the slow kind "i:3.54~0.1").
+// Emulated heterogeneous hardware (run.slowdown; docs/guide-baselines.md "Heterogeneous learners"): a learner or worker
+// that sleeps after each step so that the step takes `factor` × (1 + ε) times its own steady compute (SteadyCompute
+// below), ε drawn per step from N(0, sd²) (the per-step variance of "Decoupled DiLoCo" §10's mixed-hardware runs,
+// ../shared/spec). The sleep cannot make a step faster than its compute: a step's multiplier is at least 1, so a
+// symmetric variance needs a factor well above 1 (e.g. every learner "i:3~0.1", the slow kind "i:3.54~0.1").
 // Deliberately not here: the sleeping itself (learner/run_learner.cc, baselines/run_worker.cc).
 #pragma once
 

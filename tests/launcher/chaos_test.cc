@@ -76,7 +76,9 @@ void expect_no_refusal(const json& report, const fs::path& run) {
     if (name == "answer_refused" || name == "report_refused" || name == "learner_absent" || name == "learner_live" ||
         name == "refetch_told") {
       std::printf("syncer: %s\n", e.dump().c_str());
-      if (name == "answer_refused") learners.insert(e["learner"].get<int>());
+      if ((name == "answer_refused" || name == "report_refused") && e.contains("learner")) {
+        learners.insert(e["learner"].get<int>());
+      }
     }
   }
   for (int id : learners) {

@@ -152,7 +152,7 @@ TEST_F(DecoupledTest, ThreeLearnersTrainTheGlobalModelOverLoopback) {
 }
 
 TEST_F(DecoupledTest, EmulatedSlowerChipsReportTheirWholeStepSoTheGraceWindowOpens) {
-  // run.slowdown emulates a chip F times slower: the learner sleeps (F − 1)× its compute after each step. The syncer
+  // run.slowdown emulates a chip F times slower: the learner sleeps (F − 1)× its steady compute after each step. The syncer
   // sizes the grace window by the slowest live learner's reported step time, ξ_grace = γ·(τ·ξ_step − ξ_quorum −
   // ξ_sync) (docs/protocol.md §5). A learner that reported its compute alone (1/F of its cadence) left no slack: the
   // time to sync (a learner answers at its next step boundary) took all of τ·compute, every grace window was 0 and
@@ -184,7 +184,8 @@ TEST_F(DecoupledTest, EmulatedSlowerChipsReportTheirWholeStepSoTheGraceWindowOpe
   const double median = grace[grace.size() / 2];
   std::printf("emulated step %.4f s; median grace window at a quorum %.4f s (%.2f of a step) over %zu rounds\n",
               step_s, median, median / step_s, grace.size());
-  // γ·(τ·ξ_step − ξ_sync) with ξ_sync ≲ one step: about half a step; 0 when the sleep is left out of ξ_step.
+  // γ·(τ·ξ_step − ξ_sync), ξ_step learner 2's (1.5 of the others' steps), ξ_sync ≲ one step: 1–1.5 steps measured;
+  // 0 when the sleep is left out of ξ_step.
   EXPECT_GE(median, 0.15 * step_s) << "the grace windows are sized for a faster chip than the one emulated";
 }
 

@@ -27,6 +27,15 @@ def tiny_config(text=TINY_TOML, overrides=()):
         return config.load_config(path, overrides)
 
 
+class SteadyComputeTest(unittest.TestCase):
+    def test_the_cpp_table(self):
+        # tests/core/config_test.cc Slowdown.StretchesTheSteadyComputeNotASpike, value for value
+        steady = config.SteadyCompute(3)
+        for step_s, base in [(0.5, 0.0), (0.10, 0.10), (0.11, 0.11), (0.90, 0.11), (0.12, 0.11), (0.95, 0.12),
+                             (0.96, 0.90), (0.97, 0.95)]:
+            self.assertEqual(steady(step_s), base, step_s)
+
+
 class HashesTest(unittest.TestCase):
     def test_fnv1a64_reference_vectors(self):
         self.assertEqual(handshake.fnv1a64(b""), 0xcbf29ce484222325)

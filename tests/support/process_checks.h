@@ -101,7 +101,8 @@ inline constexpr double kMaxOutsideCompute_s = 0.5;
 /// A learner's training thread from its "step" events. For two consecutive steps of one incarnation (a
 /// "bootstrapped" event starts a new one) the gap between their times `t`, minus the step's own compute `step_s`
 /// (batch, forward, backward, inner update, measured by the learner), minus the sleep a slowdown adds after the
-/// compute ((factor − 1)·step_s, run.slowdown), is the time the thread spent outside compute. Waiting on anyone
+/// compute (the event's sleep_s; (factor − 1)·step_s for events without one, run.slowdown), is the time the thread
+/// spent outside compute. Waiting on anyone
 /// makes it grow; contention for the CPU slows the compute instead.
 struct ThreadTiming {
   std::vector<double> outside;  // per step, seconds (the first `skip` steps of each incarnation left out)
@@ -128,7 +129,9 @@ inline ThreadTiming time_outside_compute(const std::vector<nlohmann::json>& even
     if (e["event"] != "step") continue;
     ++out.steps;
     const double t = e["t"];
-    const double compute = e["step_s"].get<double>() * slowdown;
+    const double step_s = e["step_s"].get<double>();
+    // The sleep as slept: run.slowdown stretches the steady compute, not this step's (core/slowdown.h).
+    const double compute = step_s + (e.contains("sleep_s") ? e["sleep_s"].get<double>() : (slowdown - 1) * step_s);
     if (last_t >= 0 && ++in_incarnation > skip && t >= from_t && t <= to_t) {
       const double outside = t - last_t - compute;
       out.outside.push_back(outside);

@@ -4,7 +4,7 @@
 // Machine speed: the process tests size their runs in steps and trigger their faults at steps, so they must pass
 // on a machine 2–3× faster or slower than this one. To check the slower side, run them with the environment
 // variable DLOCO_TEST_SLOWDOWN=3: every config written here then makes each of its M learner slots 3× slower
-// (run.slowdown = "0:3,1:3,…": a learner sleeps 2× its step's compute after each step). Learners a plan adds
+// (run.slowdown = "0:3,1:3,…": a learner sleeps 2× its steady compute after each step). Learners a plan adds
 // (ids ≥ M) are not slowed (run.slowdown names the M slots only); slowdown_of(id, M) says which factor applies.
 #pragma once
 
