@@ -178,8 +178,7 @@ class Worker {
   JobReplica replica_;
   int64_t tokens_total_;  // dp: tokens trained by the whole group since the run began (every generation)
   const int64_t tokens_per_step_, budget_;
-  StepSlowdown slowdown_;  // run.slowdown: this worker's step-time multipliers, of its steady compute (steady_)
-  SteadyCompute steady_;
+  StepSlowdown slowdown_;  // run.slowdown: this worker's step-time multipliers (of its steady compute)
   ControlFile control_;
   double wait_s_ = 0;  // time this rank spent blocked in collectives
   int64_t syncs_ = 0;
@@ -480,10 +479,10 @@ void Worker::train_step() {
   stop_votes_ = g_worker_signal.load() != 0 ? 1.0 : 0.0;
   const InnerStep r = job_step();  // dp: the all-reduce runs inside (the hook, or the group's engines)
   const double step_s = seconds_since(t0);
-  double sleep_s = 0;  // heterogeneous hardware (run.slowdown) or a slow_learner fault: `factor` times slower
-  const double steady_s = steady_.base(step_s - (wait_s_ - wait_before));
-  if (const double factor = std::max(slowdown_.next(), control_.slowdown()); factor > 1.0) {
-    sleep_s = (factor - 1.0) * steady_s;  // in slices with a keep-alive: a group's ranks wait with a deadline
+  // Heterogeneous hardware (run.slowdown) or a slow_learner fault: `factor` times slower. In slices with a
+  // keep-alive between them: a learner group's ranks wait for commands with a deadline.
+  const double sleep_s = slowdown_.sleep_after(step_s - (wait_s_ - wait_before), control_.slowdown());
+  if (sleep_s > 0) {
     const auto until = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(sleep_s * 1e6));
     while (Clock::now() < until) {
       std::this_thread::sleep_for(std::min<Clock::duration>(until - Clock::now(), std::chrono::milliseconds(250)));

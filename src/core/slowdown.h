@@ -28,25 +28,6 @@ struct SlowdownSpec {
 /// is outside [0, 1), or an id is outside [0, M) (a joiner is reached through "*").
 SlowdownSpec slowdown_spec(const RunSettings& run, int id, int64_t learners);
 
-/// The per-step multipliers of one learner: factor × (1 + ε), at least 1, from a generator seeded by (seed, id) so
-/// a run is reproducible.
-class StepSlowdown {
- public:
-  StepSlowdown(SlowdownSpec spec, uint64_t seed, int id)
-      : spec_(spec), rng_(seed * 1000003u + static_cast<uint64_t>(id) + 17u) {}
-  /// The multiplier of the next step (1 = no sleep).
-  double next() {
-    if (spec_.sd <= 0) return spec_.factor;
-    const double m = spec_.factor * (1.0 + noise_(rng_) * spec_.sd);
-    return m < 1.0 ? 1.0 : m;
-  }
-
- private:
-  SlowdownSpec spec_;
-  std::mt19937_64 rng_;
-  std::normal_distribution<double> noise_{0.0, 1.0};
-};
-
 /// The compute time a slowdown stretches: the median of the previous `window` steps' compute, and never more than
 /// this step's own. An emulated chip F times slower takes F times a steady step; stretching a spike of the emulating
 /// machine instead (a cold first step, another process's burst on shared cores) made a joiner's first step take 3.7 s
@@ -59,9 +40,10 @@ class SteadyCompute {
   double base(double step_s) {
     double out = 0;
     if (!recent_.empty()) {
-      std::vector<double> sorted(recent_.begin(), recent_.end());
-      std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(sorted.size() / 2), sorted.end());
-      out = std::min(step_s, sorted[sorted.size() / 2]);
+      sorted_.assign(recent_.begin(), recent_.end());  // its capacity stays: no allocation per step
+      const auto middle = sorted_.begin() + static_cast<std::ptrdiff_t>(sorted_.size() / 2);
+      std::nth_element(sorted_.begin(), middle, sorted_.end());
+      out = std::min(step_s, *middle);
     }
     recent_.push_back(step_s);
     if (recent_.size() > window_) recent_.pop_front();
@@ -71,6 +53,36 @@ class SteadyCompute {
  private:
   size_t window_;
   std::deque<double> recent_;
+  std::vector<double> sorted_;
 };
+
+/// The per-step multipliers of one learner: factor × (1 + ε), at least 1, from a generator seeded by (seed, id) so
+/// a run is reproducible.
+class StepSlowdown {
+ public:
+  StepSlowdown(SlowdownSpec spec, uint64_t seed, int id)
+      : spec_(spec), rng_(seed * 1000003u + static_cast<uint64_t>(id) + 17u) {}
+  /// The multiplier of the next step (1 = no sleep).
+  double next() {
+    if (spec_.sd <= 0) return spec_.factor;
+    const double m = spec_.factor * (1.0 + noise_(rng_) * spec_.sd);
+    return m < 1.0 ? 1.0 : m;
+  }
+  /// The sleep after a step whose compute took `compute_s` seconds: (max(next(), at_least) − 1) × the steady compute
+  /// (SteadyCompute), 0 when that factor is ≤ 1. `at_least`: a slow_learner fault's factor. Call it every step: the
+  /// steady compute follows every step's.
+  double sleep_after(double compute_s, double at_least = 1.0) {
+    const double steady_s = steady_.base(compute_s);
+    const double factor = std::max(next(), at_least);
+    return factor > 1.0 ? (factor - 1.0) * steady_s : 0.0;
+  }
+
+ private:
+  SlowdownSpec spec_;
+  SteadyCompute steady_;
+  std::mt19937_64 rng_;
+  std::normal_distribution<double> noise_{0.0, 1.0};
+};
+
 
 }  // namespace dloco

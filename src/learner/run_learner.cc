@@ -82,11 +82,10 @@ class LearnerLoop {
       sync_.count_step(r.tokens);  // 3) counters
       if (std::isfinite(r.loss)) loss_.update(r.loss);
       // Heterogeneous hardware (run.slowdown) or a slow_learner fault: this learner is `factor` times slower.
-      double sleep_s = 0;  // the emulated slower chip's extra time
-      const double steady_s = steady_.base(std::chrono::duration<double>(t1 - t0).count());
-      if (const double factor = std::max(slowdown_.next(), control_.slowdown()); factor > 1.0) {
+      const double sleep_s =  // the emulated slower chip's extra time
+          slowdown_.sleep_after(std::chrono::duration<double>(t1 - t0).count(), control_.slowdown());
+      if (sleep_s > 0) {
         // In slices with a keep-alive between them: a learner group's ranks wait for commands with a deadline.
-        sleep_s = (factor - 1.0) * steady_s;
         const auto until = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(sleep_s * 1e6));
         while (Clock::now() < until) {
           std::this_thread::sleep_for(std::min<Clock::duration>(until - Clock::now(), std::chrono::milliseconds(250)));
@@ -287,8 +286,7 @@ class LearnerLoop {
   std::unique_ptr<StreamLog> log_;
   EventLog& events_;
   ControlFile control_;
-  StepSlowdown slowdown_;  // run.slowdown: this learner's step-time multipliers
-  SteadyCompute steady_;   // … applied to its steady compute, not to spikes
+  StepSlowdown slowdown_;  // run.slowdown: this learner's step-time multipliers (of its steady compute)
   const int64_t tokens_per_step_;
   Ema step_time_{0.9}, loss_{0.9};
   double max_boundary_s_ = 0;

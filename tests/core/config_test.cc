@@ -271,6 +271,10 @@ TEST(Slowdown, StretchesTheSteadyComputeNotASpike) {
   EXPECT_DOUBLE_EQ(steady.base(0.95), 0.12);  // {0.11, 0.90, 0.12}: one spike in the window does not lead
   EXPECT_DOUBLE_EQ(steady.base(0.96), 0.90);  // {0.90, 0.12, 0.95}: a machine that stays slower is followed
   EXPECT_DOUBLE_EQ(steady.base(0.97), 0.95);  // {0.12, 0.95, 0.96}
+  StepSlowdown slow({3.0, 0.0}, 1, 0);  // the sleep after each step: (F − 1) × the steady compute
+  EXPECT_EQ(slow.sleep_after(0.5), 0.0);
+  EXPECT_DOUBLE_EQ(slow.sleep_after(0.1), 0.2);
+  EXPECT_DOUBLE_EQ(slow.sleep_after(0.1, 5.0), 0.4) << "a slow_learner fault's larger factor wins";
 }
 
 }  // namespace

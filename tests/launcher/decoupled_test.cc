@@ -152,8 +152,8 @@ TEST_F(DecoupledTest, ThreeLearnersTrainTheGlobalModelOverLoopback) {
 }
 
 TEST_F(DecoupledTest, EmulatedSlowerChipsReportTheirWholeStepSoTheGraceWindowOpens) {
-  // run.slowdown emulates a chip F times slower: the learner sleeps (F − 1)× its steady compute after each step. The syncer
-  // sizes the grace window by the slowest live learner's reported step time, ξ_grace = γ·(τ·ξ_step − ξ_quorum −
+  // run.slowdown emulates a chip F times slower: the learner sleeps (F − 1)× its steady compute after each step. The
+  // syncer sizes the grace window by the slowest live learner's reported step time, ξ_grace = γ·(τ·ξ_step − ξ_quorum −
   // ξ_sync) (docs/protocol.md §5). A learner that reported its compute alone (1/F of its cadence) left no slack: the
   // time to sync (a learner answers at its next step boundary) took all of τ·compute, every grace window was 0 and
   // merges kept only the first K answers (issue 32's scavenging and heterogeneous benches). M = 3, K = 1, τ = 2,
